@@ -1,0 +1,100 @@
+"""The fast acceptance math against the plain reference, on the same random inputs."""
+
+import torch
+import pytest
+
+from specserve.workers.acceptance import (
+    SamplingParams, SparseDist, one_hot, sample, sparsify, verify, verify_greedy, warp,
+)
+from specserve.workers.acceptance_reference import sample_reference, verify_reference, warp_reference
+
+SETTINGS = [
+    SamplingParams(),
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=5),
+    SamplingParams(temperature=1.3, top_p=0.8),
+    SamplingParams(temperature=0.5, top_k=7, top_p=0.9),
+]
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=str)
+def test_warp_matches_reference(params):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(20, 50, generator=gen) * 3
+    fast = warp(logits, params)
+    for row, expected in zip(fast, (warp_reference(r.tolist(), params) for r in logits)):
+        assert torch.allclose(row, torch.tensor(expected, dtype=torch.float32), atol=1e-6)
+        assert abs(float(row.sum()) - 1) < 1e-5
+
+
+def random_case(gen, k, vocab, support, params):
+    """Target probabilities, draft tokens drawn from a sparse q, and the uniforms of one step."""
+    p = warp(torch.randn(k + 1, vocab, generator=gen) * 2, params)
+    q = sparsify(warp(torch.randn(k, vocab, generator=gen) * 2, params), support)
+    draft = torch.tensor([
+        int(q.ids[i, torch.multinomial(q.probs[i], 1, generator=gen)]) for i in range(k)
+    ])
+    return p, draft, q, torch.rand(k + 1, generator=gen)
+
+
+@pytest.mark.parametrize("params", SETTINGS[1:], ids=str)
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_verify_matches_reference(params, k):
+    gen = torch.Generator().manual_seed(k)
+    outcomes = set()
+    for _ in range(150):
+        p, draft, q, u = random_case(gen, k, vocab=40, support=12, params=params)
+        q_dicts = [dict(zip(q.ids[i].tolist(), q.probs[i].tolist())) for i in range(k)]
+        expected = verify_reference(p.double().tolist(), draft.tolist(), q_dicts, u.tolist())
+        assert verify(p, draft, q, u) == expected
+        outcomes.add(expected.num_accepted)
+    assert len(outcomes) > 1, "the cases should exercise both acceptance and rejection"
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_shortcut_is_the_one_hot_case(k):
+    gen = torch.Generator().manual_seed(100 + k)
+    for _ in range(100):
+        logits = torch.randn(k + 1, 30, generator=gen)
+        argmax = logits.argmax(-1)
+        # Drafts that agree with the target for a random prefix, then guess.
+        draft = torch.where(torch.rand(k, generator=gen) < 0.7, argmax[:k], torch.randint(0, 30, (k,), generator=gen))
+        fast = verify_greedy(argmax, draft)
+        general = verify(warp(logits, SamplingParams()), draft, one_hot(draft), torch.rand(k + 1, generator=gen))
+        assert fast == general
+
+
+def test_sample_matches_reference_and_skips_zero_mass():
+    gen = torch.Generator().manual_seed(7)
+    probs = torch.tensor([0.0, 0.25, 0.0, 0.5, 0.25, 0.0])
+    for u in torch.rand(500, generator=gen).tolist() + [0.0, 0.999999999]:
+        token = sample(probs, u)
+        assert token == sample_reference(probs.tolist(), u)
+        assert probs[token] > 0
+
+
+def test_sparsify_is_an_exact_normalised_truncation():
+    probs = torch.tensor([[0.1, 0.4, 0.2, 0.3]])
+    q = sparsify(probs, 2)
+    assert q.ids.tolist() == [[1, 3]]
+    assert torch.allclose(q.probs, torch.tensor([[4 / 7, 3 / 7]]))
+    assert torch.allclose(q.densify(4), torch.tensor([[0, 4 / 7, 0, 3 / 7]]))
+
+
+def test_rejection_rule_output_distribution_exact():
+    """One verify step: P(first committed token) must equal p[0] exactly, for any q.
+
+    Computed in closed form from the rule: accept x with min(1, p/q), else residual.
+    """
+    gen = torch.Generator().manual_seed(3)
+    p = warp(torch.randn(2, 10, generator=gen), SamplingParams(temperature=1.0))
+    q = SparseDist(torch.arange(10).reshape(1, 10), warp(torch.randn(1, 10, generator=gen) * 3, SamplingParams(temperature=1.0)))
+    counts = torch.zeros(10)
+    n = 40_000
+    draws = torch.multinomial(q.probs[0], n, replacement=True, generator=gen)
+    uniforms = torch.rand(n, 2, generator=gen)
+    for x, u in zip(draws.tolist(), uniforms):
+        v = verify(p, torch.tensor([x]), q, u)
+        counts[x if v.num_accepted else v.token] += 1
+    tv = 0.5 * float((counts / n - p[0]).abs().sum())
+    assert tv < 0.5 * (10 / n) ** 0.5 + (13.8 / (2 * n)) ** 0.5  # E[TV] bound + McDiarmid at 1e-6

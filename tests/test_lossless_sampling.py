@@ -1,0 +1,157 @@
+"""Sampling through the speculative path has exactly the target's distribution.
+
+A tiny-vocabulary target/draft pair makes the target's distribution over the next three tokens
+enumerable exactly (with EOS ending a sequence early). We draw 20,000 generations through the real
+engine (draft sessions, verification, rollback, output assembly) per setting and compare:
+- total variation distance against a bound from the sample size: E[TV] <= 0.5*sqrt(M/N) for M
+  outcomes (Cauchy-Schwarz), plus McDiarmid's deviation sqrt(ln(1/delta)/(2N)) at delta = 1e-6;
+- a chi-square goodness-of-fit test at significance 1e-4 (bins with expected count < 5 pooled).
+Fixed seeds make the test deterministic; the tolerances say how far a correct sampler could drift.
+"""
+
+import math
+from itertools import product
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specserve.workers.acceptance import SamplingParams, warp
+from specserve.workers.engine import SpecEngine
+from specserve.workers.request import GenerationParams
+
+WORDS = ["a", "b", "c", "d", "e", "f"]
+EOS = "<eos>"
+LENGTH = 3
+SAMPLES = 20_000
+DELTA = 1e-6
+
+
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {w: i for i, w in enumerate(WORDS + [EOS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=EOS))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS)
+
+
+def tiny_model(seed: int, head_bias: list[float] | None = None) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(WORDS) + 1, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, intermediate_size=32, max_position_embeddings=16)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)  # sharper, more varied distributions than at initialisation
+    if head_bias is not None:  # a fixed preference over tokens, whatever the context
+        head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=True)
+        with torch.no_grad():
+            head.weight.copy_(model.lm_head.weight)
+            head.bias.copy_(torch.tensor(head_bias))
+        model.lm_head = head
+    return model
+
+
+@torch.inference_mode()
+def exact_distribution(model, prefix, params, eos_id) -> dict[tuple, float]:
+    """P(output tokens) under target-only decoding, by enumerating every continuation."""
+    out = {}
+
+    def walk(seq, prob):
+        generated = seq[len(prefix):]
+        if len(generated) == LENGTH or (generated and generated[-1] == eos_id):
+            out[tuple(generated)] = out.get(tuple(generated), 0.0) + prob
+            return
+        probs = warp(model(torch.tensor([seq])).logits[0, -1:], params)[0].double()
+        for token, pr in enumerate(probs.tolist()):
+            if pr > 0:
+                walk(seq + [token], prob * pr)
+
+    walk(list(prefix), 1.0)
+    return out
+
+
+def sample_distribution(engine, params_for_seed, n, draft) -> tuple[dict[tuple, int], float]:
+    counts: dict[tuple, int] = {}
+    proposed = accepted = 0
+    for seed in range(n):
+        gen = engine.generate([engine.tokenizer.bos_token_id], params_for_seed(seed), draft=draft)
+        done = gen.complete()
+        # The assembler drops EOS from the output; put it back to name the outcome exactly.
+        outcome = tuple(done.token_ids) + ((engine.tokenizer.eos_token_id,) if done.finish_reason == "eos" else ())
+        counts[outcome] = counts.get(outcome, 0) + 1
+        proposed += done.stats.proposed
+        accepted += done.stats.accepted
+    return counts, accepted / max(proposed, 1)
+
+
+def assert_same_distribution(exact: dict, counts: dict, n: int) -> None:
+    assert set(counts) <= set(exact), f"impossible outcomes sampled: {set(counts) - set(exact)}"
+    outcomes = sorted(exact)
+    tv = 0.5 * sum(abs(counts.get(o, 0) / n - exact[o]) for o in outcomes)
+    bound = 0.5 * math.sqrt(len(outcomes) / n) + math.sqrt(math.log(1 / DELTA) / (2 * n))
+    assert tv < bound, f"TV {tv:.4f} exceeds {bound:.4f}"
+    observed, expected = _pool([counts.get(o, 0) for o in outcomes], [exact[o] * n for o in outcomes])
+    assert chisquare(observed, expected).pvalue > 1e-4
+
+
+def _pool(observed, expected, minimum=5.0):
+    """Merge outcomes with small expected counts into one bin so the chi-square test is valid."""
+    big = [(o, e) for o, e in zip(observed, expected) if e >= minimum]
+    small_o = sum(o for o, e in zip(observed, expected) if e < minimum)
+    small_e = sum(e for e in expected if e < minimum)
+    obs, exp = [o for o, _ in big], [e for _, e in big]
+    if small_e > 0:
+        obs.append(small_o)
+        exp.append(small_e)
+    scale = sum(obs) / sum(exp)  # chisquare wants equal totals; float rounding only
+    return obs, [e * scale for e in exp]
+
+
+SETTINGS = [
+    (SamplingParams(temperature=1.0), 2),
+    (SamplingParams(temperature=0.7, top_k=3), 3),
+    (SamplingParams(temperature=1.0, top_p=0.8), 1),
+    (SamplingParams(temperature=1.3, top_k=4, top_p=0.9), 4),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return word_tokenizer()
+
+
+@pytest.mark.parametrize("sampling,k", SETTINGS, ids=[f"{s}-k{k}" for s, k in SETTINGS])
+def test_speculative_sampling_matches_target_distribution(tokenizer, sampling, k):
+    target, draft = tiny_model(0), tiny_model(1)
+    engine = SpecEngine(target, tokenizer, {"d": draft})
+    exact = exact_distribution(target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    params = lambda seed: GenerationParams(max_tokens=LENGTH, sampling=sampling, seed=seed, k=k)
+    counts, alpha = sample_distribution(engine, params, SAMPLES, "d")
+    assert 0.05 < alpha < 0.98, "the pair should both accept and reject, or the test proves little"
+    assert_same_distribution(exact, counts, SAMPLES)
+
+
+def test_draft_equal_to_target_accepts_everything(tokenizer):
+    target = tiny_model(0)
+    sampling = SamplingParams(temperature=1.0)
+    engine = SpecEngine(target, tokenizer, {"same": target})
+    exact = exact_distribution(target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    params = lambda seed: GenerationParams(max_tokens=LENGTH, sampling=sampling, seed=seed, k=2)
+    counts, alpha = sample_distribution(engine, params, SAMPLES // 2, "same")
+    # p and q come from different pass shapes (k+1 tokens vs one), equal up to float rounding.
+    assert alpha > 0.999
+    assert_same_distribution(exact, counts, SAMPLES // 2)
+
+
+def test_draft_disjoint_from_target_accepts_nothing(tokenizer):
+    # With top_k=2 the target only ever picks from {a, b} and the draft only from {e, f}.
+    target = tiny_model(0, head_bias=[20, 20, 0, 0, -20, -20, -20])
+    draft = tiny_model(1, head_bias=[-20, -20, 0, 0, 20, 20, -20])
+    sampling = SamplingParams(temperature=1.0, top_k=2)
+    engine = SpecEngine(target, tokenizer, {"far": draft})
+    exact = exact_distribution(target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    params = lambda seed: GenerationParams(max_tokens=LENGTH, sampling=sampling, seed=seed, k=3)
+    counts, alpha = sample_distribution(engine, params, SAMPLES // 2, "far")
+    assert alpha == 0.0
+    assert_same_distribution(exact, counts, SAMPLES // 2)

@@ -1,0 +1,173 @@
+"""Acceptance math for speculative decoding: pure tensor code, no models, no Ray, no gRPC.
+
+Glossary (Leviathan et al. 2023; Chen et al. 2023)
+- target distribution ``p``: the target's next-token distribution after the request's temperature,
+  top-k and top-p, exactly what target-only decoding samples from (``warp``).
+- draft distribution ``q``: the distribution the draft actually sampled its token from. The draft
+  samples from its own truncated distribution, so ``q`` is sparse and exact: ``SparseDist``.
+- accepted tokens: the longest prefix of draft tokens ``x_i`` passing ``u_i * q(x_i) < p(x_i)``,
+  i.e. accepted with probability ``min(1, p(x_i) / q(x_i))``.
+- recovered token: at the first rejected position, a sample from ``norm(max(0, p - q))``.
+- bonus token: when all k drafts are accepted, a sample from ``p`` at position k.
+Every verify step therefore commits ``num_accepted + 1`` tokens, and the committed sequence has the
+target's distribution whatever the draft proposed.
+
+Randomness is explicit: every sample is an inverse-CDF draw from a uniform the caller takes from the
+request's own ``torch.Generator``, so the plain reference implementation
+(``acceptance_reference.py``) can be fed the same uniforms and must make the same decisions.
+Greedy decoding (temperature 0) is the one-hot case of the same rule; ``verify_greedy`` is its
+shortcut that never materialises a vocabulary-sized distribution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+GREEDY_TEMPERATURE = 0.0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target alone would pick a token. temperature 0 means greedy (argmax)."""
+
+    temperature: float = GREEDY_TEMPERATURE
+    top_k: int = 0  # 0 = no top-k truncation
+    top_p: float = 1.0  # 1.0 = no nucleus truncation
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == GREEDY_TEMPERATURE
+
+
+@dataclass(frozen=True)
+class SparseDist:
+    """Rows of a sparse distribution: ``probs[i, j]`` is the probability of token ``ids[i, j]``.
+
+    Padding entries carry probability 0 (their id is irrelevant). Rows sum to 1.
+    """
+
+    ids: torch.Tensor  # [n, m] int64
+    probs: torch.Tensor  # [n, m] float32
+
+    def row(self, i: int) -> SparseDist:
+        return SparseDist(self.ids[i : i + 1], self.probs[i : i + 1])
+
+    def densify(self, vocab_size: int) -> torch.Tensor:
+        dense = torch.zeros(self.ids.shape[0], vocab_size, dtype=self.probs.dtype)
+        return dense.scatter_add_(1, self.ids, self.probs)  # [n, V]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one verify step: ``num_accepted`` draft tokens kept, then ``token``."""
+
+    num_accepted: int
+    token: int  # the recovered token, or the bonus token when every draft was accepted
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Target-side next-token probabilities after temperature, top-k, top-p (in that order).
+
+    logits: [n, V]. Returns [n, V] float32 rows summing to 1; one-hot argmax rows when greedy.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.zeros_like(logits).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
+    scaled = logits / params.temperature
+    if 0 < params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]  # [n, 1]
+        scaled = scaled.masked_fill(scaled < kth, -math.inf)
+    probs = torch.softmax(scaled, dim=-1)
+    if params.top_p < 1.0:
+        probs = _nucleus(probs, params.top_p)
+    return probs
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # [n, V]
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly more likely tokens
+    keep_sorted = mass_before < top_p  # the first token always has mass_before 0
+    keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+    kept = probs * keep
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def sparsify(probs: torch.Tensor, max_support: int) -> SparseDist:
+    """The draft's sampling distribution: ``probs`` truncated to its top ``max_support`` tokens.
+
+    probs: [n, V]. The truncated rows are renormalised, and the draft samples from exactly this
+    distribution, so it is also the exact ``q`` the verifier needs: nothing is approximated.
+    """
+    top = torch.topk(probs, min(max_support, probs.shape[-1]), dim=-1)
+    kept = top.values.float()
+    return SparseDist(top.indices, kept / kept.sum(-1, keepdim=True))
+
+
+def one_hot(token_ids: torch.Tensor) -> SparseDist:
+    """q of a draft that proposes its argmax: all mass on the proposed token. token_ids: [n]."""
+    return SparseDist(token_ids.reshape(-1, 1).long(), torch.ones(token_ids.numel(), 1))
+
+
+def sample(probs: torch.Tensor, u: float) -> int:
+    """Inverse-CDF draw from one distribution over the vocabulary. probs: [V]; u in [0, 1)."""
+    cdf = probs.double().cumsum(0)
+    index = int(torch.searchsorted(cdf, u * float(cdf[-1]), right=True))
+    # Rounding can push u*total past the last step; the last token with mass is the right answer.
+    return min(index, int(probs.nonzero()[-1]))
+
+
+def sample_sparse(q: SparseDist, u: float) -> int:
+    """Inverse-CDF draw from a single-row SparseDist (the draft's own sampling step)."""
+    cdf = q.probs[0].double().cumsum(0)
+    j = int(torch.searchsorted(cdf, u * float(cdf[-1]), right=True))
+    return int(q.ids[0, min(j, int(q.probs[0].nonzero()[-1]))])
+
+
+def residual(p_row: torch.Tensor, q_row: SparseDist) -> torch.Tensor:
+    """norm(max(0, p - q)) for one position. p_row: [V]. Falls back to p when p == q numerically."""
+    r = (p_row - q_row.densify(p_row.shape[0])[0]).clamp_min_(0.0)
+    total = float(r.sum())
+    # Rejection is impossible when p == q; a zero residual can only come from rounding.
+    return r / total if total > 1e-12 else p_row
+
+
+def verify(
+    p: torch.Tensor,  # [k+1, V] target probabilities (warped) at each draft position + bonus
+    draft_ids: torch.Tensor,  # [k] proposed tokens
+    q: SparseDist,  # [k, m] distributions the draft tokens were sampled from
+    uniforms: torch.Tensor,  # [k+1] uniforms in [0, 1): k acceptance tests + the final draw
+) -> Verdict:
+    """Rejection sampling over k proposals (the fast, vectorised path)."""
+    k = draft_ids.shape[0]
+    if p.shape[0] != k + 1 or q.ids.shape[0] != k or uniforms.shape[0] != k + 1:
+        raise ValueError(f"shape mismatch: p {tuple(p.shape)}, k={k}, q {tuple(q.ids.shape)}")
+    positions = torch.arange(k)
+    p_x = p[positions, draft_ids]  # [k]
+    q_x = (q.probs * (q.ids == draft_ids[:, None])).sum(-1)  # [k]
+    accepted = uniforms[:k] * q_x < p_x  # [k]; never accepts a token p gives no mass
+    n = int(accepted.long().cumprod(0).sum())
+    final = p[k] if n == k else residual(p[n], q.row(n))
+    return Verdict(n, sample(final, float(uniforms[k])))
+
+
+def verify_greedy(target_argmax: torch.Tensor, draft_ids: torch.Tensor) -> Verdict:
+    """Greedy verification: keep drafts while they equal the target's argmax.
+
+    target_argmax: [k+1] argmax of the target logits at each position; draft_ids: [k].
+    """
+    k = draft_ids.shape[0]
+    mismatch = (target_argmax[:k] != draft_ids).nonzero()
+    n = int(mismatch[0]) if mismatch.numel() else k
+    return Verdict(n, int(target_argmax[n]))

@@ -1,0 +1,75 @@
+"""The draft side of one session: propose k tokens and the exact distributions they came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from .acceptance import SamplingParams, SparseDist, Verdict, one_hot, sample_sparse, sparsify, warp
+from .kv_cache import CachedLM
+
+# The draft samples from its warped distribution truncated to this many tokens. q stays exact (the
+# draft samples from the truncation itself) and a proposal stays a few hundred bytes on the wire;
+# the mass beyond the top 32 of a small draft is negligible for acceptance.
+DRAFT_MAX_SUPPORT = 32
+
+
+@dataclass(frozen=True)
+class Proposal:
+    ids: list[int]  # [k] proposed tokens
+    q: SparseDist  # [k, m] the distribution each was sampled from
+
+    @staticmethod
+    def empty() -> Proposal:
+        return Proposal([], SparseDist(torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, 1)))
+
+
+class DraftSession:
+    """Proposes continuations of one request's committed tokens with a draft model."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        generator: torch.Generator,
+        max_support: int = DRAFT_MAX_SUPPORT,
+    ) -> None:
+        self.lm = CachedLM(model)
+        self.committed = list(prompt_ids)
+        self.sampling = sampling
+        self.generator = generator
+        self.max_support = max_support
+
+    def propose(self, k: int) -> Proposal:
+        ids: list[int] = []
+        rows: list[SparseDist] = []
+        logits = self.lm.catch_up(self.committed)  # [1, V] after the last committed token
+        for i in range(k):
+            if i:
+                logits = self.lm.extend(ids[-1:])
+            token, q = self._draw(logits)
+            ids.append(token)
+            rows.append(q)
+        return Proposal(ids, _stack(rows))
+
+    def commit(self, proposal: Proposal, verdict: Verdict) -> None:
+        """Take the verifier's verdict: keep the accepted prefix, drop the rest of the cache."""
+        self.lm.rollback(len(self.committed) + verdict.num_accepted)
+        self.committed += proposal.ids[: verdict.num_accepted] + [verdict.token]
+
+    def _draw(self, logits: torch.Tensor) -> tuple[int, SparseDist]:
+        if self.sampling.greedy:
+            token = logits[0].argmax()
+            return int(token), one_hot(token)
+        q = sparsify(warp(logits, self.sampling), self.max_support)
+        u = float(torch.rand(1, generator=self.generator))
+        return sample_sparse(q, u), q
+
+
+def _stack(rows: list[SparseDist]) -> SparseDist:
+    if not rows:
+        return Proposal.empty().q
+    return SparseDist(torch.cat([r.ids for r in rows]), torch.cat([r.probs for r in rows]))

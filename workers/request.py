@@ -1,0 +1,51 @@
+"""What one generation request asks for, validated once, with every default defined here."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field
+
+from .acceptance import SamplingParams
+
+MAX_TOKENS_LIMIT = 4096  # per request; bounds a request's KV cache and its time on a replica
+MAX_K = 16  # proposals per verify step; beyond ~8 acceptance decays faster than passes are saved
+DEFAULT_K = 4  # a good k at alpha ~0.7-0.8 and c ~0.05 (Leviathan et al., fig. 3)
+DEFAULT_MAX_TOKENS = 128
+MAX_STOP_STRINGS = 8
+MAX_STOP_LENGTH = 64
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Everything about a request except its prompt and its model choice."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None  # None: a fresh random seed, reported back in the stats
+    stop: tuple[str, ...] = ()
+    k: int = DEFAULT_K
+    speculation: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:
+            raise ValueError(f"max_tokens must be 1..{MAX_TOKENS_LIMIT}, got {self.max_tokens}")
+        if not 1 <= self.k <= MAX_K:
+            raise ValueError(f"k must be 1..{MAX_K}, got {self.k}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be 0..2^63-1, got {self.seed}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        for s in self.stop:
+            if not 1 <= len(s) <= MAX_STOP_LENGTH:
+                raise ValueError(f"each stop string must be 1..{MAX_STOP_LENGTH} characters, got {len(s)}")
+
+    def resolved_seed(self) -> int:
+        return self.seed if self.seed is not None else secrets.randbits(62)
+
+
+def sampling_params(temperature: float, top_p: float, top_k: int) -> SamplingParams:
+    """SamplingParams from loosely typed edge input (CLI, RPC); raises ValueError naming the field."""
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    return SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))

@@ -1,0 +1,38 @@
+"""Per-request speculation statistics (the names follow vLLM's spec-decode metrics)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecStats:
+    proposed: int = 0  # draft tokens sent for verification
+    accepted: int = 0  # draft tokens the target kept
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps whose i-th draft was kept
+    target_passes: int = 0  # verify (or plain decode) forward passes of the target
+    draft_passes: int = 0  # forward passes of the draft
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    seed: int | None = None
+
+    def record_step(self, k: int, num_accepted: int) -> None:
+        self.target_passes += 1
+        self.proposed += k
+        self.accepted += num_accepted
+        if len(self.accepted_per_position) < k:
+            self.accepted_per_position.extend([0] * (k - len(self.accepted_per_position)))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        # Every pass commits its accepted drafts plus one target token.
+        return (self.accepted + self.target_passes) / self.target_passes if self.target_passes else 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"acceptance_rate": self.acceptance_rate, "tokens_per_pass": self.tokens_per_pass}

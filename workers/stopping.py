@@ -1,0 +1,80 @@
+"""Turning committed tokens into client output: incremental text, EOS, stop strings, max_tokens.
+
+Text is decoded from all output tokens (byte-level BPE makes a prefix's decoding a prefix of the
+whole, except an unfinished UTF-8 character), and streamed text is held back while it could still
+turn out to be the start of a stop string or of a multi-byte character, so nothing emitted is ever
+taken back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+REPLACEMENT_CHAR = "\ufffd"  # what a decoder yields for an unfinished UTF-8 sequence
+
+
+@dataclass
+class Chunk:
+    """Output committed by one step: new token ids, new text, and whether the request ended."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # "eos", "stop" (a stop string), "length" (max_tokens)
+
+
+class OutputAssembler:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, max_tokens: int, stop: tuple[str, ...] = ()
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.stop = stop
+        self.eos_token_id = tokenizer.eos_token_id
+        self.token_ids: list[int] = []
+        self.text = ""  # all text so far (final once finished)
+        self.emitted = 0  # characters of self.text already handed out
+        self.finish_reason: str | None = None
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - len(self.token_ids)
+
+    def add(self, tokens: list[int]) -> Chunk:
+        """Append committed tokens up to the first stop condition; return what may be emitted."""
+        chunk = Chunk()
+        for token in tokens:
+            self._add_one(token, chunk)
+            if self.finish_reason:
+                break
+        chunk.finish_reason = self.finish_reason
+        stable = len(self.text) if self.finish_reason else self._stable_length()
+        chunk.text = self.text[self.emitted : stable]
+        self.emitted = max(self.emitted, stable)
+        return chunk
+
+    def _add_one(self, token: int, chunk: Chunk) -> None:
+        if token == self.eos_token_id:
+            self.finish_reason = "eos"
+            return
+        self.token_ids.append(token)
+        chunk.token_ids.append(token)
+        searched_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
+        self.text = self.tokenizer.decode(self.token_ids, clean_up_tokenization_spaces=False)
+        hits = [i for s in self.stop if (i := self.text.find(s, searched_from)) >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.finish_reason = "stop"
+        elif len(self.token_ids) >= self.max_tokens:
+            self.finish_reason = "length"
+
+    def _stable_length(self) -> int:
+        """Characters safe to emit: not an unfinished character, not a possible stop-string start."""
+        end = len(self.text.rstrip(REPLACEMENT_CHAR))
+        for s in self.stop:
+            for n in range(min(len(s) - 1, end), 0, -1):
+                if self.text.endswith(s[:n], 0, end):
+                    end = min(end, end - n)
+                    break
+        return max(end, self.emitted)
