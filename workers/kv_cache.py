@@ -1,9 +1,10 @@
 """One sequence's KV cache beside its model, with rollback as bookkeeping.
 
-The cache always holds a prefix of the session's committed tokens plus, transiently, the tokens of
-the step in flight. Rolling back after a rejection is ``DynamicCache.crop`` with the number of
-tokens to drop: a slice of each layer's key/value tensors (a view, no copy), measured in
-microseconds by ``tests/test_kv_cache.py``.
+The cache holds a prefix of the session's committed tokens plus, transiently, the tokens of the step
+in flight. Each layer's keys and values live in a buffer that grows by doubling; the model sees views
+of the first ``length`` positions. Appending writes into the buffer (amortised O(1), where
+transformers' ``DynamicLayer`` concatenates, copying the whole cache on every step), and rolling back
+after a rejection only moves ``length``: no allocation, no copy (``tests/test_kv_cache.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,58 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+INITIAL_CAPACITY = 256  # positions per layer before the first doubling: most prompts + outputs fit
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A cache layer whose ``keys``/``values`` are views into a doubling buffer."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._key_buffer = self._value_buffer = None
+        self._length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self._length, self._length + key_states.shape[-2]  # states: [B, H, n, D]
+        if self._key_buffer is None or end > self._key_buffer.shape[-2]:
+            self._grow(key_states, value_states, end)
+        self._key_buffer[..., start:end, :].copy_(key_states)
+        self._value_buffer[..., start:end, :].copy_(value_states)
+        self._set_length(end)
+        return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` positions (transformers' convention: a negative count)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes minus the number of tokens to drop, got {tokens_to_remove}")
+        if self.is_initialized and tokens_to_remove:
+            self._set_length(max(0, self._length + tokens_to_remove))
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
+        old = self._key_buffer.shape[-2] if self._key_buffer is not None else 0
+        capacity = max(needed, 2 * old, INITIAL_CAPACITY)
+        keys = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))
+        values = value_states.new_empty((*value_states.shape[:-2], capacity, value_states.shape[-1]))
+        if self._length:  # the one copy: when capacity doubles, not per step
+            keys[..., : self._length, :].copy_(self._key_buffer[..., : self._length, :])
+            values[..., : self._length, :].copy_(self._value_buffer[..., : self._length, :])
+        self._key_buffer, self._value_buffer = keys, values
+
+    def _set_length(self, length: int) -> None:
+        self._length = length
+        self.keys = self._key_buffer[..., :length, :]
+        self.values = self._value_buffer[..., :length, :]
+
+
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    """A cache for ``model`` whose every layer is a PreallocatedLayer."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [PreallocatedLayer() for _ in cache.layers]
+    return cache
 
 
 class CachedLM:
@@ -19,7 +72,7 @@ class CachedLM:
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
-        self.cache = DynamicCache(config=model.config)
+        self.cache = new_cache(model)
         self.length = 0  # tokens whose keys/values are in the cache
 
     @torch.inference_mode()

@@ -1,0 +1,27 @@
+# The README's two commands (`make demo`, `make test`) and the benchmarks. Each target creates
+# .venv and installs the pinned dependencies itself (torch: the CPU build; see deploy/constraints.txt).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test test-slow bench
+
+$(INSTALLED): pyproject.toml deploy/constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c deploy/constraints.txt -e '.[test,dev]'
+	touch $@
+
+demo: $(INSTALLED)
+	$(BIN)/specserve demo
+
+test: $(INSTALLED)
+	$(BIN)/python -m pytest
+
+# Long suites (more sampling settings, bigger budgets): see "Tests" in the README.
+test-slow: $(INSTALLED)
+	$(BIN)/python -m pytest -m slow
+
+bench: $(INSTALLED)
+	$(BIN)/specserve zoo build --preset bench
+	$(BIN)/specserve demo --zoo bench --prompts 8 --max-tokens 96

@@ -1,0 +1,60 @@
+"""The `specserve` command line: JSON output, and one-line errors (no traceback) for bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specserve.cluster.cli import main
+
+
+def run_cli(*args: str, home: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SPECSERVE_HOME=home)
+    return subprocess.run([sys.executable, "-m", "specserve.cluster.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_generate_json_in_a_fresh_process(tiny_zoo, specserve_home):
+    done = run_cli("generate", "--local", "--zoo", "tiny", "--task", "sql", "--prompt", "-- list users\nSELECT",
+                   "--max-tokens", "8", "--k", "2", "--json", home=specserve_home)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert {"text", "token_ids", "finish_reason", "stats"} <= set(out)
+    assert len(out["token_ids"]) <= 8 and out["draft"] == "sql"
+    assert {"proposed", "accepted", "accepted_per_position", "target_passes", "draft_seconds", "verify_seconds"} <= set(out["stats"])
+
+
+def test_bad_input_in_a_fresh_process_is_one_line_without_traceback(tiny_zoo, specserve_home):
+    done = run_cli("generate", "--zoo", "tiny", "--task", "poetry", "--prompt", "x", home=specserve_home)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "specserve: error: unknown task 'poetry'; this zoo knows: code, sql, math, prose"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--task", "poetry"], "unknown task 'poetry'"),
+    (["--k", "0"], "k must be 1..16, got 0"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
+    (["--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0, got -1.0"),
+    (["--max-tokens", "0"], "max_tokens must be 1..4096, got 0"),
+    (["--draft", "nope"], "unknown draft 'nope'"),
+])
+def test_bad_generate_flags(tiny_zoo, specserve_home, capsys, flags, message):
+    code = main(["generate", "--zoo", "tiny", "--prompt", "SELECT", *flags])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_unbuilt_zoo_says_how_to_build_it(specserve_home, capsys):
+    assert main(["generate", "--zoo", "bench", "--prompt", "x"]) == 2
+    assert "run `specserve zoo build --preset bench`" in capsys.readouterr().err
+
+
+def test_unknown_preset(specserve_home, capsys):
+    assert main(["zoo", "build", "--preset", "huge"]) == 2
+    assert "unknown zoo preset 'huge'; choose one of: tiny, demo, bench" in capsys.readouterr().err

@@ -1,0 +1,41 @@
+"""A draft whose tokenizer is not the target's is refused at load, naming the first difference."""
+
+import pytest
+
+from specserve.workers.engine import SpecEngine
+from specserve.workers.loading import ModelSpec
+from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
+from specserve.workers.zoo.tokenizer import train_tokenizer
+
+
+def test_the_zoo_drafts_pass(tiny_zoo):
+    from specserve.workers.loading import load_tokenizer
+
+    target = load_tokenizer(str(tiny_zoo.target_dir))
+    for name in tiny_zoo.draft_names:
+        check_compatible(target, load_tokenizer(str(tiny_zoo.draft_dir(name))))
+
+
+def test_different_vocabulary_names_the_first_differing_token():
+    a = train_tokenizer(["the cat sat on the mat " * 50], vocab_size=300)
+    b = train_tokenizer(["SELECT id FROM users WHERE " * 50], vocab_size=300)
+    with pytest.raises(TokenizerMismatch, match=r"vocabularies differ at token id \d+: target '.+', draft '.+'"):
+        check_compatible(a, b)
+
+
+def test_different_special_tokens_are_refused():
+    a = train_tokenizer(["hello world " * 50], vocab_size=280)
+    b = train_tokenizer(["hello world " * 50], vocab_size=280)
+    b.eos_token = b.pad_token
+    with pytest.raises(TokenizerMismatch, match="special token eos_token differs"):
+        check_compatible(a, b)
+
+
+def test_engine_refuses_a_mismatched_draft_directory(tiny_zoo, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    draft = AutoModelForCausalLM.from_pretrained(tiny_zoo.draft_dir("sql"))
+    draft.save_pretrained(tmp_path)
+    train_tokenizer(["completely different text " * 40], vocab_size=300).save_pretrained(tmp_path)
+    with pytest.raises(TokenizerMismatch, match="vocabularies differ at token id"):
+        SpecEngine.load(ModelSpec(str(tiny_zoo.target_dir)), {"odd": ModelSpec(str(tmp_path))})

@@ -1,0 +1,77 @@
+"""The zoo builds end to end (corpora, tokenizer, target training, distillation, evaluation),
+is cached, resumes after an interruption, is deterministic, and its distillation runs on its own."""
+
+import json
+import math
+
+from specserve.workers.loading import load_tokenizer
+from specserve.workers.tokenizer_check import check_compatible
+from specserve.workers.zoo.build import build_zoo
+from specserve.workers.zoo.corpora import TASKS
+from specserve.workers.zoo.distill import distill_to_directory
+from specserve.workers.zoo.presets import TrainBudget, get_preset
+from specserve.workers.zoo.zoo import Zoo
+
+
+def test_manifest_describes_the_zoo(tiny_zoo):
+    m = tiny_zoo.manifest
+    assert m["preset"] == "tiny" and m["tasks"] == list(TASKS)
+    assert set(m["drafts"]) == {*TASKS, "general"}
+    assert m["target"]["parameters"] > max(d["parameters"] for d in m["drafts"].values())
+    for task in TASKS:
+        assert math.isfinite(m["target"]["perplexity"][task]) and m["target"]["perplexity"][task] > 1
+        assert set(m["acceptance"][task]) == set(m["drafts"])  # the task x draft matrix
+        assert all(0.0 <= a <= 1.0 for a in m["acceptance"][task].values())
+        assert tiny_zoo.prompts(task)
+    assert (tiny_zoo.target_dir / "config.json").exists()  # an ordinary HF model directory
+
+
+def test_held_out_documents_are_never_trained_on(tiny_zoo):
+    for task in TASKS:
+        corpus = json.loads((tiny_zoo.root / "corpora" / f"{task}.json").read_text())
+        assert corpus["held_out"] and not set(corpus["held_out"]) & set(corpus["train"])
+        assert all(any(doc.startswith(p) for doc in corpus["held_out"]) for p in tiny_zoo.prompts(task))
+
+
+def test_a_second_build_returns_the_cached_zoo(tiny_zoo):
+    before = (tiny_zoo.root / "manifest.json").stat().st_mtime_ns
+    again = build_zoo(get_preset("tiny"), tiny_zoo.root)
+    assert again.manifest == tiny_zoo.manifest
+    assert (tiny_zoo.root / "manifest.json").stat().st_mtime_ns == before
+
+
+def test_an_interrupted_build_resumes_and_is_deterministic(tiny_zoo, tmp_path):
+    # A copy of the zoo that lost its last draft and manifest mid-write, as if killed.
+    import shutil
+
+    copy = tmp_path / "zoo"
+    shutil.copytree(tiny_zoo.root, copy)
+    shutil.rmtree(copy / "drafts" / "general")
+    (copy / "manifest.json").unlink()
+    (copy / "drafts" / "general.partial").mkdir()  # half-written stage left behind
+    target_mtime = (copy / "target" / "model.safetensors").stat().st_mtime_ns
+    resumed = build_zoo(get_preset("tiny"), copy)
+    assert (copy / "target" / "model.safetensors").stat().st_mtime_ns == target_mtime  # not retrained
+    assert not (copy / "drafts" / "general.partial").exists()
+    # Rebuilt from the same seed, the general draft is bit-identical, so is everything measured from it.
+    assert (copy / "drafts" / "general" / "model.safetensors").read_bytes() == \
+        (tiny_zoo.root / "drafts" / "general" / "model.safetensors").read_bytes()
+    assert resumed.manifest["acceptance"] == tiny_zoo.manifest["acceptance"]
+
+
+def test_distill_on_user_text_makes_a_compatible_draft(tiny_zoo, tmp_path):
+    corpus = tmp_path / "queries.sql"
+    corpus.write_text("\n".join(json.loads((tiny_zoo.root / "corpora" / "sql.json").read_text())["train"][:40]))
+    out = tmp_path / "my-draft"
+    facts = distill_to_directory(str(tiny_zoo.target_dir), "sql", [str(corpus)], str(out),
+                                 TrainBudget(steps=5, batch_size=4, learning_rate=3e-3), distill_tokens=2_000, seed=0)
+    assert facts["task"] == "sql" and facts["parameters"] > 0 and math.isfinite(facts["final_loss"])
+    check_compatible(load_tokenizer(str(tiny_zoo.target_dir)), load_tokenizer(str(out)))
+    assert json.loads((out / "specserve_draft.json").read_text()) == facts
+
+
+def test_zoo_open_refuses_an_incomplete_directory(tmp_path):
+    import pytest
+
+    with pytest.raises(FileNotFoundError, match="no complete zoo"):
+        Zoo.open(tmp_path)

@@ -1,0 +1,201 @@
+"""`specserve zoo build`: corpora, tokenizer, target, drafts, evaluation, manifest.
+
+Each stage writes into a ``.partial`` directory and renames it into place when complete, so an
+interrupted build leaves only whole stages behind and the next call resumes after the last one. The
+manifest is written last: its presence means the zoo is complete, and a second build returns at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from .corpora import TASKS, Corpus, build_corpus, prompt_of
+from .distill import DistillSet, build_distill_set, distill_draft
+from .evaluate import eval_prompts, greedy_acceptance, perplexity
+from .presets import GENERAL_DRAFT, ZooPreset
+from .rollout import continue_all
+from .tokenizer import train_tokenizer
+from .training import new_model, parameter_count, pretrain, token_stream
+from .zoo import MANIFEST, Zoo
+
+log = logging.getLogger("specserve.zoo")
+
+TOKENIZER_CHARS_PER_TASK = 2_000_000  # BPE merges settle long before the whole corpus is seen
+DEMO_PROMPTS_PER_TASK = 16  # held-out prompts kept as text for demos and benchmarks
+
+
+def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
+    """Build (or finish building) ``preset`` into ``out``; return the complete zoo."""
+    if (out / MANIFEST).exists():
+        zoo = Zoo.open(out)
+        if zoo.manifest["preset"] != preset.name or zoo.manifest["seed"] != preset.seed:
+            raise ValueError(f"{out} holds zoo {zoo.manifest['preset']!r} (seed {zoo.manifest['seed']}); "
+                             f"choose another --out to build {preset.name!r}")
+        return zoo
+    out.mkdir(parents=True, exist_ok=True)
+    started, seconds = time.perf_counter(), {}
+    with _timed(seconds, "corpora"):
+        corpora = {task: _corpus(out, preset, task) for task in TASKS}
+    with _timed(seconds, "tokenizer"):
+        tokenizer = _tokenizer(out, preset, corpora)
+    with _timed(seconds, "target"):
+        target = _target(out, preset, tokenizer, corpora)
+    with _timed(seconds, "distill_data"):
+        data = {task: _distill_data(out, preset, tokenizer, target, corpora[task]) for task in TASKS}
+    with _timed(seconds, "drafts"):
+        drafts = {name: _draft(out, preset, tokenizer, data, name) for name in preset.draft_names}
+    with _timed(seconds, "evaluation"):
+        evaluation = _evaluate(preset, tokenizer, target, drafts, corpora)
+    seconds["total"] = time.perf_counter() - started
+    manifest = {
+        "format": 1,
+        "preset": preset.name,
+        "seed": preset.seed,
+        "config": asdict(preset),
+        "tasks": list(TASKS),
+        "target": {"path": "target", "parameters": parameter_count(target), "perplexity": evaluation["perplexity"]},
+        "drafts": {
+            name: {"path": f"drafts/{name}", "parameters": parameter_count(model),
+                   "trained_on": list(TASKS) if name == GENERAL_DRAFT else [name]}
+            for name, model in drafts.items()
+        },
+        "task_drafts": {task: [task, GENERAL_DRAFT] for task in TASKS},  # allowed drafts, preferred first
+        "acceptance": evaluation["acceptance"],  # task -> draft -> greedy alpha on held-out prompts
+        "build_seconds": {k: round(v, 1) for k, v in seconds.items()},  # of this call (0 for cached stages)
+    }
+    prompts = {task: [prompt_of(doc, task) for doc in corpora[task].held_out[:DEMO_PROMPTS_PER_TASK]] for task in TASKS}
+    (out / "prompts.json").write_text(json.dumps(prompts, indent=1))
+    _write_atomically(out / MANIFEST, json.dumps(manifest, indent=2))
+    log.info("zoo %s complete in %s (%.0f s)", preset.name, out, seconds["total"])
+    return Zoo.open(out)
+
+
+def stage_seed(seed: int, stage: str) -> int:
+    """An independent, reproducible seed per stage, so adding a stage never shifts another's draws."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{stage}".encode()).digest()[:4], "little")
+
+
+def _corpus(out: Path, preset: ZooPreset, task: str) -> Corpus:
+    path = out / "corpora" / f"{task}.json"
+    if not path.exists():
+        corpus = build_corpus(task, stage_seed(preset.seed, f"corpus:{task}"), preset.chars_per_task)
+        path.parent.mkdir(exist_ok=True)
+        _write_atomically(path, json.dumps({"train": corpus.train, "held_out": corpus.held_out}))
+        log.info("corpus %s: %d train, %d held-out documents", task, len(corpus.train), len(corpus.held_out))
+    saved = json.loads(path.read_text())
+    return Corpus(task, saved["train"], saved["held_out"])
+
+
+def _tokenizer(out: Path, preset: ZooPreset, corpora: dict[str, Corpus]) -> PreTrainedTokenizerBase:
+    path = out / "tokenizer"
+    if not path.exists():
+        texts = [doc for c in corpora.values() for doc in _first_chars(c.train, TOKENIZER_CHARS_PER_TASK)]
+        with _staged(path) as tmp:
+            train_tokenizer(texts, preset.vocab_size).save_pretrained(tmp)
+    return PreTrainedTokenizerFast.from_pretrained(path)
+
+
+def _target(out: Path, preset: ZooPreset, tokenizer, corpora: dict[str, Corpus]):
+    path = out / "target"
+    if not path.exists():
+        # Interleave the tasks document by document so every batch sees a mix.
+        stream = token_stream(tokenizer, _interleave([corpora[t].train for t in TASKS]))
+        model = new_model(preset.target, tokenizer, preset.context_window, stage_seed(preset.seed, "target"))
+        log.info("target: %.1fM parameters, %d training tokens available", parameter_count(model) / 1e6, stream.numel())
+        loss = pretrain(model, stream, preset.target_budget, preset.seq_len, stage_seed(preset.seed, "target-data"))
+        log.info("target trained: loss %.3f", loss)
+        with _staged(path) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def _distill_data(out: Path, preset: ZooPreset, tokenizer, target, corpus: Corpus) -> DistillSet:
+    path = out / "distill" / f"{corpus.task}.safetensors"
+    if not path.exists():
+        data = build_distill_set(
+            target, tokenizer, corpus.train, preset.distill_tokens, preset.on_policy_sequences,
+            preset.on_policy_tokens, stage_seed(preset.seed, f"distill:{corpus.task}"), desc=f"labels {corpus.task}",
+        )
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        data.save(tmp)
+        os.replace(tmp, path)
+    return DistillSet.load(path)
+
+
+def _draft(out: Path, preset: ZooPreset, tokenizer, data: dict[str, DistillSet], name: str):
+    path = out / "drafts" / name
+    if not path.exists():
+        train_set = DistillSet.concat(list(data.values())) if name == GENERAL_DRAFT else data[name]
+        model = new_model(preset.draft, tokenizer, preset.context_window, stage_seed(preset.seed, f"draft:{name}"))
+        loss = distill_draft(model, train_set, preset.draft_budget, stage_seed(preset.seed, f"draft-data:{name}"),
+                             desc=f"draft {name}")
+        log.info("draft %s: %.2fM parameters, distillation loss %.3f", name, parameter_count(model) / 1e6, loss)
+        with _staged(path) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def _evaluate(preset: ZooPreset, tokenizer, target, drafts: dict, corpora: dict[str, Corpus]) -> dict:
+    result: dict = {"perplexity": {}, "acceptance": {}}
+    for task in TASKS:
+        held_out = corpora[task].held_out
+        result["perplexity"][task] = round(perplexity(target, token_stream(tokenizer, held_out), preset.seq_len), 3)
+        references = continue_all(target, eval_prompts(tokenizer, held_out, preset.eval_prompts), preset.eval_tokens, 0.0)
+        result["acceptance"][task] = {
+            name: round(greedy_acceptance(draft, references, tokenizer.eos_token_id), 4) for name, draft in drafts.items()
+        }
+        log.info("task %s: perplexity %.2f, acceptance %s", task, result["perplexity"][task], result["acceptance"][task])
+    return result
+
+
+def _first_chars(docs: list[str], limit: int) -> Iterator[str]:
+    total = 0
+    for doc in docs:
+        if total >= limit:
+            return
+        total += len(doc)
+        yield doc
+
+
+def _interleave(lists: list[list[str]]) -> list[str]:
+    out = []
+    for i in range(max(len(x) for x in lists)):
+        out += [x[i] for x in lists if i < len(x)]
+    return out
+
+
+@contextlib.contextmanager
+def _staged(path: Path) -> Iterator[Path]:
+    """Yield a scratch directory that becomes ``path`` only if the block completes."""
+    tmp = path.with_name(path.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted build
+    tmp.mkdir(parents=True)
+    yield tmp
+    os.replace(tmp, path)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _timed(seconds: dict, stage: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    seconds[stage] = time.perf_counter() - start

@@ -1,0 +1,63 @@
+"""A built model zoo on disk: where it lives and what its manifest says."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+DEFAULT_HOME = "~/.cache/specserve"  # overridden by the SPECSERVE_HOME environment variable
+
+
+def specserve_home() -> Path:
+    return Path(os.environ.get("SPECSERVE_HOME") or DEFAULT_HOME).expanduser()
+
+
+def default_zoo_dir(preset: str) -> Path:
+    return specserve_home() / "zoo" / preset
+
+
+class ZooNotBuilt(FileNotFoundError):
+    """No complete zoo at the given directory."""
+
+
+@dataclass(frozen=True)
+class Zoo:
+    root: Path
+    manifest: dict
+
+    @classmethod
+    def open(cls, root: Path) -> Zoo:
+        path = Path(root) / MANIFEST
+        if not path.exists():
+            raise ZooNotBuilt(f"no complete zoo at {root}: build it with `specserve zoo build --out {root}`")
+        return cls(Path(root), json.loads(path.read_text()))
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.manifest["tasks"])
+
+    @property
+    def draft_names(self) -> list[str]:
+        return list(self.manifest["drafts"])
+
+    @property
+    def target_dir(self) -> Path:
+        return self.root / self.manifest["target"]["path"]
+
+    def draft_dir(self, name: str) -> Path:
+        if name not in self.manifest["drafts"]:
+            raise ValueError(f"unknown draft {name!r}; this zoo has: {', '.join(self.draft_names)}")
+        return self.root / self.manifest["drafts"][name]["path"]
+
+    def default_draft(self, task: str) -> str:
+        """The draft the zoo built for ``task`` (its preferred one)."""
+        if task not in self.manifest["task_drafts"]:
+            raise ValueError(f"unknown task {task!r}; this zoo knows: {', '.join(self.tasks)}")
+        return self.manifest["task_drafts"][task][0]
+
+    def prompts(self, task: str) -> list[str]:
+        """Held-out prompts of ``task`` (never trained on), for demos and benchmarks."""
+        return json.loads((self.root / "prompts.json").read_text())[task]
