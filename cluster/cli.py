@@ -12,6 +12,8 @@ import logging
 import sys
 from pathlib import Path
 
+from transformers.utils import logging as hf_logging
+
 from specserve.workers.acceptance import GREEDY_TEMPERATURE
 from specserve.workers.loading import ModelLoadError
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS
@@ -22,6 +24,7 @@ EXIT_INTERRUPTED = 130
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    hf_logging.disable_progress_bar()  # per-file "Loading weights" bars: noise next to our own output
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

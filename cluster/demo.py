@@ -7,13 +7,15 @@ two measured times, and the output of the two paths is compared token for token.
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from specserve.workers.engine import SpecEngine
 from specserve.workers.request import GenerationParams
+from specserve.workers.stats import SpecStats
 from specserve.workers.zoo.build import build_zoo
 from specserve.workers.zoo.presets import PRESETS, get_preset
 from specserve.workers.zoo.zoo import MANIFEST, Zoo
@@ -26,21 +28,10 @@ class TaskResult:
     task: str
     draft: str
     alpha_held_out: float  # from the zoo manifest (teacher-forced, held-out slice)
-    proposed: int = 0
-    accepted: int = 0
-    target_passes: int = 0
-    tokens: int = 0
+    stats: SpecStats = field(default_factory=SpecStats)  # the speculative runs, summed
     seconds_target_only: float = 0.0
     seconds_speculative: float = 0.0
     identical: bool = True
-
-    @property
-    def alpha(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return self.tokens / self.target_passes if self.target_passes else 0.0
 
     @property
     def speedup(self) -> float:
@@ -51,6 +42,7 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int) -> l
     location = zoo_location(zoo_name)
     if not (location / MANIFEST).exists() and zoo_name in PRESETS:
         print(f"building the {zoo_name} zoo in {location} (once; later runs reuse it)", flush=True)
+        logging.getLogger("specserve").setLevel(logging.INFO)  # a build is long: say what each stage did
         build_zoo(get_preset(zoo_name), location)
     zoo = Zoo.open(location)
     engine = zoo_engine(zoo, zoo.draft_names)
@@ -72,21 +64,23 @@ def measure_task(engine: SpecEngine, zoo: Zoo, task: str, prompts: int, max_toke
         result.seconds_target_only += off_seconds
         result.seconds_speculative += on_seconds
         result.identical &= on_ids == off_ids
-        result.proposed += stats.proposed
-        result.accepted += stats.accepted
-        result.target_passes += stats.target_passes
-        result.tokens += len(on_ids)
+        result.stats.add(stats)
     return result
 
 
 def format_table(results: list[TaskResult]) -> str:
-    header = f"{'task':<6} {'draft':<8} {'alpha':>6} {'alpha(zoo)':>10} {'tok/pass':>9} {'speedup':>8} {'identical':>9}"
+    header = (f"{'task':<6} {'draft':<8} {'alpha':>6} {'alpha(zoo)':>10} {'acc.rate':>8} {'tok/pass':>8} "
+              f"{'speedup':>8} {'identical':>9}")
     lines = [header, "-" * len(header)]
     for r in results:
-        lines.append(f"{r.task:<6} {r.draft:<8} {r.alpha:>6.2f} {r.alpha_held_out:>10.2f} {r.tokens_per_pass:>9.2f} "
-                     f"{r.speedup:>7.2f}x {'yes' if r.identical else 'NO':>9}")
-    lines.append("alpha: accepted/proposed draft tokens in this run; alpha(zoo): held-out greedy acceptance from the "
-                 "manifest; speedup: target-only time / speculative time, measured alternately in this run.")
+        lines.append(f"{r.task:<6} {r.draft:<8} {r.stats.alpha:>6.2f} {r.alpha_held_out:>10.2f} "
+                     f"{r.stats.acceptance_rate:>8.2f} {r.stats.tokens_per_pass:>8.2f} {r.speedup:>7.2f}x "
+                     f"{'yes' if r.identical else 'NO':>9}")
+    lines += [
+        "alpha: per-token acceptance in this run (accepted / (accepted + rejections)); alpha(zoo): the same on the",
+        "zoo's held-out slice, teacher-forced; acc.rate: accepted / proposed draft tokens; tok/pass: tokens",
+        "committed per target forward pass; speedup: target-only time / speculative time, run alternately here.",
+    ]
     return "\n".join(lines)
 
 

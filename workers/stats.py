@@ -11,6 +11,7 @@ class SpecStats:
     accepted: int = 0  # draft tokens the target kept
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps whose i-th draft was kept
     target_passes: int = 0  # verify (or plain decode) forward passes of the target
+    rejections: int = 0  # steps that ended on a rejected draft token (the rest accepted all k)
     draft_passes: int = 0  # forward passes of the draft
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -20,14 +21,35 @@ class SpecStats:
         self.target_passes += 1
         self.proposed += k
         self.accepted += num_accepted
+        self.rejections += int(num_accepted < k)
         if len(self.accepted_per_position) < k:
             self.accepted_per_position.extend([0] * (k - len(self.accepted_per_position)))
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 
+    def add(self, other: SpecStats) -> None:
+        """Sum another request's counts into these (for per-task aggregates)."""
+        for name in ("proposed", "accepted", "target_passes", "rejections", "draft_passes", "draft_seconds", "verify_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for i, n in enumerate(other.accepted_per_position):
+            if i == len(self.accepted_per_position):
+                self.accepted_per_position.append(0)
+            self.accepted_per_position[i] += n
+
     @property
     def acceptance_rate(self) -> float:
+        """Accepted / proposed draft tokens (vLLM's definition); falls with k even at a fixed alpha."""
         return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance probability (Leviathan et al.'s alpha), the quantity the cost model uses.
+
+        Each step tests draft tokens in order until the first rejection, so accepted tests and
+        rejections are the successes and failures of independent trials: alpha = a / (a + r).
+        """
+        trials = self.accepted + self.rejections
+        return self.accepted / trials if trials else 0.0
 
     @property
     def tokens_per_pass(self) -> float:
@@ -35,4 +57,5 @@ class SpecStats:
         return (self.accepted + self.target_passes) / self.target_passes if self.target_passes else 0.0
 
     def as_dict(self) -> dict:
-        return asdict(self) | {"acceptance_rate": self.acceptance_rate, "tokens_per_pass": self.tokens_per_pass}
+        return asdict(self) | {"acceptance_rate": self.acceptance_rate, "alpha": self.alpha,
+                               "tokens_per_pass": self.tokens_per_pass}

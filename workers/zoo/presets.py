@@ -85,10 +85,10 @@ PRESETS: dict[str, ZooPreset] = {
         chars_per_task=3_000_000,
         target=ModelShape(384, 4, 1024, 6, tie_embeddings=False),  # 8.7M parameters
         draft=ModelShape(128, 2, 352, 2, tie_embeddings=True),  # 0.6M parameters
-        target_budget=TrainBudget(steps=380, batch_size=8, learning_rate=2e-3),
-        draft_budget=TrainBudget(steps=120, batch_size=16, learning_rate=3e-3),
-        distill_tokens=60_000,
-        on_policy_sequences=48,
+        target_budget=TrainBudget(steps=340, batch_size=8, learning_rate=2e-3),
+        draft_budget=TrainBudget(steps=100, batch_size=16, learning_rate=3e-3),
+        distill_tokens=48_000,
+        on_policy_sequences=32,
         on_policy_tokens=96,
         eval_prompts=12,
         eval_tokens=64,
@@ -102,7 +102,7 @@ PRESETS: dict[str, ZooPreset] = {
         chars_per_task=12_000_000,
         target=ModelShape(512, 8, 1376, 8, tie_embeddings=False),  # 29.5M parameters
         draft=ModelShape(192, 2, 512, 3, tie_embeddings=True),  # 1.7M parameters
-        target_budget=TrainBudget(steps=1000, batch_size=8, learning_rate=1.5e-3),
+        target_budget=TrainBudget(steps=1100, batch_size=8, learning_rate=1.5e-3),
         draft_budget=TrainBudget(steps=250, batch_size=16, learning_rate=3e-3),
         distill_tokens=200_000,
         on_policy_sequences=128,

@@ -1,0 +1,15 @@
+"""`make demo`'s table, on the tiny zoo: every task, figures computed from the runs themselves."""
+
+from specserve.cluster.demo import run_demo
+
+
+def test_demo_prints_a_row_per_task_from_measurements(tiny_zoo, capsys):
+    results = run_demo(str(tiny_zoo.root), prompts_per_task=2, max_tokens=12, k=3)
+    table = capsys.readouterr().out
+    assert [r.task for r in results] == tiny_zoo.tasks
+    for r in results:
+        assert r.identical, f"speculative output differs from the target's on {r.task}"
+        assert r.seconds_target_only > 0 and r.seconds_speculative > 0
+        assert r.stats.target_passes > 0 and r.stats.proposed > 0
+        assert r.draft == r.task
+        assert f"{r.speedup:>7.2f}x" in table and f"{r.stats.alpha:>6.2f}" in table
