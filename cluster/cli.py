@@ -20,6 +20,8 @@ from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS
 
 EXIT_USAGE = 2  # what argparse uses for bad arguments; ours match it
 EXIT_INTERRUPTED = 130
+DISTILL_BATCH = 16  # `specserve distill`: what the zoo's drafts train with
+DISTILL_LEARNING_RATE = 3e-3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,8 +146,9 @@ def _run_distill(args: argparse.Namespace) -> int:
 
     if args.steps < 1 or args.tokens < 1:
         raise ValueError(f"--steps and --tokens must be >= 1, got {args.steps} and {args.tokens}")
-    facts = distill_to_directory(args.target, args.task, args.corpus, str(args.out),
-                                 TrainBudget(steps=args.steps, batch_size=16, learning_rate=3e-3), args.tokens, args.seed)
+    budget = TrainBudget(steps=args.steps, batch_size=DISTILL_BATCH, learning_rate=DISTILL_LEARNING_RATE)
+    facts = distill_to_directory(args.target, args.task, args.corpus, str(args.out), budget=budget,
+                                 distill_tokens=args.tokens, seed=args.seed)
     print(json.dumps(facts))
     return 0
 

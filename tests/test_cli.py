@@ -58,3 +58,19 @@ def test_unbuilt_zoo_says_how_to_build_it(specserve_home, capsys):
 def test_unknown_preset(specserve_home, capsys):
     assert main(["zoo", "build", "--preset", "huge"]) == 2
     assert "unknown zoo preset 'huge'; choose one of: tiny, demo, bench" in capsys.readouterr().err
+
+
+def test_distill_command_writes_a_draft(tiny_zoo, tmp_path, capsys):
+    corpus = tmp_path / "notes.txt"
+    corpus.write_text("\n".join(tiny_zoo.prompts("prose") * 20))
+    code = main(["distill", "--target", str(tiny_zoo.target_dir), "--task", "notes", "--corpus", str(corpus),
+                 "--out", str(tmp_path / "d"), "--steps", "3", "--tokens", "1500"])
+    assert code == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["task"] == "notes" and (tmp_path / "d" / "config.json").exists()
+
+
+def test_distill_command_refuses_a_missing_corpus(tiny_zoo, tmp_path, capsys):
+    code = main(["distill", "--target", str(tiny_zoo.target_dir), "--task", "x", "--corpus", str(tmp_path / "none.txt"),
+                 "--out", str(tmp_path / "d")])
+    assert code == 2 and "cannot read corpus file" in capsys.readouterr().err

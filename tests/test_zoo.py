@@ -64,7 +64,7 @@ def test_distill_on_user_text_makes_a_compatible_draft(tiny_zoo, tmp_path):
     corpus.write_text("\n".join(json.loads((tiny_zoo.root / "corpora" / "sql.json").read_text())["train"][:40]))
     out = tmp_path / "my-draft"
     facts = distill_to_directory(str(tiny_zoo.target_dir), "sql", [str(corpus)], str(out),
-                                 TrainBudget(steps=5, batch_size=4, learning_rate=3e-3), distill_tokens=2_000, seed=0)
+                                 budget=TrainBudget(steps=5, batch_size=4, learning_rate=3e-3), distill_tokens=2_000, seed=0)
     assert facts["task"] == "sql" and facts["parameters"] > 0 and math.isfinite(facts["final_loss"])
     check_compatible(load_tokenizer(str(tiny_zoo.target_dir)), load_tokenizer(str(out)))
     assert json.loads((out / "specserve_draft.json").read_text()) == facts

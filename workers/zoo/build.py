@@ -125,8 +125,9 @@ def _distill_data(out: Path, preset: ZooPreset, tokenizer, target, corpus: Corpu
     path = out / "distill" / f"{corpus.task}.safetensors"
     if not path.exists():
         data = build_distill_set(
-            target, tokenizer, corpus.train, preset.distill_tokens, preset.on_policy_sequences,
-            preset.on_policy_tokens, stage_seed(preset.seed, f"distill:{corpus.task}"), desc=f"labels {corpus.task}",
+            target, tokenizer, corpus.train, total_tokens=preset.distill_tokens,
+            on_policy_sequences=preset.on_policy_sequences, on_policy_tokens=preset.on_policy_tokens,
+            seed=stage_seed(preset.seed, f"distill:{corpus.task}"), desc=f"labels {corpus.task}",
         )
         path.parent.mkdir(exist_ok=True)
         tmp = path.with_suffix(".partial")

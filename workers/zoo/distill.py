@@ -88,6 +88,7 @@ def build_distill_set(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     documents: list[str],
+    *,
     total_tokens: int,
     on_policy_sequences: int,
     on_policy_tokens: int,
@@ -151,6 +152,7 @@ def distill_to_directory(
     task: str,
     corpus_files: list[str],
     out_dir: str,
+    *,
     budget: TrainBudget,
     distill_tokens: int,
     seed: int,
@@ -165,7 +167,7 @@ def distill_to_directory(
     target = load_model(ModelSpec(target_dir))
     documents = documents_from_files(corpus_files)
     data = build_distill_set(
-        target, tokenizer, documents, distill_tokens,
+        target, tokenizer, documents, total_tokens=distill_tokens,
         on_policy_sequences=max(1, distill_tokens // USER_ON_POLICY_EVERY), on_policy_tokens=USER_ON_POLICY_TOKENS, seed=seed,
     )
     shape = shape or default_draft_shape(target.config)
