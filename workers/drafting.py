@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .acceptance import SamplingParams, SparseDist, Verdict, one_hot, sample_sparse, sparsify, warp
-from .kv_cache import CachedLM
+from .kv_cache import SequenceCache
 
 # The draft samples from its warped distribution truncated to this many tokens. q stays exact (the
 # draft samples from the truncation itself) and a proposal stays a few hundred bytes on the wire;
@@ -37,8 +37,7 @@ class DraftSession:
         generator: torch.Generator,
         max_support: int = DRAFT_MAX_SUPPORT,
     ) -> None:
-        self.lm = CachedLM(model)
-        self.committed = list(prompt_ids)
+        self.sequence = SequenceCache(model, prompt_ids)
         self.sampling = sampling
         self.generator = generator
         self.max_support = max_support
@@ -46,10 +45,10 @@ class DraftSession:
     def propose(self, k: int) -> Proposal:
         ids: list[int] = []
         rows: list[SparseDist] = []
-        logits = self.lm.catch_up(self.committed)  # [1, V] after the last committed token
+        logits = self.sequence.catch_up()  # [1, V] after the last committed token
         for i in range(k):
             if i:
-                logits = self.lm.extend(ids[-1:])
+                logits = self.sequence.lm.extend(ids[-1:])
             token, q = self._draw(logits)
             ids.append(token)
             rows.append(q)
@@ -57,8 +56,7 @@ class DraftSession:
 
     def commit(self, proposal: Proposal, verdict: Verdict) -> None:
         """Take the verifier's verdict: keep the accepted prefix, drop the rest of the cache."""
-        self.lm.rollback(len(self.committed) + verdict.num_accepted)
-        self.committed += proposal.ids[: verdict.num_accepted] + [verdict.token]
+        self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
 
     def _draw(self, logits: torch.Tensor) -> tuple[int, SparseDist]:
         if self.sampling.greedy:

@@ -105,3 +105,23 @@ class CachedLM:
         if length < self.length:
             self.cache.crop(length - self.length)  # crop takes minus the number of tokens to drop
             self.length = length
+
+
+class SequenceCache:
+    """One side (draft or target) of a request: the committed tokens and the cache that follows them.
+
+    Both sides commit a verdict the same way: keep the accepted prefix of the proposal, drop the
+    rest of the cache, and append the accepted tokens plus the verifier's own token.
+    """
+
+    def __init__(self, model: PreTrainedModel, prompt_ids: Sequence[int]) -> None:
+        self.lm = CachedLM(model)
+        self.committed = list(prompt_ids)
+
+    def catch_up(self, extra: Sequence[int] = ()) -> torch.Tensor:
+        """Logits after the committed tokens and after each of ``extra``: [len(extra) + 1, V]."""
+        return self.lm.catch_up(self.committed, extra)
+
+    def commit(self, proposed: Sequence[int], num_accepted: int, token: int) -> None:
+        self.lm.rollback(len(self.committed) + num_accepted)
+        self.committed += [*proposed[:num_accepted], token]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import secrets
 from dataclasses import dataclass, field
 
@@ -42,10 +41,3 @@ class GenerationParams:
 
     def resolved_seed(self) -> int:
         return self.seed if self.seed is not None else secrets.randbits(62)
-
-
-def sampling_params(temperature: float, top_p: float, top_k: int) -> SamplingParams:
-    """SamplingParams from loosely typed edge input (CLI, RPC); raises ValueError naming the field."""
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-    return SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))

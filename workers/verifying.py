@@ -7,7 +7,7 @@ from transformers import PreTrainedModel
 
 from .acceptance import SamplingParams, Verdict, verify, verify_greedy, warp
 from .drafting import Proposal
-from .kv_cache import CachedLM
+from .kv_cache import SequenceCache
 
 
 class TargetSession:
@@ -23,20 +23,18 @@ class TargetSession:
         sampling: SamplingParams,
         generator: torch.Generator,
     ) -> None:
-        self.lm = CachedLM(model)
-        self.committed = list(prompt_ids)
+        self.sequence = SequenceCache(model, prompt_ids)
         self.sampling = sampling
         self.generator = generator
 
     def verify(self, proposal: Proposal) -> Verdict:
         k = len(proposal.ids)
-        logits = self.lm.catch_up(self.committed, proposal.ids)  # [k+1, V]
+        logits = self.sequence.catch_up(proposal.ids)  # [k+1, V]
         draft_ids = torch.tensor(proposal.ids, dtype=torch.long)
         if self.sampling.greedy:
             verdict = verify_greedy(logits.argmax(-1), draft_ids)
         else:
             uniforms = torch.rand(k + 1, generator=self.generator)
             verdict = verify(warp(logits, self.sampling), draft_ids, proposal.q, uniforms)
-        self.lm.rollback(len(self.committed) + verdict.num_accepted)
-        self.committed += proposal.ids[: verdict.num_accepted] + [verdict.token]
+        self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
         return verdict
