@@ -9,19 +9,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
-from specserve.workers.acceptance import GREEDY_TEMPERATURE
+from specserve.workers.acceptance import SamplingParams
 from specserve.workers.loading import ModelLoadError
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS
+from specserve.workers.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
 
 EXIT_USAGE = 2  # what argparse uses for bad arguments; ours match it
 EXIT_INTERRUPTED = 130
-DISTILL_BATCH = 16  # `specserve distill`: what the zoo's drafts train with
-DISTILL_LEARNING_RATE = 3e-3
+SAMPLING_DEFAULTS = SamplingParams()  # the CLI's defaults are the request's, defined once there
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return args.run(args) or 0
-    except (ValueError, FileNotFoundError, ModelLoadError) as exc:  # input the user can fix
+    except BrokenPipeError:  # `specserve generate ... | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
+    except (ValueError, OSError, ModelLoadError) as exc:  # input the user can fix (paths included)
         print(f"specserve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -48,16 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="generate text from a prompt",
                                    description="Generate text, with speculative decoding unless --speculation off.")
-    generate.add_argument("--local", action="store_true", default=True,
-                          help="run the models in this process (the default)")
+    generate.add_argument("--local", action="store_true",
+                          help="run the models in this process (the only mode until the service lands)")
     _add_zoo_argument(generate)
     generate.add_argument("--prompt", required=True, help="the text to continue")
     generate.add_argument("--task", help="the prompt's task (code, sql, math, prose); picks the draft. Default: the general draft")
     generate.add_argument("--draft", help="use this draft instead of the task's")
     generate.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens to generate at most (default: %(default)s)")
-    generate.add_argument("--temperature", type=float, default=GREEDY_TEMPERATURE, help="0 is greedy (default: %(default)s)")
-    generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default: %(default)s)")
-    generate.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0 = all (default: %(default)s)")
+    generate.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS.temperature,
+                          help="0 is greedy (default: %(default)s)")
+    generate.add_argument("--top-p", type=float, default=SAMPLING_DEFAULTS.top_p,
+                          help="nucleus sampling mass in (0, 1] (default: %(default)s)")
+    generate.add_argument("--top-k", type=int, default=SAMPLING_DEFAULTS.top_k,
+                          help="sample among the k most likely tokens; 0 = all (default: %(default)s)")
     generate.add_argument("--seed", type=int, help="seed for sampling (default: random, reported in the stats)")
     generate.add_argument("--stop", action="append", default=[], help="stop when this string is generated (repeatable)")
     generate.add_argument("--k", type=int, default=DEFAULT_K, help="draft tokens proposed per target pass (default: %(default)s)")
@@ -79,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--task", required=True, help="the task the draft serves (a name of your choice)")
     distill.add_argument("--corpus", required=True, nargs="+", metavar="FILE", help="UTF-8 text files of that task")
     distill.add_argument("--out", required=True, type=Path, help="directory to write the draft to")
-    distill.add_argument("--steps", type=int, default=300, help="optimiser steps (default: %(default)s)")
-    distill.add_argument("--tokens", type=int, default=100_000, help="tokens labelled by the target (default: %(default)s)")
+    distill.add_argument("--steps", type=int, default=USER_DRAFT_BUDGET.steps, help="optimiser steps (default: %(default)s)")
+    distill.add_argument("--tokens", type=int, default=USER_DISTILL_TOKENS,
+                         help="tokens labelled by the target (default: %(default)s)")
     distill.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     distill.set_defaults(run=_run_distill)
 
@@ -100,7 +108,6 @@ def _add_zoo_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from specserve.workers.acceptance import SamplingParams
     from specserve.workers.request import GenerationParams
 
     from .local import open_zoo, zoo_engine
@@ -141,12 +148,15 @@ def _run_zoo_build(args: argparse.Namespace) -> int:
 
 
 def _run_distill(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from specserve.workers.zoo.distill import distill_to_directory
-    from specserve.workers.zoo.presets import TrainBudget
 
     if args.steps < 1 or args.tokens < 1:
         raise ValueError(f"--steps and --tokens must be >= 1, got {args.steps} and {args.tokens}")
-    budget = TrainBudget(steps=args.steps, batch_size=DISTILL_BATCH, learning_rate=DISTILL_LEARNING_RATE)
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; give a directory for the draft")
+    budget = replace(USER_DRAFT_BUDGET, steps=args.steps)
     facts = distill_to_directory(args.target, args.task, args.corpus, str(args.out), budget=budget,
                                  distill_tokens=args.tokens, seed=args.seed)
     print(json.dumps(facts))
@@ -155,6 +165,9 @@ def _run_distill(args: argparse.Namespace) -> int:
 
 def _run_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
+
+    if args.prompts < 1 or args.max_tokens < 1:
+        raise ValueError(f"--prompts and --max-tokens must be >= 1, got {args.prompts} and {args.max_tokens}")
 
     run_demo(args.zoo, prompts_per_task=args.prompts, max_tokens=args.max_tokens, k=args.k)
     return 0

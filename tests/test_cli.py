@@ -39,7 +39,7 @@ def test_bad_input_in_a_fresh_process_is_one_line_without_traceback(tiny_zoo, sp
     (["--k", "0"], "k must be 1..16, got 0"),
     (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
     (["--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
-    (["--temperature", "-1"], "temperature must be a finite number >= 0, got -1.0"),
+    (["--temperature", "-1"], "temperature must be 0 (greedy) or a finite number >= 0.01, got -1.0"),
     (["--max-tokens", "0"], "max_tokens must be 1..4096, got 0"),
     (["--draft", "nope"], "unknown draft 'nope'"),
 ])

@@ -59,14 +59,15 @@ def test_stats_count_every_step(tiny_engine, prompt):
     assert s.accepted_per_position[0] >= s.accepted_per_position[-1]  # position i needs i-1 accepted first
     assert sum(s.accepted_per_position) == s.accepted
     assert s.accepted + s.target_passes >= len(done.token_ids)  # every pass commits accepted + 1
-    assert s.draft_seconds > 0 and s.verify_seconds > 0 and s.draft_passes >= s.proposed
+    assert s.draft_seconds > 0 and s.verify_seconds > 0
 
 
 @pytest.mark.parametrize("make, message", [
     (lambda: GenerationParams(max_tokens=0), "max_tokens must be 1..4096, got 0"),
     (lambda: GenerationParams(k=0), "k must be 1..16, got 0"),
     (lambda: SamplingParams(temperature=1.0, top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
-    (lambda: SamplingParams(temperature=float("nan")), "temperature must be a finite number >= 0"),
+    (lambda: SamplingParams(temperature=float("nan")), "temperature must be 0 \\(greedy\\) or a finite number >= 0.01"),
+    (lambda: SamplingParams(temperature=1e-39), "temperature must be 0 \\(greedy\\) or a finite number >= 0.01, got 1e-39"),
     (lambda: SamplingParams(top_k=-1), "top_k must be >= 0"),
 ])
 def test_invalid_parameters_name_the_field_and_range(make, message):

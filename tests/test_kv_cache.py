@@ -9,7 +9,7 @@ from specserve.workers.kv_cache import CachedLM
 def model():
     torch.manual_seed(0)
     return LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)).eval()
+                                        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=1024)).eval()
 
 
 def test_logits_after_rollback_equal_a_fresh_prefill():
@@ -53,3 +53,21 @@ def test_appending_writes_into_the_buffer_without_reallocating():
         lm.rollback(lm.length - 1)
     assert lm.cache.layers[0].keys.untyped_storage().data_ptr() == storage
     assert lm.length == lm.cache.get_seq_length() == 39
+
+
+def test_growing_past_capacity_with_rollbacks_matches_a_fresh_prefill():
+    """Steps of 1-5 tokens with random rejections, across several doublings of the buffer."""
+    m = model()
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 97, (700,), generator=gen).tolist()
+    lm, committed = CachedLM(m), 1
+    lm.extend(tokens[:1])
+    while committed < 600:  # > 2 doublings of the initial 256 positions
+        n = int(torch.randint(1, 6, (1,), generator=gen))
+        lm.extend(tokens[committed : committed + n], logits_wanted=n)
+        kept = int(torch.randint(0, n + 1, (1,), generator=gen))
+        lm.rollback(committed + kept)
+        committed += kept
+    after = lm.extend(tokens[committed : committed + 1])
+    assert torch.allclose(after, CachedLM(m).extend(tokens[: committed + 1]), atol=1e-5)
+    assert lm.length == lm.cache.get_seq_length() == committed + 1

@@ -2,7 +2,9 @@
 
 A tiny-vocabulary target/draft pair makes the target's distribution over the next three tokens
 enumerable exactly (with EOS ending a sequence early). We draw 20,000 generations through the real
-engine (draft sessions, verification, rollback, output assembly) per setting and compare:
+engine (draft sessions, verification, rollback, output assembly) per setting, each allowed k + 1
+tokens so that its first step really proposes k drafts, and compare the distribution of the first
+three output tokens (a lossless sampler's prefix has the target's prefix distribution) by:
 - total variation distance against a bound from the sample size: E[TV] <= 0.5*sqrt(M/N) for M
   outcomes (Cauchy-Schwarz), plus McDiarmid's deviation sqrt(ln(1/delta)/(2N)) at delta = 1e-6;
 - a chi-square goodness-of-fit test at significance 1e-4 (bins with expected count < 5 pooled).
@@ -73,16 +75,24 @@ def exact_distribution(model, prefix, params, eos_id) -> dict[tuple, float]:
 
 def sample_distribution(engine, params_for_seed, n, draft) -> tuple[dict[tuple, int], float]:
     counts: dict[tuple, int] = {}
-    proposed = accepted = 0
+    proposed = accepted = first_step_k = 0
     for seed in range(n):
-        gen = engine.generate([engine.tokenizer.bos_token_id], params_for_seed(seed), draft=draft)
-        done = gen.complete()
-        # The assembler drops EOS from the output; put it back to name the outcome exactly.
-        outcome = tuple(done.token_ids) + ((engine.tokenizer.eos_token_id,) if done.finish_reason == "eos" else ())
+        params = params_for_seed(seed)
+        done = engine.generate([engine.tokenizer.bos_token_id], params, draft=draft).complete()
+        outcome = tuple(done.token_ids[:LENGTH])
+        if done.finish_reason == "eos" and len(done.token_ids) < LENGTH:
+            outcome += (engine.tokenizer.eos_token_id,)  # the assembler drops EOS; name the outcome exactly
         counts[outcome] = counts.get(outcome, 0) + 1
         proposed += done.stats.proposed
         accepted += done.stats.accepted
+        first_step_k = max(first_step_k, len(done.stats.accepted_per_position))
+    assert first_step_k == params.k, "the first step should propose k drafts"
     return counts, accepted / max(proposed, 1)
+
+
+def params_for(sampling: SamplingParams, k: int):
+    """Seeded requests with room for one full step of k drafts plus the bonus token."""
+    return lambda seed: GenerationParams(max_tokens=max(LENGTH, k + 1), sampling=sampling, seed=seed, k=k)
 
 
 def assert_same_distribution(exact: dict, counts: dict, n: int) -> None:
@@ -108,15 +118,18 @@ def _pool(observed, expected, minimum=5.0):
     return obs, [e * scale for e in exp]
 
 
-# Together the default settings cover temperature, top-k, top-p and k = 2..4; each costs about a
-# minute (20,000 generations), so further settings run with the slow suite.
+# Together the default settings cover temperature, top-k, top-p, k = 2..4 and a draft whose q is
+# truncated to its top 2 tokens; each costs about a minute (20,000 generations), so further
+# settings run with the slow suite. (sampling, k, draft max support)
 SETTINGS = [
-    (SamplingParams(temperature=1.0), 2),
-    (SamplingParams(temperature=0.7, top_k=3), 3),
-    (SamplingParams(temperature=1.3, top_k=4, top_p=0.9), 4),
-    pytest.param(SamplingParams(temperature=1.0, top_p=0.8), 1, marks=pytest.mark.slow),
-    pytest.param(SamplingParams(temperature=0.5, top_k=5), 8, marks=pytest.mark.slow),
+    (SamplingParams(temperature=1.0), 2, 32),
+    (SamplingParams(temperature=0.7, top_k=3), 3, 32),
+    (SamplingParams(temperature=1.3, top_k=4, top_p=0.9), 4, 32),
+    (SamplingParams(temperature=1.0), 3, 2),
+    pytest.param(SamplingParams(temperature=1.0, top_p=0.8), 1, 32, marks=pytest.mark.slow),
+    pytest.param(SamplingParams(temperature=0.5, top_k=5), 8, 32, marks=pytest.mark.slow),
 ]
+SETTING_IDS = ["t1-k2", "t0.7-topk3-k3", "t1.3-topk4-topp0.9-k4", "t1-k3-draft-top2", "t1-topp0.8-k1", "t0.5-topk5-k8"]
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +137,12 @@ def tokenizer():
     return word_tokenizer()
 
 
-@pytest.mark.parametrize("sampling,k", SETTINGS, ids=["t1-k2", "t0.7-topk3-k3", "t1.3-topk4-topp0.9-k4", "t1-topp0.8-k1", "t0.5-topk5-k8"])
-def test_speculative_sampling_matches_target_distribution(tokenizer, sampling, k):
+@pytest.mark.parametrize("sampling,k,max_support", SETTINGS, ids=SETTING_IDS)
+def test_speculative_sampling_matches_target_distribution(tokenizer, sampling, k, max_support):
     target, draft = tiny_model(0), tiny_model(1)
-    engine = SpecEngine(target, tokenizer, {"d": draft})
+    engine = SpecEngine(target, tokenizer, {"d": draft}, draft_max_support=max_support)
     exact = exact_distribution(target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
-    params = lambda seed: GenerationParams(max_tokens=LENGTH, sampling=sampling, seed=seed, k=k)
-    counts, alpha = sample_distribution(engine, params, SAMPLES, "d")
+    counts, alpha = sample_distribution(engine, params_for(sampling, k), SAMPLES, "d")
     assert 0.05 < alpha < 0.98, "the pair should both accept and reject, or the test proves little"
     assert_same_distribution(exact, counts, SAMPLES)
 
@@ -140,8 +152,7 @@ def test_draft_equal_to_target_accepts_everything(tokenizer):
     sampling = SamplingParams(temperature=1.0)
     engine = SpecEngine(target, tokenizer, {"same": target})
     exact = exact_distribution(target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
-    params = lambda seed: GenerationParams(max_tokens=LENGTH, sampling=sampling, seed=seed, k=2)
-    counts, alpha = sample_distribution(engine, params, SAMPLES // 2, "same")
+    counts, alpha = sample_distribution(engine, params_for(sampling, 2), SAMPLES // 2, "same")
     # p and q come from different pass shapes (k+1 tokens vs one), equal up to float rounding.
     assert alpha > 0.999
     assert_same_distribution(exact, counts, SAMPLES // 2)
@@ -154,7 +165,6 @@ def test_draft_disjoint_from_target_accepts_nothing(tokenizer):
     sampling = SamplingParams(temperature=1.0, top_k=2)
     engine = SpecEngine(target, tokenizer, {"far": draft})
     exact = exact_distribution(target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
-    params = lambda seed: GenerationParams(max_tokens=LENGTH, sampling=sampling, seed=seed, k=2)
-    counts, alpha = sample_distribution(engine, params, SAMPLES // 4, "far")
+    counts, alpha = sample_distribution(engine, params_for(sampling, 2), SAMPLES // 4, "far")
     assert alpha == 0.0
     assert_same_distribution(exact, counts, SAMPLES // 4)

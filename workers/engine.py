@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .acceptance import Verdict
-from .drafting import DraftSession, Proposal
+from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal
 from .loading import ModelSpec, load_model, load_tokenizer
 from .request import GenerationParams
 from .stats import SpecStats
@@ -55,11 +55,16 @@ class SpecEngine:
     """A target model, its tokenizer and any number of named drafts, all in this process."""
 
     def __init__(
-        self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, drafts: dict[str, PreTrainedModel]
+        self,
+        target: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        drafts: dict[str, PreTrainedModel],
+        draft_max_support: int = DRAFT_MAX_SUPPORT,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
         self.drafts = drafts
+        self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.context_window = int(target.config.max_position_embeddings)
 
     @classmethod
@@ -94,7 +99,8 @@ class Generation:
         verify_gen, draft_gen = request_generators(self.stats.seed)
         self.target = TargetSession(engine.target, prompt_ids, params.sampling, verify_gen)
         self.drafter = (
-            DraftSession(engine.drafts[draft], prompt_ids, params.sampling, draft_gen) if draft else None
+            DraftSession(engine.drafts[draft], prompt_ids, params.sampling, draft_gen, engine.draft_max_support)
+            if draft else None
         )
         self.output = OutputAssembler(engine.tokenizer, params.max_tokens, params.stop)
 

@@ -61,9 +61,13 @@ class PreallocatedLayer(DynamicLayer):
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
-    """A cache for ``model`` whose every layer is a PreallocatedLayer."""
+    """A cache for ``model`` whose full-attention layers are PreallocatedLayers.
+
+    Other layer kinds (sliding-window, linear-attention, shared-KV layers of hybrid models) keep
+    transformers' own implementation, whose crop semantics they depend on.
+    """
     cache = DynamicCache(config=model.config)
-    cache.layers = [PreallocatedLayer() for _ in cache.layers]
+    cache.layers = [PreallocatedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
 

@@ -45,7 +45,7 @@ def _check_vocab(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase
     t_vocab, d_vocab = target.get_vocab(), draft.get_vocab()
     t_by_id = {i: tok for tok, i in t_vocab.items()}
     d_by_id = {i: tok for tok, i in d_vocab.items()}
-    for token_id in range(max(len(t_by_id), len(d_by_id))):
+    for token_id in sorted(t_by_id.keys() | d_by_id.keys()):  # added tokens may have sparse ids
         t_tok, d_tok = t_by_id.get(token_id), d_by_id.get(token_id)
         if t_tok != d_tok:
             raise TokenizerMismatch(

@@ -33,17 +33,14 @@ log = logging.getLogger("specserve.zoo")
 
 TOKENIZER_CHARS_PER_TASK = 2_000_000  # BPE merges settle long before the whole corpus is seen
 DEMO_PROMPTS_PER_TASK = 16  # held-out prompts kept as text for demos and benchmarks
+BUILD_CONFIG = "build.json"  # the preset a directory is being built from, written before any stage
 
 
 def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
     """Build (or finish building) ``preset`` into ``out``; return the complete zoo."""
+    _claim(out, preset)
     if (out / MANIFEST).exists():
-        zoo = Zoo.open(out)
-        if zoo.manifest["preset"] != preset.name or zoo.manifest["seed"] != preset.seed:
-            raise ValueError(f"{out} holds zoo {zoo.manifest['preset']!r} (seed {zoo.manifest['seed']}); "
-                             f"choose another --out to build {preset.name!r}")
-        return zoo
-    out.mkdir(parents=True, exist_ok=True)
+        return Zoo.open(out)
     started, seconds = time.perf_counter(), {}
     with _timed(seconds, "corpora"):
         corpora = {task: _corpus(out, preset, task) for task in TASKS}
@@ -79,6 +76,28 @@ def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
     _write_atomically(out / MANIFEST, json.dumps(manifest, indent=2))
     log.info("zoo %s complete in %s (%.0f s)", preset.name, out, seconds["total"])
     return Zoo.open(out)
+
+
+def _claim(out: Path, preset: ZooPreset) -> None:
+    """Record which preset this directory is built from, or refuse one built from another.
+
+    Resuming reuses every finished stage, so stages of two presets (or of an edited preset) must never
+    meet in one directory: the corpora of one would silently feed the target of the other.
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a directory for the zoo")
+    wanted = asdict(preset)
+    claim = out / BUILD_CONFIG
+    if claim.exists():
+        found = json.loads(claim.read_text())
+        if found != json.loads(json.dumps(wanted)):  # compare as JSON: tuples become lists
+            raise ValueError(f"{out} holds (part of) zoo {found['name']!r} built with other settings; "
+                             f"choose another --out for {preset.name!r}, or delete {out}")
+        return
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} is not empty and is not a zoo; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomically(claim, json.dumps(wanted, indent=2))
 
 
 def stage_seed(seed: int, stage: str) -> int:

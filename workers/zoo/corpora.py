@@ -11,10 +11,13 @@ Where each task's documents come from
 - prose: English from stdlib docstrings, ``pydoc_data`` help topics, and, when installed, the plain
   text files of /usr/share/common-licenses and /usr/share/doc/*/, cut into paragraph-sized documents.
 
-Held-out documents are chosen by a hash of their text, not by position or by the seed: a document is
-held out in every corpus that contains it, whatever the seed or size. A model trained on one corpus
-is therefore never evaluated on prompts it saw, even against a corpus built with other arguments.
-(Files are cut into documents the same way whatever the seed, so this holds for code and prose too.)
+Held-out documents are chosen by a hash of their source, not by position or by the seed: a source is
+held out in every corpus that contains it, whatever the seed or size. The source of a generated SQL
+or math document is its own text; the source of code and of docstring prose is the stdlib file they
+come from, so a held-out file is held out of both tasks (its docstrings are inside its code: split
+by document, a held-out prose paragraph would be trained on as part of a code document). A model
+trained on one corpus is therefore never evaluated on text it saw, even against a corpus built with
+other arguments.
 
 Corpora are deterministic per machine: code and prose depend on the installed Python and packages.
 """
@@ -35,6 +38,7 @@ from pathlib import Path
 
 TASKS: tuple[str, ...] = ("code", "sql", "math", "prose")
 HELD_OUT_FRACTION = 0.05
+HELD_OUT_CHAR_CAP = 2 * HELD_OUT_FRACTION  # share of a corpus's characters that may be held out
 MIN_DOC_CHARS, MAX_DOC_CHARS = 100, 4_000  # shorter says nothing; longer overflows a small context
 CODE_MERGE_BELOW, CODE_CHUNK_MAX = 200, 3_000  # one-line defs join their neighbour; long bodies split
 PROSE_MERGE_BELOW, PROSE_CHUNK_MAX = 300, 2_000  # roughly a paragraph or two per document
@@ -65,25 +69,32 @@ def build_corpus(task: str, seed: int, max_chars: int) -> Corpus:
     _check_task(task)
     if max_chars <= 0:
         raise ValueError(f"max_chars must be > 0, got {max_chars}")
-    sources: dict[str, Callable[[int], Iterable[str]]] = {
+    sources: dict[str, Callable[[int], Iterable[tuple[str, str]]]] = {
         "code": _code_docs, "sql": _sql_docs, "math": _math_docs, "prose": _prose_docs,
     }
-    docs = _take(sources[task](seed), max_chars)
-    random.Random(seed).shuffle(docs)  # code and prose arrive file by file; mix them
-    train, held_out = split_held_out(docs, HELD_OUT_FRACTION)
+    items = _take(sources[task](seed), max_chars)
+    random.Random(seed).shuffle(items)  # code and prose arrive file by file; mix them
+    train, held_out = split_held_out([doc for _, doc in items], HELD_OUT_FRACTION, keys=[key for key, _ in items])
     return Corpus(task, train, held_out)
 
 
-def split_held_out(docs: list[str], fraction: float) -> tuple[list[str], list[str]]:
-    """(train, held_out), each document's side fixed by its text alone, so duplicates share a side."""
+def split_held_out(
+    docs: list[str], fraction: float, keys: list[str] | None = None
+) -> tuple[list[str], list[str]]:
+    """(train, held_out), each document's side fixed by a hash of its key (default: its text), so
+    documents with one key, and duplicates, share a side."""
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must be in [0, 1], got {fraction}")
     train: list[str] = []
     held_out: list[str] = []
-    for doc in docs:
-        digest = hashlib.sha256(doc.encode("utf-8")).digest()
-        (held_out if int.from_bytes(digest[:8], "big") < fraction * 2**64 else train).append(doc)
+    for doc, key in zip(docs, keys if keys is not None else docs, strict=True):
+        (held_out if _is_held_out(key, fraction) else train).append(doc)
     return train, held_out
+
+
+def _is_held_out(key: str, fraction: float) -> bool:
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2**64
 
 
 def prompt_of(document: str, task: str, max_chars: int = 160) -> str:
@@ -125,20 +136,29 @@ def _check_task(task: str) -> None:
 # ----------------------------------------------------------------------------- shared text handling
 
 
-def _take(docs: Iterable[str], max_chars: int) -> list[str]:
-    """Clean, unique, well-sized documents until the next one would pass max_chars."""
-    taken: list[str] = []
+def _take(items: Iterable[tuple[str, str]], max_chars: int) -> list[tuple[str, str]]:
+    """Clean, unique, well-sized (source key, document) pairs until the next would pass max_chars.
+
+    Held-out documents past HELD_OUT_CHAR_CAP of the budget are skipped: code and prose hold out
+    whole files, and one large held-out file read first must not crowd out the training text.
+    """
+    held_out_limit = int(max_chars * HELD_OUT_CHAR_CAP)
+    taken: list[tuple[str, str]] = []
     seen: set[str] = set()
-    total = 0
-    for doc in docs:
+    total = held_out_total = 0
+    for key, doc in items:
         doc = _tidy(doc)
         if not MIN_DOC_CHARS <= len(doc) <= MAX_DOC_CHARS or doc in seen or _SURROGATE.search(doc):
             continue
+        held_out = _is_held_out(key, HELD_OUT_FRACTION)
+        if held_out and held_out_total + len(doc) > held_out_limit:
+            continue
         if total + len(doc) > max_chars:
             break
-        taken.append(doc)
+        taken.append((key, doc))
         seen.add(doc)
         total += len(doc)
+        held_out_total += len(doc) if held_out else 0
     return taken
 
 
@@ -201,7 +221,7 @@ def _read_text(path: Path, max_chars: int) -> str | None:
     return text
 
 
-def _interleave(*sources: Iterable[str]) -> Iterator[str]:
+def _interleave(*sources: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
     """Round-robin over sources, so a small corpus still samples every one of them."""
     iterators = [iter(source) for source in sources]
     while iterators:
@@ -224,7 +244,17 @@ def _stdlib_files(seed: int) -> list[Path]:
         files += [path for path in paths if path.stat().st_size <= MAX_SOURCE_BYTES]
     files.sort()
     random.Random(seed).shuffle(files)
-    return files
+    # A small corpus reads only the first files; spread the held-out ones evenly through the order so
+    # that it still holds some out (which files are held out does not change: that is by path).
+    held = [f for f in files if _is_held_out(_stdlib_key(f), HELD_OUT_FRACTION)]
+    kept = [f for f in files if not _is_held_out(_stdlib_key(f), HELD_OUT_FRACTION)]
+    every = max(1, round(1 / HELD_OUT_FRACTION) - 1)  # train files between two held-out ones
+    ordered: list[Path] = []
+    for i, path in enumerate(kept):
+        if i % every == 0 and held:
+            ordered.append(held.pop())
+        ordered.append(path)
+    return ordered + held
 
 
 def _top_level_pieces(source: str) -> list[str]:
@@ -242,14 +272,20 @@ def _top_level_pieces(source: str) -> list[str]:
     return pieces + ["".join(current)]
 
 
-def _code_docs(seed: int) -> Iterator[str]:
+def _stdlib_key(path: Path) -> str:
+    """The held-out unit of code and docstring prose: the stdlib file, whichever task reads it."""
+    return f"stdlib:{path.relative_to(sysconfig.get_paths()['stdlib'])}"
+
+
+def _code_docs(seed: int) -> Iterator[tuple[str, str]]:
     for path in _stdlib_files(seed):
         source = _read_text(path, MAX_SOURCE_BYTES)
         if source:
-            yield from _pack(_top_level_pieces(source), CODE_MERGE_BELOW, CODE_CHUNK_MAX, "\n\n\n")
+            for doc in _pack(_top_level_pieces(source), CODE_MERGE_BELOW, CODE_CHUNK_MAX, "\n\n\n"):
+                yield _stdlib_key(path), doc
 
 
-def _prose_docs(seed: int) -> Iterator[str]:
+def _prose_docs(seed: int) -> Iterator[tuple[str, str]]:
     return _interleave(_docstring_docs(seed), _topic_docs(seed), _text_file_docs(seed))
 
 
@@ -258,7 +294,7 @@ def _prose_pack(text: str) -> Iterator[str]:
     return _pack(paragraphs, PROSE_MERGE_BELOW, PROSE_CHUNK_MAX, "\n\n")
 
 
-def _docstring_docs(seed: int) -> Iterator[str]:
+def _docstring_docs(seed: int) -> Iterator[tuple[str, str]]:
     documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     for path in _stdlib_files(seed):
         try:
@@ -268,19 +304,19 @@ def _docstring_docs(seed: int) -> Iterator[str]:
         for node in ast.walk(tree):
             doc = ast.get_docstring(node) if isinstance(node, documented) else None
             if doc and len(doc) >= MIN_DOCSTRING_CHARS:
-                yield from _prose_pack(doc)
+                yield from ((_stdlib_key(path), paragraph) for paragraph in _prose_pack(doc))
 
 
-def _topic_docs(seed: int) -> Iterator[str]:
+def _topic_docs(seed: int) -> Iterator[tuple[str, str]]:
     from pydoc_data.topics import topics  # stdlib, but a 0.5 MB import only prose needs
 
     keys = sorted(topics)
     random.Random(seed).shuffle(keys)
     for key in keys:
-        yield from _prose_pack(topics[key])
+        yield from ((f"topic:{key}", paragraph) for paragraph in _prose_pack(topics[key]))
 
 
-def _text_file_docs(seed: int) -> Iterator[str]:
+def _text_file_docs(seed: int) -> Iterator[tuple[str, str]]:
     """Licences and package READMEs; silently nothing in slim containers that strip /usr/share/doc."""
     licences = sorted(DOC_DIRS[0].glob("*")) if DOC_DIRS[0].is_dir() else []
     readmes = sorted(
@@ -292,7 +328,7 @@ def _text_file_docs(seed: int) -> Iterator[str]:
     for path in paths:
         text = _read_text(path, MAX_TEXT_FILE_CHARS) if path.is_file() else None
         if text:
-            yield from _prose_pack(text)
+            yield from ((f"file:{path}", paragraph) for paragraph in _prose_pack(text))
 
 
 # ----------------------------------------------------------------------------- sql
@@ -394,14 +430,15 @@ def _parse_table(name: str, spec: str) -> _Table:
     return _Table(name, tuple(columns))
 
 
-def _sql_docs(seed: int) -> Iterator[str]:
+def _sql_docs(seed: int) -> Iterator[tuple[str, str]]:
     rng = random.Random(seed)
     schemas = [[_parse_table(n, s) for n, s in tables.items()] for tables in _SCHEMAS.values()]
     templates = (_sql_filter, _sql_group, _sql_join, _sql_missing, _sql_cte, _sql_window, _sql_month,
                  _sql_insert, _sql_update, _sql_create)
     while True:
         question, clauses = rng.choice(templates)(rng, rng.choice(schemas))
-        yield f"-- {question}\n" + "\n".join(clauses) + ";"
+        doc = f"-- {question}\n" + "\n".join(clauses) + ";"
+        yield doc, doc  # generated: each document is its own source
 
 
 def _with(rng: random.Random, tables: list[_Table], *kinds: str) -> _Table:
@@ -571,13 +608,14 @@ def _calc(a: int, op: str, b: int) -> tuple[str, int]:
     return f"{a} {op} {b} = {result}", result
 
 
-def _math_docs(seed: int) -> Iterator[str]:
+def _math_docs(seed: int) -> Iterator[tuple[str, str]]:
     rng = random.Random(seed)
     templates = (_shopping, _travel, _sharing, _garden, _discount, _packing, _wages, _expression)
     while True:
         question, steps, answer = rng.choice(templates)(rng)
         lines = [f"Question: {question}"] + [f"Step {i}: {s}" for i, s in enumerate(steps, 1)]
-        yield "\n".join(lines + [f"Answer: {answer}"])
+        doc = "\n".join(lines + [f"Answer: {answer}"])
+        yield doc, doc  # generated: each document is its own source
 
 
 def _shopping(rng: random.Random) -> _Problem:

@@ -21,7 +21,7 @@ from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerB
 from ..loading import ModelSpec, load_model, load_tokenizer
 from .presets import ModelShape, TrainBudget
 from .rollout import continue_all
-from .training import fit, new_model, parameter_count, random_windows, token_stream
+from .training import fit, new_model, parameter_count, random_windows, special, token_stream
 
 TOP_LABELS = 64  # target probabilities kept per position; a small target's mass beyond them is negligible
 PROMPT_TOKENS = 24  # prompt length for on-policy samples (BOS + the start of a training document)
@@ -30,6 +30,8 @@ ON_POLICY_TEMPERATURE = 1.0  # the target's own distribution: what the draft wil
 USER_DOCUMENT_CHARS = 2_000  # user corpus files are cut into documents of about this size
 USER_ON_POLICY_TOKENS = 96  # `specserve distill`: length of each target sample
 USER_ON_POLICY_EVERY = 2_000  # `specserve distill`: one target sample per this many distillation tokens
+USER_DISTILL_TOKENS = 100_000  # `specserve distill`: tokens the target labels (--tokens)
+USER_DRAFT_BUDGET = TrainBudget(steps=300, batch_size=16, learning_rate=3e-3)  # like the zoo's drafts
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,10 @@ def soft_labels(target: PreTrainedModel, sequences: torch.Tensor, desc: str = "l
     ids, probs = [], []
     for i in tqdm(range(0, sequences.shape[0], LABEL_BATCH), desc=desc, unit="batch", leave=False, disable=None):
         with torch.autocast(target.device.type, dtype=torch.bfloat16):
-            logits = target(input_ids=sequences[i : i + LABEL_BATCH]).logits  # [b, T, V]
+            logits = target(input_ids=sequences[i : i + LABEL_BATCH].to(target.device)).logits  # [b, T, V]
         top = torch.softmax(logits.float(), dim=-1).topk(TOP_LABELS, dim=-1)
-        ids.append(top.indices.to(torch.int32))
-        probs.append((top.values / top.values.sum(-1, keepdim=True)).half())
+        ids.append(top.indices.to(torch.int32).cpu())
+        probs.append((top.values / top.values.sum(-1, keepdim=True)).half().cpu())
     return DistillSet(sequences, torch.cat(ids), torch.cat(probs))
 
 
@@ -74,7 +76,8 @@ def on_policy_prompts(
     order = torch.randperm(len(documents), generator=generator).tolist()
     prompts = []
     for i in order:
-        ids = [tokenizer.bos_token_id, *tokenizer.encode(documents[i][:400])][:PROMPT_TOKENS]
+        ids = [*special(tokenizer.bos_token_id), *tokenizer.encode(documents[i][:400], add_special_tokens=False)]
+        ids = ids[:PROMPT_TOKENS]
         if len(ids) == PROMPT_TOKENS:
             prompts.append(ids)
         if len(prompts) == count:
@@ -171,7 +174,8 @@ def distill_to_directory(
         on_policy_sequences=max(1, distill_tokens // USER_ON_POLICY_EVERY), on_policy_tokens=USER_ON_POLICY_TOKENS, seed=seed,
     )
     shape = shape or default_draft_shape(target.config)
-    draft: LlamaForCausalLM = new_model(shape, tokenizer, target.config.max_position_embeddings, seed)
+    draft: LlamaForCausalLM = new_model(shape, tokenizer, target.config.max_position_embeddings, seed,
+                                        vocab_size=target.config.vocab_size)
     loss = distill_draft(draft, data, budget, seed, desc=f"draft {task}")
     out = Path(out_dir)
     draft.save_pretrained(out)

@@ -13,6 +13,8 @@ import math
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .training import special
+
 EVAL_PROMPT_TOKENS = 32  # BOS + the first 31 tokens of a held-out document
 PERPLEXITY_WINDOWS = 32  # held-out windows per task
 SCORE_BATCH = 16  # sequences per teacher-forced pass
@@ -33,7 +35,8 @@ def eval_prompts(tokenizer: PreTrainedTokenizerBase, documents: list[str], count
     """The first ``count`` held-out documents long enough, cut to EVAL_PROMPT_TOKENS: [n, P]."""
     prompts = []
     for doc in documents:
-        ids = [tokenizer.bos_token_id, *tokenizer.encode(doc[:600])][:EVAL_PROMPT_TOKENS]
+        ids = [*special(tokenizer.bos_token_id), *tokenizer.encode(doc[:600], add_special_tokens=False)]
+        ids = ids[:EVAL_PROMPT_TOKENS]
         if len(ids) == EVAL_PROMPT_TOKENS:
             prompts.append(ids)
         if len(prompts) == count:

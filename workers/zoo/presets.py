@@ -49,7 +49,7 @@ class ZooPreset:
     distill_tokens: int
     on_policy_sequences: int  # per task: target samples among those tokens (DistillSpec: on-policy data matters)
     on_policy_tokens: int  # length of each such sample
-    eval_prompts: int  # held-out prompts per task for the acceptance matrix and the demo
+    eval_prompts: int  # held-out prompts per task for the acceptance matrix
     eval_tokens: int  # greedy continuation length scored for acceptance
     seed: int = 0
 

@@ -23,17 +23,18 @@ def continue_batch(
 ) -> torch.Tensor:
     """Return [B, P + new_tokens]: each prompt followed by the model's continuation."""
     cache = DynamicCache(config=model.config)
+    prompts = prompts.to(model.device)
     logits = model(input_ids=prompts, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     rows = [prompts]
     for _ in range(new_tokens):
         if temperature == 0:
             token = logits.argmax(-1, keepdim=True)  # [B, 1]
         else:
-            probs = torch.softmax(logits.float() / temperature, dim=-1)
-            token = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
+            probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()  # the generator lives on the CPU
+            token = torch.multinomial(probs, 1, generator=generator).to(model.device)  # [B, 1]
         rows.append(token)
         logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1]
-    return torch.cat(rows, dim=1)
+    return torch.cat(rows, dim=1).cpu()
 
 
 def continue_all(

@@ -28,11 +28,16 @@ LOG_EVERY_FRACTION = 0.1  # progress lines in logs (progress bars only show on a
 
 
 def new_model(
-    shape: ModelShape, tokenizer: PreTrainedTokenizerBase, context_window: int, seed: int
+    shape: ModelShape, tokenizer: PreTrainedTokenizerBase, context_window: int, seed: int,
+    vocab_size: int | None = None,
 ) -> LlamaForCausalLM:
-    """A freshly initialised Llama-architecture causal LM speaking ``tokenizer``'s vocabulary."""
+    """A freshly initialised Llama-architecture causal LM speaking ``tokenizer``'s vocabulary.
+
+    ``vocab_size`` defaults to the tokenizer's; a draft for an existing target takes the target's,
+    which is often padded beyond the tokenizer (the draft's logits must index the same ids).
+    """
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=shape.hidden_size,
         num_hidden_layers=shape.num_layers,
         intermediate_size=shape.intermediate_size,
@@ -56,8 +61,14 @@ def token_stream(tokenizer: PreTrainedTokenizerBase, documents: Sequence[str]) -
     """All documents as one 1-D stream, each as BOS + text + EOS, as prompts are encoded at serving."""
     ids: list[int] = []
     for doc in documents:
-        ids += [tokenizer.bos_token_id, *tokenizer.encode(doc), tokenizer.eos_token_id]
+        ids += [*special(tokenizer.bos_token_id), *tokenizer.encode(doc, add_special_tokens=False),
+                *special(tokenizer.eos_token_id)]
     return torch.tensor(ids, dtype=torch.long)
+
+
+def special(token_id: int | None) -> list[int]:
+    """[token_id], or [] for a tokenizer without that special token (many have no BOS)."""
+    return [] if token_id is None else [token_id]
 
 
 def random_windows(stream: torch.Tensor, count: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
