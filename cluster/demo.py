@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specserve.router.cost_model import expected_speedup
 from specserve.workers.engine import SpecEngine
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
@@ -28,7 +29,9 @@ class TaskResult:
     task: str
     draft: str
     alpha_held_out: float  # from the zoo manifest (teacher-forced, held-out slice)
+    k: int
     stats: SpecStats = field(default_factory=SpecStats)  # the speculative runs, summed
+    target_only: SpecStats = field(default_factory=SpecStats)  # the target-only runs, summed
     seconds_target_only: float = 0.0
     seconds_speculative: float = 0.0
     identical: bool = True
@@ -36,6 +39,18 @@ class TaskResult:
     @property
     def speedup(self) -> float:
         return self.seconds_target_only / self.seconds_speculative if self.seconds_speculative else 0.0
+
+    @property
+    def cost_ratio(self) -> float:
+        """c: one draft forward pass over one target-only forward pass, as measured in these runs."""
+        draft_step = self.stats.draft_seconds / max(1, self.stats.draft_passes)
+        target_step = self.target_only.verify_seconds / max(1, self.target_only.target_passes)
+        return draft_step / target_step if target_step else 0.0
+
+    @property
+    def bound(self) -> float:
+        """The speedup the cost model predicts from this run's alpha, c and k."""
+        return expected_speedup(self.stats.alpha, self.cost_ratio, self.k)
 
 
 def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int) -> list[TaskResult]:
@@ -57,29 +72,32 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int) -> l
 
 def measure_task(engine: SpecEngine, zoo: Zoo, task: str, prompts: int, max_tokens: int, k: int) -> TaskResult:
     draft = zoo.default_draft(task)
-    result = TaskResult(task, draft, zoo.manifest["acceptance"][task][draft])
+    result = TaskResult(task, draft, zoo.manifest["acceptance"][task][draft], k)
     for prompt in zoo.prompts(task)[:prompts]:
-        off_ids, off_seconds, _ = _timed_generation(engine, prompt, max_tokens, k, None)
+        off_ids, off_seconds, off_stats = _timed_generation(engine, prompt, max_tokens, k, None)
         on_ids, on_seconds, stats = _timed_generation(engine, prompt, max_tokens, k, draft)
         result.seconds_target_only += off_seconds
         result.seconds_speculative += on_seconds
         result.identical &= on_ids == off_ids
         result.stats.add(stats)
+        result.target_only.add(off_stats)
     return result
 
 
 def format_table(results: list[TaskResult]) -> str:
     header = (f"{'task':<6} {'draft':<8} {'alpha':>6} {'alpha(zoo)':>10} {'acc.rate':>8} {'tok/pass':>8} "
-              f"{'speedup':>8} {'identical':>9}")
+              f"{'c':>6} {'speedup':>8} {'bound':>6} {'identical':>9}")
     lines = [header, "-" * len(header)]
     for r in results:
         lines.append(f"{r.task:<6} {r.draft:<8} {r.stats.alpha:>6.2f} {r.alpha_held_out:>10.2f} "
-                     f"{r.stats.acceptance_rate:>8.2f} {r.stats.tokens_per_pass:>8.2f} {r.speedup:>7.2f}x "
-                     f"{'yes' if r.identical else 'NO':>9}")
+                     f"{r.stats.acceptance_rate:>8.2f} {r.stats.tokens_per_pass:>8.2f} {r.cost_ratio:>6.3f} "
+                     f"{r.speedup:>7.2f}x {r.bound:>5.2f}x {'yes' if r.identical else 'NO':>9}")
     lines += [
         "alpha: per-token acceptance in this run (accepted / (accepted + rejections)); alpha(zoo): the same on the",
         "zoo's held-out slice, teacher-forced; acc.rate: accepted / proposed draft tokens; tok/pass: tokens",
-        "committed per target forward pass; speedup: target-only time / speculative time, run alternately here.",
+        "committed per target forward pass; c: draft step time / target step time measured here; speedup:",
+        "target-only time / speculative time, run alternately here; bound: (1 - alpha^(k+1)) / ((1 - alpha)(kc + 1)),",
+        "Leviathan et al.'s expected speedup from this run's alpha, c and k.",
     ]
     return "\n".join(lines)
 

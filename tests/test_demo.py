@@ -1,6 +1,7 @@
 """`make demo`'s table, on the tiny zoo: every task, figures computed from the runs themselves."""
 
 from specserve.cluster.demo import run_demo
+from specserve.router.cost_model import expected_speedup
 
 
 def test_demo_prints_a_row_per_task_from_measurements(tiny_zoo, capsys):
@@ -13,3 +14,4 @@ def test_demo_prints_a_row_per_task_from_measurements(tiny_zoo, capsys):
         assert r.stats.target_passes > 0 and r.stats.proposed > 0
         assert r.draft == r.task
         assert f"{r.speedup:>7.2f}x" in table and f"{r.stats.alpha:>6.2f}" in table
+        assert r.cost_ratio > 0 and r.bound == expected_speedup(r.stats.alpha, r.cost_ratio, 3)
