@@ -21,7 +21,7 @@ from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerB
 from ..loading import ModelSpec, load_model, load_tokenizer
 from .presets import ModelShape, TrainBudget
 from .rollout import continue_all
-from .training import fit, new_model, parameter_count, random_windows, special, token_stream
+from .training import fit, fixed_length_prompts, new_model, parameter_count, random_windows, token_stream
 
 TOP_LABELS = 64  # target probabilities kept per position; a small target's mass beyond them is negligible
 PROMPT_TOKENS = 24  # prompt length for on-policy samples (BOS + the start of a training document)
@@ -69,24 +69,6 @@ def soft_labels(target: PreTrainedModel, sequences: torch.Tensor, desc: str = "l
     return DistillSet(sequences, torch.cat(ids), torch.cat(probs))
 
 
-def on_policy_prompts(
-    tokenizer: PreTrainedTokenizerBase, documents: list[str], count: int, generator: torch.Generator
-) -> torch.Tensor:
-    """``count`` prompts of PROMPT_TOKENS tokens: BOS and the start of randomly chosen documents."""
-    order = torch.randperm(len(documents), generator=generator).tolist()
-    prompts = []
-    for i in order:
-        ids = [*special(tokenizer.bos_token_id), *tokenizer.encode(documents[i][:400], add_special_tokens=False)]
-        ids = ids[:PROMPT_TOKENS]
-        if len(ids) == PROMPT_TOKENS:
-            prompts.append(ids)
-        if len(prompts) == count:
-            break
-    if not prompts:
-        raise ValueError(f"no document is long enough for a {PROMPT_TOKENS}-token prompt")
-    return torch.tensor(prompts)
-
-
 def build_distill_set(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -100,7 +82,8 @@ def build_distill_set(
 ) -> DistillSet:
     """About ``total_tokens`` tokens of target samples and corpus windows, labelled by the target."""
     generator = torch.Generator().manual_seed(seed)
-    prompts = on_policy_prompts(tokenizer, documents, on_policy_sequences, generator)
+    order = torch.randperm(len(documents), generator=generator).tolist()
+    prompts = fixed_length_prompts(tokenizer, (documents[i] for i in order), on_policy_sequences, PROMPT_TOKENS)
     sampled = continue_all(target, prompts, on_policy_tokens, ON_POLICY_TEMPERATURE, generator)  # [n, T]
     seq_len = sampled.shape[1]
     corpus_count = max(0, total_tokens // seq_len - sampled.shape[0])

@@ -13,7 +13,7 @@ import math
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .training import special
+from .training import fixed_length_prompts
 
 EVAL_PROMPT_TOKENS = 32  # BOS + the first 31 tokens of a held-out document
 PERPLEXITY_WINDOWS = 32  # held-out windows per task
@@ -33,17 +33,7 @@ def perplexity(model: PreTrainedModel, stream: torch.Tensor, seq_len: int) -> fl
 
 def eval_prompts(tokenizer: PreTrainedTokenizerBase, documents: list[str], count: int) -> torch.Tensor:
     """The first ``count`` held-out documents long enough, cut to EVAL_PROMPT_TOKENS: [n, P]."""
-    prompts = []
-    for doc in documents:
-        ids = [*special(tokenizer.bos_token_id), *tokenizer.encode(doc[:600], add_special_tokens=False)]
-        ids = ids[:EVAL_PROMPT_TOKENS]
-        if len(ids) == EVAL_PROMPT_TOKENS:
-            prompts.append(ids)
-        if len(prompts) == count:
-            break
-    if not prompts:
-        raise ValueError("no held-out document is long enough for an evaluation prompt")
-    return torch.tensor(prompts)
+    return fixed_length_prompts(tokenizer, documents, count, EVAL_PROMPT_TOKENS)
 
 
 @torch.inference_mode()

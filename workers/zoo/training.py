@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -64,6 +64,26 @@ def token_stream(tokenizer: PreTrainedTokenizerBase, documents: Sequence[str]) -
         ids += [*special(tokenizer.bos_token_id), *tokenizer.encode(doc, add_special_tokens=False),
                 *special(tokenizer.eos_token_id)]
     return torch.tensor(ids, dtype=torch.long)
+
+
+def fixed_length_prompts(
+    tokenizer: PreTrainedTokenizerBase, documents: Iterable[str], count: int, length: int
+) -> torch.Tensor:
+    """BOS and the start of the first ``count`` documents with at least ``length`` tokens: [n, length].
+
+    One length for every row lets a batch run without padding (see rollout.py).
+    """
+    prompts = []
+    for doc in documents:
+        # 20 characters per token is far more than BPE needs: no need to encode whole documents.
+        ids = [*special(tokenizer.bos_token_id), *tokenizer.encode(doc[: 20 * length], add_special_tokens=False)]
+        if len(ids) >= length:
+            prompts.append(ids[:length])
+        if len(prompts) == count:
+            break
+    if not prompts:
+        raise ValueError(f"no document is long enough for a {length}-token prompt")
+    return torch.tensor(prompts)
 
 
 def special(token_id: int | None) -> list[int]:
