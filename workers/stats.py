@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+
+NOT_SUMMED = frozenset({"accepted_per_position", "seed"})  # merged by position / per request
 
 
 @dataclass
@@ -29,8 +31,9 @@ class SpecStats:
 
     def add(self, other: SpecStats) -> None:
         """Sum another request's counts into these (for per-task aggregates)."""
-        for name in ("proposed", "accepted", "target_passes", "rejections", "draft_passes", "draft_seconds", "verify_seconds"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for f in fields(self):  # every counter, so a counter added later is summed too
+            if f.name not in NOT_SUMMED:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         for i, n in enumerate(other.accepted_per_position):
             if i == len(self.accepted_per_position):
                 self.accepted_per_position.append(0)
