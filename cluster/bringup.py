@@ -1,0 +1,105 @@
+"""Bringing the service up: an embedded local Ray cluster (or an existing one), the Serve app from
+the config file, and a wait until the router's health service says SERVING."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray import serve
+
+from .client import SpecServeClient
+from .config import NAMESPACE, load_yaml
+from .placement import local_resources
+
+log = logging.getLogger("specserve.cluster")
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "serve_config.yaml"
+READY_TIMEOUT_SECONDS = 600.0  # model loading on a cold machine; a GPU node pulling weights takes longer
+# Small for an embedded cluster: the service moves tokens over gRPC, not objects through the store.
+LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
+
+
+def default_config_path() -> Path:
+    """deploy/serve_config.yaml of the source checkout this package runs from."""
+    if not DEFAULT_CONFIG.exists():
+        raise ValueError(f"no --config given and {DEFAULT_CONFIG} does not exist (specserve is installed without "
+                         f"its source tree): pass --config FILE")
+    return DEFAULT_CONFIG
+
+
+@dataclass
+class RunningService:
+    address: str  # host:port of the client API
+    app_name: str
+    owns_cluster: bool
+
+    def stop(self) -> None:
+        """Delete the app (its replicas, the router and the draft pool it owns); stop an embedded cluster."""
+        if self.owns_cluster:
+            ray.shutdown()  # takes Serve, the app and the pool with it
+        else:
+            serve.delete(self.app_name)
+        log.info("specserve stopped")
+
+
+def serve_config(path: Path, port: int | None = None, overrides: dict | None = None) -> dict:
+    """The config file's document, with the router port and any ``args`` overrides applied."""
+    doc = load_yaml(path)
+    apps = doc.get("applications") or []
+    if len(apps) != 1:
+        raise ValueError(f"{path}: expected exactly one application, found {len(apps)}")
+    args = apps[0].setdefault("args", {})
+    for key, value in (overrides or {}).items():
+        args[key] = {**args.get(key, {}), **value} if isinstance(value, dict) else value
+    if port is not None:
+        args.setdefault("router", {})["port"] = port
+    return doc
+
+
+def start_cluster(address: str | None) -> bool:
+    """Attach to ``address``, or start an embedded cluster. True when this process owns the cluster."""
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        return False
+    ray.init(namespace=NAMESPACE, resources=local_resources(), include_dashboard=False, log_to_driver=False,
+             object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+    return True
+
+
+def start_service(config_path: Path | None = None, address: str | None = None, port: int | None = None,
+                  overrides: dict | None = None, ready_timeout: float = READY_TIMEOUT_SECONDS) -> RunningService:
+    from ray.serve._private.utils import import_attr
+
+    doc = serve_config(config_path or default_config_path(), port, overrides)
+    owns = start_cluster(address)
+    app_doc = doc["applications"][0]
+    try:
+        serve.start(proxy_location=doc.get("proxy_location", "Disabled"))
+        app = import_attr(app_doc["import_path"])(copy.deepcopy(app_doc["args"]))
+        handle = serve.run(app, name=app_doc["name"], route_prefix=app_doc.get("route_prefix"))
+        address = handle.endpoint.remote().result()
+        SpecServeClient(address).wait_ready(ready_timeout)
+    except BaseException:
+        if owns:
+            ray.shutdown()
+        raise
+    log.info("specserve serving at %s", address)
+    return RunningService(address, app_doc["name"], owns)
+
+
+def wait_for_signal() -> None:
+    """Block until Ctrl-C or SIGTERM (both arrive as KeyboardInterrupt)."""
+    import signal
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    while True:
+        time.sleep(3600)

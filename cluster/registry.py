@@ -1,0 +1,98 @@
+"""Where the workers' gRPC endpoints are: a named Ray actor that workers register with.
+
+Ray knows where actors run but not the ports of the gRPC servers inside them, and Serve hides its
+replicas behind handles; per-step traffic bypasses both, so each worker registers its endpoint here
+and renews it on a heartbeat. An entry not renewed within its TTL is dropped: a dead worker
+disappears from the router's view without anyone having to report it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import ray
+
+log = logging.getLogger("specserve.registry")
+REGISTRY_NAME = "registry"
+TTL_HEARTBEATS = 3  # an entry lives this many heartbeats without renewal
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    kind: str  # "target", "draft" or "router"
+    worker_id: str
+    address: str  # host:port
+    models: tuple[str, ...] = ()
+    live_sessions: int = 0
+    renewed: float = field(default=0.0, compare=False)
+
+
+class Registry:
+    """The table of live endpoints. Runs as a Ray actor; entries expire after ``ttl`` seconds."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self.entries: dict[str, Endpoint] = {}
+
+    def register(self, endpoint: Endpoint) -> None:
+        if endpoint.worker_id not in self.entries:
+            log.info("registered %s %s at %s", endpoint.kind, endpoint.worker_id, endpoint.address)
+        self.entries[endpoint.worker_id] = replace(endpoint, renewed=time.monotonic())
+
+    def unregister(self, worker_id: str) -> None:
+        self.entries.pop(worker_id, None)
+
+    def endpoints(self, kind: str | None = None) -> list[Endpoint]:
+        now = time.monotonic()
+        self.entries = {k: e for k, e in self.entries.items() if now - e.renewed <= self.ttl}
+        return [e for e in self.entries.values() if kind is None or e.kind == kind]
+
+
+def start_registry(namespace: str, heartbeat_seconds: float) -> ray.actor.ActorHandle:
+    """Create the registry, or find the one already running in ``namespace``."""
+    actor = ray.remote(num_cpus=0, max_restarts=-1)(Registry)
+    return actor.options(name=REGISTRY_NAME, namespace=namespace, get_if_exists=True).remote(
+        heartbeat_seconds * TTL_HEARTBEATS)
+
+
+class Heartbeat:
+    """Keeps one endpoint registered: renews it every ``period`` seconds from a daemon thread.
+
+    The registry may not exist yet (workers and the router start concurrently) or may have been
+    restarted; each beat looks it up again when the last one failed.
+    """
+
+    def __init__(self, namespace: str, period: float, describe: Callable[[], Endpoint]) -> None:
+        self.namespace = namespace
+        self.period = period
+        self.describe = describe
+        self._registry = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self.beat()
+            self._stopped.wait(self.period)
+
+    def beat(self) -> None:
+        try:
+            if self._registry is None:
+                self._registry = ray.get_actor(REGISTRY_NAME, namespace=self.namespace)
+            ray.get(self._registry.register.remote(self.describe()), timeout=self.period * TTL_HEARTBEATS)
+        except Exception as exc:  # not there yet, or restarting: try again next beat
+            log.debug("heartbeat not delivered: %s", exc)
+            self._registry = None
+
+    def stop(self) -> None:
+        self._stopped.set()
+        try:
+            if self._registry is not None:
+                self._registry.unregister.remote(self.describe().worker_id)
+        except Exception:  # the registry is gone too: nothing to unregister from
+            pass

@@ -1,0 +1,103 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "top_k", "top_p", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class SparseRow(_message.Message):
+    __slots__ = ("ids", "probs")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class SessionOpen(_message.Message):
+    __slots__ = ("session_id", "prompt_ids", "sampling", "model")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: Sampling
+    model: str
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("num_accepted", "token")
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    num_accepted: int
+    token: int
+    def __init__(self, num_accepted: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
+
+class DraftStep(_message.Message):
+    __slots__ = ("k", "previous")
+    K_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    previous: Verdict
+    def __init__(self, k: _Optional[int] = ..., previous: _Optional[_Union[Verdict, _Mapping]] = ...) -> None: ...
+
+class DraftRequest(_message.Message):
+    __slots__ = ("open", "step")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    open: SessionOpen
+    step: DraftStep
+    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., step: _Optional[_Union[DraftStep, _Mapping]] = ...) -> None: ...
+
+class Proposal(_message.Message):
+    __slots__ = ("ids", "q", "seconds")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    Q_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    q: _containers.RepeatedCompositeFieldContainer[SparseRow]
+    seconds: float
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseRow, _Mapping]]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("open", "step")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    open: SessionOpen
+    step: Proposal
+    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., step: _Optional[_Union[Proposal, _Mapping]] = ...) -> None: ...
+
+class VerifyReply(_message.Message):
+    __slots__ = ("verdict", "seconds")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    verdict: Verdict
+    seconds: float
+    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class InspectRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerState(_message.Message):
+    __slots__ = ("worker_id", "models", "live_sessions")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    live_sessions: int
+    def __init__(self, worker_id: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,96 @@
+"""The router: the Serve ingress deployment that serves SpecServe on a gRPC port of its own.
+
+It starts the registry and the draft pool, loads the tokenizer (the only model file it needs) and
+serves the client API, the standard health service and server reflection from one grpc.aio server.
+Health turns SERVING once a target replica and a draft worker for every task have registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import ray
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from specserve.cluster.config import ServiceConfig
+from specserve.cluster.models import ModelSet
+from specserve.cluster.pool import start_draft_pool
+from specserve.cluster.registry import Endpoint, Heartbeat, start_registry
+from specserve.proto.v1 import specserve_pb2
+from specserve.workers.grpc_host import BackgroundServer, advertised_host
+from specserve.workers.loading import load_tokenizer
+
+from .directory import WorkerDirectory
+from .service import SERVICE_NAME, SpecServeService
+from .validation import Limits
+
+log = logging.getLogger("specserve.router")
+READY_POLL_SECONDS = 0.5
+
+
+class Router:
+    def __init__(self, config: dict, models: ModelSet, target_deployment=None) -> None:
+        # target_deployment: the bound target deployment's handle; binding it is what makes Serve
+        # deploy the replicas. Per-step traffic never goes through it.
+        cfg = ServiceConfig.model_validate(config)
+        self.config = cfg
+        self.models = models
+        registry = start_registry(cfg.namespace, cfg.router.heartbeat_seconds)
+        self.pool = start_draft_pool(cfg, models)
+        tokenizer = load_tokenizer(models.target)
+        limits = Limits(tasks=models.tasks, drafts=tuple(models.drafts), context_window=_context_window(models.target),
+                        default_k=cfg.router.default_k, default_task=cfg.router.default_task)
+        self.directory = WorkerDirectory(registry)
+        self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router.max_concurrent_requests)
+        self.health = health_aio.HealthServicer()
+        self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc")
+        self.address = f"{advertised_host()}:{self.server.port}"
+        self.heartbeat = Heartbeat(cfg.namespace, cfg.router.heartbeat_seconds,
+                                   lambda: Endpoint("router", "router", self.address))
+        asyncio.run_coroutine_threadsafe(self._mark_serving_when_ready(), self.server.loop)
+        log.info("router listening on %s", self.address)
+
+    def _add_servicers(self, server) -> None:
+        server.add_generic_rpc_handlers((self.service.handler(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server, pool=specserve_pb2.DESCRIPTOR.pool)
+
+    async def _mark_serving_when_ready(self) -> None:
+        """NOT_SERVING until a target and a worker for every draft in the task table are registered."""
+        needed = {name for names in self.models.tasks.values() for name in names}
+        for status in ("", SERVICE_NAME):
+            await self.health.set(status, health_pb2.HealthCheckResponse.NOT_SERVING)
+        while True:
+            endpoints = await self.directory.refresh(force=True)
+            served = {m for e in endpoints if e.kind == "draft" for m in e.models}
+            if any(e.kind == "target" for e in endpoints) and needed <= served:
+                break
+            await asyncio.sleep(READY_POLL_SECONDS)
+        for status in ("", SERVICE_NAME):
+            await self.health.set(status, health_pb2.HealthCheckResponse.SERVING)
+        log.info("router ready: %d endpoints registered", len(endpoints))
+
+    def endpoint(self) -> str:
+        return self.address
+
+    def check_health(self) -> None:
+        if not self.server.alive:
+            raise RuntimeError("the router's gRPC server stopped")
+
+    def __del__(self) -> None:
+        for part in ("heartbeat", "server"):
+            obj = getattr(self, part, None)
+            if obj is not None:
+                obj.stop()
+        for worker in getattr(self, "pool", ()):
+            ray.kill(worker)
+
+
+def _context_window(target_source: str) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(target_source).max_position_embeddings)

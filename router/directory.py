@@ -1,0 +1,55 @@
+"""The router's view of the workers: endpoints from the registry, channels to them, their load.
+
+Each request's sessions are sticky: one target replica and one draft worker for its whole life. The
+least-loaded worker (by this router's open sessions on it) gets a new session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+
+import grpc
+
+from specserve.cluster.registry import Endpoint
+from specserve.workers.grpc_host import MAX_MESSAGE_BYTES
+
+log = logging.getLogger("specserve.router")
+REFRESH_SECONDS = 1.0  # how stale the router's copy of the registry may get
+
+
+class NoWorker(Exception):
+    """No registered worker can serve this request now (the service answers UNAVAILABLE)."""
+
+
+class WorkerDirectory:
+    def __init__(self, registry) -> None:
+        self.registry = registry  # the Registry actor's handle
+        self.endpoints: list[Endpoint] = []
+        self.refreshed = 0.0
+        self.load: Counter[str] = Counter()  # worker_id -> this router's open sessions on it
+        self.channels: dict[str, grpc.aio.Channel] = {}
+        self._lock = asyncio.Lock()
+
+    async def refresh(self, force: bool = False) -> list[Endpoint]:
+        async with self._lock:
+            if force or time.monotonic() - self.refreshed > REFRESH_SECONDS:
+                self.endpoints = await self.registry.endpoints.remote()
+                self.refreshed = time.monotonic()
+        return self.endpoints
+
+    async def pick(self, kind: str, model: str | None = None) -> Endpoint:
+        candidates = [e for e in await self.refresh() if e.kind == kind and (model is None or model in e.models)]
+        if not candidates:
+            what = f"{kind} worker serving {model!r}" if model else f"{kind} replica"
+            raise NoWorker(f"no {what} is registered yet; retry shortly")
+        return min(candidates, key=lambda e: (self.load[e.worker_id], e.worker_id))
+
+    def channel(self, endpoint: Endpoint) -> grpc.aio.Channel:
+        """One persistent channel (HTTP/2 connection) per worker; each session is a stream on it."""
+        if endpoint.address not in self.channels:
+            self.channels[endpoint.address] = grpc.aio.insecure_channel(
+                endpoint.address, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        return self.channels[endpoint.address]

@@ -1,0 +1,106 @@
+"""Checking a GenerateRequest at the edge: every field, with a message that says what to fix.
+
+Anything wrong raises ``InvalidRequest``; the service answers it with INVALID_ARGUMENT. The ranges
+themselves are defined once, in ``workers/request.py`` and ``workers/acceptance.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+from transformers import PreTrainedTokenizerBase
+
+from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.workers.acceptance import SamplingParams
+from specserve.workers.engine import encode_prompt
+from specserve.workers.request import DEFAULT_MAX_TOKENS, GenerationParams
+
+# Refuse absurd prompts before tokenizing them: no tokenizer makes a token of fewer than ~1 character,
+# and this bound is far above any window's worth of text.
+CHARS_PER_TOKEN_BOUND = 32
+SPECULATION_NAMES = {pb.SPECULATION_AUTO: "auto", pb.SPECULATION_ON: "on", pb.SPECULATION_OFF: "off"}
+
+
+class InvalidRequest(ValueError):
+    """A request the client must change; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    prompt_ids: list[int]
+    params: GenerationParams
+    task: str
+    draft: str | None  # None: target-only
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the deployment allows: its tasks and drafts, the context window, the default k."""
+
+    tasks: dict[str, tuple[str, ...]]
+    drafts: tuple[str, ...]
+    context_window: int
+    default_k: int
+    default_task: str
+
+
+def parse_request(data: bytes) -> pb.GenerateRequest:
+    """Decode the wire bytes ourselves: protobuf refuses invalid UTF-8 in string fields, and that is
+    the client's error (INVALID_ARGUMENT), not the server's."""
+    try:
+        return pb.GenerateRequest.FromString(data)
+    except DecodeError as exc:
+        raise InvalidRequest(f"request is not a valid GenerateRequest ({exc}); prompt, stop, task and draft "
+                             f"must be valid UTF-8 strings") from None
+
+
+def validate(request: pb.GenerateRequest, tokenizer: PreTrainedTokenizerBase, limits: Limits) -> ValidRequest:
+    params = _params(request, limits)
+    task = request.task or limits.default_task
+    if task not in limits.tasks:
+        raise InvalidRequest(f"unknown task {task!r}; this deployment serves: {', '.join(sorted(limits.tasks))} "
+                             f"(or leave task empty)")
+    if request.draft and request.draft not in limits.drafts:
+        raise InvalidRequest(f"unknown draft {request.draft!r}; this deployment has: {', '.join(sorted(limits.drafts))} "
+                             f"(or leave draft empty for the task's)")
+    draft = (request.draft or limits.tasks[task][0]) if params.speculation else None
+    return ValidRequest(_prompt_ids(request.prompt, params, tokenizer, limits.context_window), params, task, draft)
+
+
+def _params(request: pb.GenerateRequest, limits: Limits) -> GenerationParams:
+    if request.speculation not in SPECULATION_NAMES:
+        raise InvalidRequest(f"speculation must be SPECULATION_AUTO, SPECULATION_ON or SPECULATION_OFF, "
+                             f"got {request.speculation}")
+    defaults = SamplingParams()
+    try:
+        sampling = SamplingParams(
+            temperature=request.temperature if request.HasField("temperature") else defaults.temperature,
+            top_k=request.top_k if request.HasField("top_k") else defaults.top_k,
+            top_p=request.top_p if request.HasField("top_p") else defaults.top_p,
+        )
+        return GenerationParams(
+            max_tokens=request.max_tokens if request.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
+            sampling=sampling,
+            seed=request.seed if request.HasField("seed") else None,
+            stop=tuple(request.stop),
+            k=request.k if request.HasField("k") else limits.default_k,
+            speculation=request.speculation != pb.SPECULATION_OFF,
+        )
+    except ValueError as exc:  # the configs' own messages name the field and its range
+        raise InvalidRequest(str(exc)) from None
+
+
+def _prompt_ids(prompt: str, params: GenerationParams, tokenizer: PreTrainedTokenizerBase, window: int) -> list[int]:
+    if not prompt:
+        raise InvalidRequest("prompt must not be empty")
+    room = window - params.max_tokens
+    if len(prompt) > window * CHARS_PER_TOKEN_BOUND:
+        raise InvalidRequest(f"prompt is {len(prompt)} characters, far beyond the context window of {window} "
+                             f"tokens; shorten it")
+    ids = encode_prompt(tokenizer, prompt)
+    if len(ids) > room:
+        raise InvalidRequest(f"prompt is {len(ids)} tokens and max_tokens is {params.max_tokens}: together they "
+                             f"exceed the context window of {window} tokens; shorten the prompt (to at most "
+                             f"{max(room, 0)} tokens) or lower max_tokens")
+    return ids

@@ -1,0 +1,73 @@
+"""A draft worker: a Ray actor holding one or more draft models on its own device.
+
+Each Draft stream is one session. Per step the router sends the verdict on the previous proposal
+and the number of tokens to propose; the worker commits the verdict to its cache (rollback is a
+length change) and drafts from there.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from specserve.cluster.config import DraftPoolConfig
+from specserve.proto.v1 import internal_pb2 as pb
+from specserve.proto.v1 import internal_pb2_grpc as rpc
+
+from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal
+from .engine import request_generators
+from .loading import ModelSpec, load_model
+from .model_host import ModelHost, SessionLimit, first_open
+from .wire import proposal_message, sampling_from, verdict_from
+
+
+class DraftWorker:
+    """Runs as a Ray actor (see ``cluster/pool.py``); its stream endpoint is in the registry."""
+
+    def __init__(self, worker_id: str, drafts: dict[str, ModelSpec], config: DraftPoolConfig, namespace: str,
+                 heartbeat_seconds: float) -> None:
+        self.models = {name: load_model(spec) for name, spec in drafts.items()}
+        servicer = DrafterServicer(self)
+        self.host = ModelHost("draft", worker_id, tuple(drafts), config, namespace, heartbeat_seconds,
+                              lambda server: rpc.add_DrafterServicer_to_server(servicer, server))
+
+    def address(self) -> str:
+        return self.host.address
+
+    def live_sessions(self) -> int:
+        return self.host.live_sessions
+
+    def shutdown(self) -> None:
+        self.host.shutdown()
+
+
+class DrafterServicer(rpc.DrafterServicer):
+    def __init__(self, worker: DraftWorker) -> None:
+        self.worker = worker
+
+    async def Draft(self, requests, context: grpc.aio.ServicerContext):
+        opened = await first_open(requests, context)
+        model = self.worker.models.get(opened.model)
+        if model is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"this worker has no draft {opened.model!r}; it has {', '.join(self.worker.models)}")
+        sampling = sampling_from(opened.sampling)
+        host = self.worker.host
+        try:
+            with host.session():
+                draft_gen = request_generators(opened.sampling.seed)[1]
+                session = DraftSession(model, list(opened.prompt_ids), sampling, draft_gen, DRAFT_MAX_SUPPORT)
+                last: Proposal | None = None
+                async for request in requests:
+                    step = request.step
+                    if last is not None and step.HasField("previous"):
+                        session.commit(last, verdict_from(step.previous))
+                    start = time.perf_counter()
+                    last = await host.device.run(session.propose, step.k)
+                    yield proposal_message(last, sampling.greedy, time.perf_counter() - start)
+        except SessionLimit as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+
+    async def Inspect(self, request, context) -> pb.WorkerState:
+        return self.worker.host.state()

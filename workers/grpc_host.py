@@ -1,0 +1,116 @@
+"""Hosting a grpc.aio server inside a Ray actor or Serve replica, and running model code on a "device".
+
+The server gets an event loop of its own on a background thread, so it depends on nothing about how
+Ray runs the host's methods. Model code runs on a single-thread executor, the process's *device*:
+forward passes of concurrent sessions queue there as kernels do on a GPU stream, and on CPU that
+thread is pinned to the cores standing in for this process's device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import grpc
+import torch
+
+log = logging.getLogger("specserve.grpc")
+T = TypeVar("T")
+# Streams carry a few hundred bytes per step; the cap only has to bound a malicious prompt.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0)]
+
+
+class Device:
+    """One thread that runs every model call of this process, pinned to its cores on CPU."""
+
+    def __init__(self, threads: int, cpus: tuple[int, ...] = ()) -> None:
+        self.cpus = usable_cpus(cpus)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="device", initializer=self._setup, initargs=(threads,))
+
+    def _setup(self, threads: int) -> None:
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)  # this thread (and the torch threads it starts)
+        torch.set_num_threads(threads)
+
+    async def run(self, fn: Callable[..., T], *args) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+
+def usable_cpus(wanted: tuple[int, ...]) -> set[int]:
+    """The configured cores this process may run on; a missing core is logged and skipped."""
+    available = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    missing = set(wanted) - available
+    if missing:
+        log.warning("cores %s are not available to this process (it has %s); not pinning to them",
+                    sorted(missing), sorted(available))
+    return set(wanted) & available
+
+
+class BackgroundServer:
+    """A grpc.aio server on its own event-loop thread. ``add_servicers(server)`` registers the services."""
+
+    def __init__(self, add_servicers: Callable[[grpc.aio.Server], None], host: str = "0.0.0.0", port: int = 0,
+                 name: str = "grpc") -> None:
+        self._add_servicers = add_servicers
+        self._bind = f"{host}:{port}"
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._failure:
+            raise self._failure
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._start())
+        except BaseException as exc:  # reported to the constructor's caller
+            self._failure = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self._add_servicers(self.server)
+        self.port = self.server.add_insecure_port(self._bind)
+        if not self.port:
+            raise OSError(f"cannot listen on {self._bind}: the port is in use or the address is not local")
+        await self.server.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def call(self, coro) -> object:
+        """Run a coroutine on the server's loop from another thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self, grace: float = 1.0) -> None:
+        if self._thread.is_alive():
+            self.call(self.server.stop(grace))
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=grace + 5)
+
+
+def advertised_host() -> str:
+    """The address other nodes reach this process at (Ray's node IP when inside Ray)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # outside Ray: fall back to the hostname's address
+        pass
+    return socket.gethostbyname(socket.gethostname())

@@ -1,0 +1,78 @@
+"""A target replica: a Ray Serve deployment holding the target model on its own device.
+
+Each Verify stream is one session with its own KV cache. A step is one proposal (possibly empty:
+target-only decoding); the replica verifies it in one forward pass, commits the verdict to its cache
+and answers with the verdict. Serve deploys, places and restarts replicas; the per-step traffic
+goes over the stream, never through Serve handles (a handle hop costs ~4 ms).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import grpc
+
+from specserve.cluster.config import ServiceConfig
+from specserve.proto.v1 import internal_pb2 as pb
+from specserve.proto.v1 import internal_pb2_grpc as rpc
+
+from .engine import request_generators
+from .loading import ModelSpec, load_model
+from .model_host import ModelHost, SessionLimit, first_open
+from .verifying import TargetSession
+from .wire import proposal_from, sampling_from, verdict_message
+
+
+class TargetReplica:
+    """The Serve deployment class (options applied in ``cluster/app.py``)."""
+
+    def __init__(self, config: dict, target_source: str) -> None:
+        cfg = ServiceConfig.model_validate(config)
+        self.model = load_model(ModelSpec(target_source, dtype=cfg.models.dtype, threads=cfg.target.threads))
+        servicer = VerifierServicer(self)
+        self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", ("target",), cfg.target, cfg.namespace,
+                              cfg.router.heartbeat_seconds,
+                              lambda server: rpc.add_VerifierServicer_to_server(servicer, server))
+
+    def address(self) -> str:
+        return self.host.address
+
+    def live_sessions(self) -> int:
+        return self.host.live_sessions
+
+    def check_health(self) -> None:
+        """Serve restarts a replica whose stream server has died."""
+        if not self.host.server.alive:
+            raise RuntimeError(f"target replica {self.host.worker_id}: its gRPC server stopped")
+
+    def __del__(self) -> None:
+        host = getattr(self, "host", None)
+        if host is not None:
+            host.shutdown()
+
+
+class VerifierServicer(rpc.VerifierServicer):
+    def __init__(self, replica: TargetReplica) -> None:
+        self.replica = replica
+
+    async def Verify(self, requests, context: grpc.aio.ServicerContext):
+        opened = await first_open(requests, context)
+        host = self.replica.host
+        try:
+            with host.session():
+                verify_gen = request_generators(opened.sampling.seed)[0]
+                session = TargetSession(self.replica.model, list(opened.prompt_ids), sampling_from(opened.sampling),
+                                        verify_gen)
+                async for request in requests:
+                    proposal = proposal_from(request.step)
+                    start = time.perf_counter()
+                    verdict = await host.device.run(session.verify, proposal)
+                    yield pb.VerifyReply(verdict=verdict_message(verdict), seconds=time.perf_counter() - start)
+        except SessionLimit as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except ValueError as exc:  # a malformed proposal: this session ends, the replica carries on
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def Inspect(self, request, context) -> pb.WorkerState:
+        return self.replica.host.state()

@@ -1,0 +1,53 @@
+"""Converting between the engine's objects and the internal stream messages (ids and sparse q only)."""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.proto.v1 import internal_pb2 as pb
+
+from .acceptance import SamplingParams, SparseDist, Verdict, one_hot
+from .drafting import Proposal
+
+
+def sampling_message(sampling: SamplingParams, seed: int) -> pb.Sampling:
+    return pb.Sampling(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed)
+
+
+def sampling_from(msg: pb.Sampling) -> SamplingParams:
+    # float32 on the wire: 0.7 arrives as 0.699999988; both sides decode the same value.
+    return SamplingParams(temperature=msg.temperature, top_k=msg.top_k, top_p=msg.top_p)
+
+
+def proposal_message(proposal: Proposal, greedy: bool, seconds: float = 0.0) -> pb.Proposal:
+    """Greedy proposals are one-hot, so only their ids travel."""
+    msg = pb.Proposal(ids=proposal.ids, seconds=seconds)
+    if not greedy:
+        for ids, probs in zip(proposal.q.ids.tolist(), proposal.q.probs.tolist(), strict=True):
+            msg.q.add(ids=ids, probs=probs)
+    return msg
+
+
+def proposal_from(msg: pb.Proposal) -> Proposal:
+    ids = list(msg.ids)
+    if not ids:
+        return Proposal.empty()
+    if not msg.q:
+        return Proposal(ids, one_hot(torch.tensor(ids)))
+    if len(msg.q) != len(ids) or any(len(row.ids) != len(row.probs) for row in msg.q):
+        raise ValueError(f"proposal of {len(ids)} tokens carries {len(msg.q)} malformed q rows")
+    width = max(len(row.ids) for row in msg.q)
+    q_ids = torch.zeros(len(ids), width, dtype=torch.long)  # padding: probability 0, any id
+    q_probs = torch.zeros(len(ids), width)
+    for i, row in enumerate(msg.q):
+        q_ids[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
+        q_probs[i, : len(row.probs)] = torch.tensor(row.probs)
+    return Proposal(ids, SparseDist(q_ids, q_probs))
+
+
+def verdict_message(verdict: Verdict) -> pb.Verdict:
+    return pb.Verdict(num_accepted=verdict.num_accepted, token=verdict.token)
+
+
+def verdict_from(msg: pb.Verdict) -> Verdict:
+    return Verdict(num_accepted=msg.num_accepted, token=msg.token)
