@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+import grpc
 from transformers.utils import logging as hf_logging
 
 from specserve.workers.acceptance import SamplingParams
@@ -21,6 +22,7 @@ from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS
 from specserve.workers.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
 
 EXIT_USAGE = 2  # what argparse uses for bad arguments; ours match it
+EXIT_FAILURE = 1  # the service failed or is unreachable
 EXIT_INTERRUPTED = 130
 SAMPLING_DEFAULTS = SamplingParams()  # the CLI's defaults are the request's, defined once there
 
@@ -38,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, ModelLoadError) as exc:  # input the user can fix (paths included)
         print(f"specserve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except grpc.RpcError as exc:  # the service's answer: its status and message say what to fix
+        print(f"specserve: error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return EXIT_USAGE if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILURE
     except KeyboardInterrupt:
         print("specserve: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -52,11 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="generate text from a prompt",
                                    description="Generate text, with speculative decoding unless --speculation off.")
-    generate.add_argument("--local", action="store_true",
-                          help="run the models in this process (the only mode until the service lands)")
-    _add_zoo_argument(generate)
+    where = generate.add_mutually_exclusive_group()
+    where.add_argument("--address", metavar="HOST:PORT", help="send the request to a running `specserve serve`")
+    where.add_argument("--local", action="store_true",
+                       help="run the models in this process (the default when no --address is given)")
+    _add_zoo_argument(generate, "(local mode)")
     generate.add_argument("--prompt", required=True, help="the text to continue")
     generate.add_argument("--task", help="the prompt's task (code, sql, math, prose); picks the draft. Default: the general draft")
+    generate.add_argument("--timeout", type=float, help="deadline in seconds (--address mode; default: none)")
     generate.add_argument("--draft", help="use this draft instead of the task's")
     generate.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens to generate at most (default: %(default)s)")
     generate.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS.temperature,
@@ -67,8 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="sample among the k most likely tokens; 0 = all (default: %(default)s)")
     generate.add_argument("--seed", type=int, help="seed for sampling (default: random, reported in the stats)")
     generate.add_argument("--stop", action="append", default=[], help="stop when this string is generated (repeatable)")
-    generate.add_argument("--k", type=int, default=DEFAULT_K, help="draft tokens proposed per target pass (default: %(default)s)")
-    generate.add_argument("--speculation", choices=["on", "off"], default="on", help="off decodes with the target alone")
+    generate.add_argument("--k", type=int, help=f"draft tokens proposed per target pass (default: {DEFAULT_K}, "
+                                                "or the service's router.default_k)")
+    generate.add_argument("--speculation", choices=["auto", "on", "off"], default="auto",
+                          help="off decodes with the target alone (default: %(default)s, which is on today)")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     generate.set_defaults(run=_run_generate)
 
@@ -92,10 +102,30 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     distill.set_defaults(run=_run_distill)
 
+    serve_cmd = commands.add_parser(
+        "serve", help="run the service: an embedded Ray cluster (or an existing one) with the Serve app",
+        description="Start an embedded local Ray cluster (one target device and two draft devices as custom "
+                    "resources) or attach to one with --address, deploy the Serve config, print the address "
+                    "clients use once the service is ready, and run until Ctrl-C or SIGTERM.")
+    serve_cmd.add_argument("--config", type=Path, help="Serve config file (default: deploy/serve_config.yaml)")
+    serve_cmd.add_argument("--address", help="an existing Ray cluster (e.g. ray://host:10001 or auto); default: embedded")
+    serve_cmd.add_argument("--port", type=int, help="the client API's gRPC port (default: the config's router.port)")
+    serve_cmd.add_argument("--zoo", help="serve this zoo preset or directory instead of the config's models.zoo")
+    serve_cmd.set_defaults(run=_run_serve)
+
+    stats = commands.add_parser("stats", help="print a running service's statistics (GetStats)")
+    stats.add_argument("--address", required=True, metavar="HOST:PORT", help="the service's client address")
+    stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    stats.set_defaults(run=_run_stats)
+
     demo = commands.add_parser("demo", help="build the demo zoo and show speculative decoding per task",
-                               description="Build or reuse the demo zoo, decode held-out prompts of every task with and "
-                                           "without speculation in this process, and print what each draft achieved.")
+                               description="Build or reuse the demo zoo, start the service on an embedded cluster, "
+                                           "decode held-out prompts of every task over gRPC with and without "
+                                           "speculation, print what each draft achieved, and stop the cluster.")
     _add_zoo_argument(demo)
+    demo_where = demo.add_mutually_exclusive_group()
+    demo_where.add_argument("--in-process", action="store_true", help="run the models in this process instead")
+    demo_where.add_argument("--address", metavar="HOST:PORT", help="use a running service (serving the same zoo)")
     demo.add_argument("--prompts", type=int, default=4, help="held-out prompts per task (default: %(default)s)")
     demo.add_argument("--max-tokens", type=int, default=64, help="(default: %(default)s)")
     demo.add_argument("--k", type=int, default=DEFAULT_K, help="(default: %(default)s)")
@@ -103,18 +133,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_zoo_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--zoo", default="demo", help="a zoo preset name or a zoo directory (default: %(default)s)")
+def _add_zoo_argument(parser: argparse.ArgumentParser, note: str = "") -> None:
+    parser.add_argument("--zoo", default="demo", help=f"a zoo preset name or a zoo directory {note}(default: %(default)s)")
 
 
 def _run_generate(args: argparse.Namespace) -> int:
+    if args.address:
+        return _generate_remote(args)
     from specserve.workers.request import GenerationParams
 
     from .local import open_zoo, zoo_engine
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     params = GenerationParams(max_tokens=args.max_tokens, sampling=sampling, seed=args.seed, stop=tuple(args.stop),
-                              k=args.k, speculation=args.speculation == "on")
+                              k=args.k or DEFAULT_K, speculation=args.speculation != "off")
     zoo = open_zoo(args.zoo)
     draft = args.draft or (zoo.default_draft(args.task) if args.task else "general")
     zoo.draft_dir(draft)  # validates the name before any model loads
@@ -131,6 +163,76 @@ def _run_generate(args: argparse.Namespace) -> int:
     stats = generation.stats
     print(f"[{generation.output.finish_reason}; draft {generation.draft}; acceptance {stats.acceptance_rate:.2f}; "
           f"{stats.tokens_per_pass:.2f} tokens per target pass; seed {stats.seed}]", file=sys.stderr)
+    return 0
+
+
+def _generate_remote(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from specserve.proto.v1 import specserve_pb2 as pb
+
+    from .client import FINISH_NAMES, SpecServeClient
+
+    speculation = {"auto": pb.SPECULATION_AUTO, "on": pb.SPECULATION_ON, "off": pb.SPECULATION_OFF}[args.speculation]
+    request = pb.GenerateRequest(prompt=args.prompt, max_tokens=args.max_tokens, temperature=args.temperature,
+                                 top_p=args.top_p, top_k=args.top_k, stop=args.stop, task=args.task or "",
+                                 draft=args.draft or "", speculation=speculation)
+    for name in ("seed", "k"):
+        if getattr(args, name) is not None:
+            setattr(request, name, getattr(args, name))
+    client = SpecServeClient(args.address)
+    if args.json:
+        response = client.generate(request, timeout=args.timeout)
+        print(json.dumps(MessageToDict(response, preserving_proto_field_name=True)))
+        return 0
+    last = None
+    for chunk in client.stream(request, timeout=args.timeout):
+        print(chunk.text, end="", flush=True)
+        last = chunk
+    print()
+    s = last.stats
+    alpha = s.accepted_tokens / (s.accepted_tokens + s.rejections) if s.accepted_tokens + s.rejections else 0.0
+    print(f"[{FINISH_NAMES[last.finish_reason]}; task {s.task}; draft {s.draft or 'none'}; alpha {alpha:.2f}; "
+          f"{(s.accepted_tokens + s.target_passes) / max(s.target_passes, 1):.2f} tokens per target pass; "
+          f"seed {s.seed}]", file=sys.stderr)
+    return 0
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from .bringup import start_service, wait_for_signal
+
+    logging.getLogger("specserve").setLevel(logging.INFO)  # a server says what it is doing
+    overrides = {"models": {"zoo": args.zoo}} if args.zoo else None
+    print("starting specserve (Ray cluster, Serve app, model loading)...", file=sys.stderr, flush=True)
+    service = start_service(args.config, address=args.address, port=args.port, overrides=overrides)
+    print(f"specserve listening on {service.address} (gRPC: specserve.v1.SpecServe, grpc.health.v1, reflection); "
+          f"Ctrl-C to stop", flush=True)
+    try:
+        wait_for_signal()
+    except KeyboardInterrupt:
+        print("specserve: shutting down", file=sys.stderr, flush=True)
+    finally:
+        service.stop()
+    return 0
+
+
+def _run_stats(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from .client import SpecServeClient
+
+    stats = SpecServeClient(args.address).stats()
+    if args.json:
+        print(json.dumps(MessageToDict(stats, preserving_proto_field_name=True)))
+        return 0
+    print(f"requests in flight {stats.requests_in_flight}; rejected (over the limit) {stats.requests_rejected}")
+    print(f"{'task':<8} {'draft':<8} {'requests':>8} {'proposed':>9} {'accepted':>9} {'acc.rate':>8} {'tok/pass':>8}")
+    for t in stats.tasks:
+        print(f"{t.task:<8} {t.draft or '-':<8} {t.requests:>8} {t.proposed_tokens:>9} {t.accepted_tokens:>9} "
+              f"{t.acceptance_rate:>8.2f} {t.tokens_per_pass:>8.2f}")
+    print(f"{'worker':<18} {'kind':<6} {'address':<22} {'sessions':>8} models")
+    for w in stats.workers:
+        print(f"{w.worker_id:<18} {w.kind:<6} {w.address:<22} {w.live_sessions:>8} {', '.join(w.models)}")
     return 0
 
 
@@ -169,7 +271,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.prompts < 1 or args.max_tokens < 1:
         raise ValueError(f"--prompts and --max-tokens must be >= 1, got {args.prompts} and {args.max_tokens}")
 
-    run_demo(args.zoo, prompts_per_task=args.prompts, max_tokens=args.max_tokens, k=args.k)
+    run_demo(args.zoo, prompts_per_task=args.prompts, max_tokens=args.max_tokens, k=args.k,
+             in_process=args.in_process, address=args.address)
     return 0
 
 

@@ -1,5 +1,7 @@
 """`specserve demo` / `make demo`: speculative decoding on held-out prompts of every task, side by side.
 
+By default through the service: an embedded cluster is started, prompts go over gRPC, and the
+cluster is stopped at the end; `--in-process` runs the same table on the in-process engine.
 For each task the same prompts are decoded greedily by the target alone and with the task's draft,
 alternating prompt by prompt so that both see the same machine load; the speedup is the ratio of the
 two measured times, and the output of the two paths is compared token for token.
@@ -9,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.router.cost_model import expected_speedup
 from specserve.workers.engine import SpecEngine
 from specserve.workers.request import GenerationParams
@@ -21,6 +25,8 @@ from specserve.workers.zoo.build import build_zoo
 from specserve.workers.zoo.presets import PRESETS, get_preset
 from specserve.workers.zoo.zoo import MANIFEST, Zoo
 
+from .bringup import start_service
+from .client import SpecServeClient
 from .local import zoo_engine, zoo_location
 
 
@@ -53,29 +59,62 @@ class TaskResult:
         return expected_speedup(self.stats.alpha, self.cost_ratio, self.k)
 
 
-def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int) -> list[TaskResult]:
+# Decodes one prompt greedily, with the named draft or (None) the target alone: ids, seconds, stats.
+Decoder = Callable[[str, str, "str | None"], tuple[list[int], float, SpecStats]]
+
+
+def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_process: bool = False,
+             address: str | None = None) -> list[TaskResult]:
+    """Through the service (an embedded cluster started here, or the one at ``address``), or in this process."""
+    zoo = _ensure_zoo(zoo_name)
+    if in_process:
+        engine = zoo_engine(zoo, zoo.draft_names)
+        print(f"{_zoo_line(zoo)}; both models in this process, {torch.get_num_threads()} torch threads; "
+              f"greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
+        return _measure_all(zoo, _engine_decoder(engine, max_tokens, k), prompts_per_task, k)
+    service = None
+    if address is None:
+        print("starting the embedded cluster (Ray, Serve, target replica, draft pool)...", flush=True)
+        service = start_service(port=0, overrides={"models": {"zoo": str(zoo.root)}})
+        address = service.address
+    client = SpecServeClient(address)
+    try:
+        print(f"{_zoo_line(zoo)}; through the service at {address} over gRPC (target replica and draft workers "
+              f"in their own processes); greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
+        return _measure_all(zoo, _service_decoder(client, max_tokens, k), prompts_per_task, k)
+    finally:
+        client.close()
+        if service:
+            service.stop()
+
+
+def _ensure_zoo(zoo_name: str) -> Zoo:
     location = zoo_location(zoo_name)
     if not (location / MANIFEST).exists() and zoo_name in PRESETS:
         print(f"building the {zoo_name} zoo in {location} (once; later runs reuse it)", flush=True)
         logging.getLogger("specserve").setLevel(logging.INFO)  # a build is long: say what each stage did
         build_zoo(get_preset(zoo_name), location)
-    zoo = Zoo.open(location)
-    engine = zoo_engine(zoo, zoo.draft_names)
-    print(f"zoo {zoo.manifest['preset']}: target {zoo.manifest['target']['parameters'] / 1e6:.1f}M parameters, "
-          f"drafts {', '.join(zoo.draft_names)}; both models in this process, {torch.get_num_threads()} torch threads; "
-          f"greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
-    _warm_up(engine, zoo, k)
-    results = [measure_task(engine, zoo, task, prompts_per_task, max_tokens, k) for task in zoo.tasks]
+    return Zoo.open(location)
+
+
+def _zoo_line(zoo: Zoo) -> str:
+    return (f"zoo {zoo.manifest['preset']}: target {zoo.manifest['target']['parameters'] / 1e6:.1f}M parameters, "
+            f"drafts {', '.join(zoo.draft_names)}")
+
+
+def _measure_all(zoo: Zoo, decode: Decoder, prompts: int, k: int) -> list[TaskResult]:
+    _warm_up(decode, zoo)
+    results = [measure_task(decode, zoo, task, prompts, k) for task in zoo.tasks]
     print(format_table(results))
     return results
 
 
-def measure_task(engine: SpecEngine, zoo: Zoo, task: str, prompts: int, max_tokens: int, k: int) -> TaskResult:
+def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int) -> TaskResult:
     draft = zoo.default_draft(task)
     result = TaskResult(task, draft, zoo.manifest["acceptance"][task][draft], k)
     for prompt in zoo.prompts(task)[:prompts]:
-        off_ids, off_seconds, off_stats = _timed_generation(engine, prompt, max_tokens, k, None)
-        on_ids, on_seconds, stats = _timed_generation(engine, prompt, max_tokens, k, draft)
+        off_ids, off_seconds, off_stats = decode(prompt, task, None)
+        on_ids, on_seconds, stats = decode(prompt, task, draft)
         result.seconds_target_only += off_seconds
         result.seconds_speculative += on_seconds
         result.identical &= on_ids == off_ids
@@ -102,15 +141,33 @@ def format_table(results: list[TaskResult]) -> str:
     return "\n".join(lines)
 
 
-def _timed_generation(engine: SpecEngine, prompt: str, max_tokens: int, k: int, draft: str | None):
-    params = GenerationParams(max_tokens=max_tokens, k=k, speculation=draft is not None)
-    start = time.perf_counter()
-    done = engine.generate(prompt, params, draft=draft).complete()
-    return done.token_ids, time.perf_counter() - start, done.stats
+def _engine_decoder(engine: SpecEngine, max_tokens: int, k: int) -> Decoder:
+    def decode(prompt: str, task: str, draft: str | None) -> tuple[list[int], float, SpecStats]:
+        params = GenerationParams(max_tokens=max_tokens, k=k, speculation=draft is not None)
+        start = time.perf_counter()
+        done = engine.generate(prompt, params, draft=draft).complete()
+        return done.token_ids, time.perf_counter() - start, done.stats
+    return decode
 
 
-def _warm_up(engine: SpecEngine, zoo: Zoo, k: int) -> None:
-    """First calls pay one-off costs (allocator, kernels); keep them out of the measurements."""
-    prompt = zoo.prompts(zoo.tasks[0])[0]
-    for draft in (None, zoo.default_draft(zoo.tasks[0])):
-        _timed_generation(engine, prompt, 8, k, draft)
+def _service_decoder(client: SpecServeClient, max_tokens: int, k: int) -> Decoder:
+    def decode(prompt: str, task: str, draft: str | None) -> tuple[list[int], float, SpecStats]:
+        request = pb.GenerateRequest(prompt=prompt, task=task, max_tokens=max_tokens, k=k, draft=draft or "",
+                                     speculation=pb.SPECULATION_ON if draft else pb.SPECULATION_OFF)
+        start = time.perf_counter()
+        response = client.generate(request)
+        return list(response.token_ids), time.perf_counter() - start, stats_from_message(response.stats)
+    return decode
+
+
+def stats_from_message(msg: pb.GenerateStats) -> SpecStats:
+    return SpecStats(proposed=msg.proposed_tokens, accepted=msg.accepted_tokens, target_passes=msg.target_passes,
+                     rejections=msg.rejections, draft_passes=msg.proposed_tokens, draft_seconds=msg.draft_seconds,
+                     verify_seconds=msg.verify_seconds, seed=msg.seed)
+
+
+def _warm_up(decode: Decoder, zoo: Zoo) -> None:
+    """First calls pay one-off costs (allocator, kernels, connections); keep them out of the measurements."""
+    task = zoo.tasks[0]
+    for draft in (None, zoo.default_draft(task)):
+        decode(zoo.prompts(task)[0], task, draft)

@@ -121,7 +121,7 @@ class SpecServeService:
 def _stats_message(session: Session) -> pb.GenerateStats:
     s = session.stats
     return pb.GenerateStats(task=session.request.task, draft=session.request.draft or "", proposed_tokens=s.proposed,
-                            accepted_tokens=s.accepted, target_passes=s.target_passes, seed=s.seed,
+                            accepted_tokens=s.accepted, target_passes=s.target_passes, seed=s.seed, rejections=s.rejections,
                             draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,
                             total_seconds=session.elapsed(), first_token_seconds=session.first_token_seconds)
 

@@ -31,3 +31,29 @@ def tiny_engine(tiny_zoo):
     from specserve.cluster.local import zoo_engine
 
     return zoo_engine(tiny_zoo, tiny_zoo.draft_names)
+
+
+@pytest.fixture(scope="session")
+def service(tiny_zoo):
+    """The service on a real embedded Ray cluster, serving the tiny zoo; one per test session.
+
+    The concurrency limit is low so the RESOURCE_EXHAUSTED test can reach it.
+    """
+    from specserve.cluster.bringup import start_service
+
+    running = start_service(port=0, overrides={"models": {"zoo": str(tiny_zoo.root)},
+                                               "router": {"max_concurrent_requests": SERVICE_CONCURRENCY}})
+    yield running
+    running.stop()
+
+
+SERVICE_CONCURRENCY = 6
+
+
+@pytest.fixture(scope="session")
+def client(service):
+    from specserve.cluster.client import SpecServeClient
+
+    c = SpecServeClient(service.address)
+    yield c
+    c.close()

@@ -35,6 +35,7 @@ class ModelHost:
         self.device = Device(config.threads, config.cpus)
         self.server = BackgroundServer(add_servicer, name=f"{kind}-grpc")
         self.address = f"{advertised_host()}:{self.server.port}"
+        self.resources = _assigned_resources()
         self.heartbeat = Heartbeat(namespace, heartbeat_seconds, self.endpoint)
         log.info("%s %s serving %s at %s (cores %s)", kind, worker_id, ", ".join(models), self.address,
                  sorted(self.device.cpus) or "unpinned")
@@ -54,11 +55,20 @@ class ModelHost:
             self.live_sessions -= 1
 
     def state(self) -> pb.WorkerState:
-        return pb.WorkerState(worker_id=self.worker_id, models=self.models, live_sessions=self.live_sessions)
+        return pb.WorkerState(worker_id=self.worker_id, models=self.models, live_sessions=self.live_sessions,
+                              resources=self.resources)
 
     def shutdown(self) -> None:
         self.heartbeat.stop()
         self.server.stop()
+
+
+def _assigned_resources() -> dict[str, float]:
+    import ray
+
+    if not ray.is_initialized():
+        return {}
+    return {name: float(amount) for name, amount in ray.get_runtime_context().get_assigned_resources().items()}
 
 
 async def first_open(requests, context: grpc.aio.ServicerContext) -> pb.SessionOpen:

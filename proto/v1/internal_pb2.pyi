@@ -93,11 +93,20 @@ class InspectRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker_id", "models", "live_sessions")
+    __slots__ = ("worker_id", "models", "live_sessions", "resources")
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     LIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     models: _containers.RepeatedScalarFieldContainer[str]
     live_sessions: int
-    def __init__(self, worker_id: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ...) -> None: ...
+    resources: _containers.ScalarMap[str, float]
+    def __init__(self, worker_id: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ...) -> None: ...

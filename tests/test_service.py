@@ -1,0 +1,181 @@
+"""The service end to end: a real Ray cluster, Serve replicas, draft actors, gRPC over sockets."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from specserve.cluster.config import DRAFT_DEVICE, TARGET_DEVICE
+from specserve.proto.v1 import internal_pb2, internal_pb2_grpc
+from specserve.proto.v1 import specserve_pb2 as pb
+
+from conftest import SERVICE_CONCURRENCY
+
+SESSION_DRAIN_SECONDS = 15.0  # workers see a cancellation within milliseconds; this only bounds the wait
+
+
+def request(prompt: str, **fields) -> pb.GenerateRequest:
+    fields.setdefault("max_tokens", 24)
+    return pb.GenerateRequest(prompt=prompt, **fields)
+
+
+def worker_states(client) -> list[internal_pb2.WorkerState]:
+    """Each worker's live state, asked over its own Inspect RPC (not the registry's heartbeat copy)."""
+    states = []
+    for worker in client.stats().workers:
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = (internal_pb2_grpc.VerifierStub if worker.kind == "target" else internal_pb2_grpc.DrafterStub)(channel)
+            states.append(stub.Inspect(internal_pb2.InspectRequest(), timeout=10))
+    return states
+
+
+def wait_for_no_sessions(client) -> None:
+    deadline = time.monotonic() + SESSION_DRAIN_SECONDS
+    while (held := {s.worker_id: s.live_sessions for s in worker_states(client) if s.live_sessions}):
+        assert time.monotonic() < deadline, f"workers still hold sessions: {held}"
+        time.sleep(0.2)
+    assert client.stats().requests_in_flight == 0
+
+
+def test_health_is_serving(client):
+    assert client.health() == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_greedy_speculation_on_equals_off_for_every_task(client, tiny_zoo):
+    for task in tiny_zoo.tasks:
+        for prompt in tiny_zoo.prompts(task)[:2]:
+            on = client.generate(request(prompt, task=task, speculation=pb.SPECULATION_ON))
+            off = client.generate(request(prompt, task=task, speculation=pb.SPECULATION_OFF))
+            assert list(on.token_ids) == list(off.token_ids), f"{task}: speculative output differs from the target's"
+            assert on.text == off.text and on.finish_reason == off.finish_reason
+            assert on.stats.draft == task and on.stats.proposed_tokens > 0 and on.stats.task == task
+            assert off.stats.draft == "" and off.stats.proposed_tokens == 0
+            assert off.stats.target_passes >= len(off.token_ids)
+
+
+def test_stream_chunks_concatenate_to_the_unary_result(client, tiny_zoo):
+    prompt = tiny_zoo.prompts("code")[0]
+    whole = client.generate(request(prompt, task="code", max_tokens=40))
+    chunks = list(client.stream(request(prompt, task="code", max_tokens=40)))
+    assert "".join(c.text for c in chunks) == whole.text
+    assert [t for c in chunks for t in c.token_ids] == list(whole.token_ids)
+    assert all(c.finish_reason == pb.FINISH_REASON_UNSPECIFIED for c in chunks[:-1])
+    assert chunks[-1].finish_reason == whole.finish_reason != pb.FINISH_REASON_UNSPECIFIED
+    assert chunks[-1].stats.target_passes == whole.stats.target_passes
+    assert len(chunks) == whole.stats.target_passes  # one message per committed step
+
+
+def test_four_concurrent_clients_get_the_sequential_results(client, tiny_zoo):
+    jobs = [(task, prompt) for task in tiny_zoo.tasks for prompt in tiny_zoo.prompts(task)[:2]]
+    expected = [list(client.generate(request(p, task=t)).token_ids) for t, p in jobs]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda job: list(client.generate(request(job[1], task=job[0])).token_ids), jobs))
+    assert got == expected
+
+
+def test_a_seeded_sampled_request_is_reproducible(client, tiny_zoo):
+    sampled = request(tiny_zoo.prompts("prose")[0], task="prose", temperature=0.9, top_p=0.95, seed=1234, max_tokens=32)
+    first, second = client.generate(sampled), client.generate(sampled)
+    assert list(first.token_ids) == list(second.token_ids) and first.stats.seed == 1234
+    unseeded = client.generate(request(tiny_zoo.prompts("prose")[0], task="prose", temperature=0.9))
+    assert unseeded.stats.seed > 0  # a fresh seed, reported so the request can be replayed
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"prompt": ""}, "prompt must not be empty"),
+    ({"max_tokens": 0}, "max_tokens must be 1..4096, got 0"),
+    ({"max_tokens": -5}, "max_tokens must be 1..4096, got -5"),
+    ({"max_tokens": 5000}, "max_tokens must be 1..4096, got 5000"),
+    ({"temperature": -0.5}, "temperature must be 0 (greedy) or a finite number >= 0.01, got -0.5"),
+    ({"temperature": math.nan}, "temperature must be 0 (greedy) or a finite number >= 0.01, got nan"),
+    ({"temperature": math.inf}, "temperature must be 0 (greedy) or a finite number >= 0.01, got inf"),
+    ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+    ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+    ({"top_k": -1}, "top_k must be >= 0 (0 disables it), got -1"),
+    ({"k": 0}, "k must be 1..16, got 0"),
+    ({"seed": 2**63}, "seed must be 0..2^63-1"),
+    ({"stop": ["x" * 65]}, "each stop string must be 1..64 characters, got 65"),
+    ({"task": "poetry"}, "unknown task 'poetry'; this deployment serves: code, general, math, prose, sql"),
+    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, general, math, prose, sql"),
+    ({"speculation": 7}, "speculation must be SPECULATION_AUTO, SPECULATION_ON or SPECULATION_OFF, got 7"),
+    ({"prompt": "SELECT " * 200, "max_tokens": 100}, "exceed the context window of 256 tokens"),
+    ({"prompt": "x" * 100_000}, "far beyond the context window of 256 tokens"),
+])
+def test_invalid_input_is_invalid_argument_naming_the_field(client, fields, message):
+    fields = {"prompt": "SELECT", **fields}
+    with pytest.raises(grpc.RpcError) as caught:
+        client.generate(pb.GenerateRequest(**fields), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in caught.value.details()
+    assert client.generate(request("SELECT", max_tokens=4)).token_ids  # the service carries on
+
+
+def test_invalid_utf8_is_invalid_argument(client, service):
+    bad_prompt = b"\x0a\x03\xff\xfe\x41"  # field 1 (prompt), 3 bytes, not UTF-8
+    with grpc.insecure_channel(service.address) as channel:
+        call = channel.unary_unary("/specserve.v1.SpecServe/Generate")
+        with pytest.raises(grpc.RpcError) as caught:
+            call(bad_prompt, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "valid UTF-8" in caught.value.details()
+    assert client.generate(request("SELECT", max_tokens=4)).token_ids
+
+
+def test_concurrency_limit_is_resource_exhausted(client, tiny_zoo):
+    rejected_before = client.stats().requests_rejected
+    prompt = tiny_zoo.prompts("prose")[0]
+    burst = 3 * SERVICE_CONCURRENCY
+
+    def call(_):
+        try:
+            client.generate(request(prompt, max_tokens=160, speculation=pb.SPECULATION_OFF), timeout=120)
+            return grpc.StatusCode.OK, ""
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details()
+
+    with ThreadPoolExecutor(burst) as pool:
+        outcomes = list(pool.map(call, range(burst)))
+    refused = [details for code, details in outcomes if code == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert refused, "no request was refused at the limit"
+    assert {code for code, _ in outcomes} <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert f"its limit of {SERVICE_CONCURRENCY} concurrent requests" in refused[0]
+    assert client.stats().requests_rejected - rejected_before == len(refused)
+    assert client.generate(request("SELECT", max_tokens=4)).token_ids
+
+
+def test_cancelled_and_timed_out_calls_free_every_session(client, tiny_zoo):
+    prompt = tiny_zoo.prompts("sql")[0]
+    for i in range(6):  # cancel streams mid-way, with and without a draft
+        stream = client.stream(request(prompt, task="sql", max_tokens=200,
+                                       speculation=pb.SPECULATION_ON if i % 2 else pb.SPECULATION_OFF))
+        next(stream)
+        stream.cancel()
+    with pytest.raises(grpc.RpcError) as caught:
+        client.generate(request(prompt, task="sql", max_tokens=200), timeout=0.05)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    for _ in range(5):  # and finished requests, interleaved
+        client.generate(request(prompt, task="sql", max_tokens=8))
+    wait_for_no_sessions(client)
+
+
+def test_draft_workers_and_target_replicas_are_on_disjoint_devices(client):
+    states = {s.worker_id: s for s in worker_states(client)}
+    targets = [s for wid, s in states.items() if wid.startswith("target")]
+    drafts = [s for wid, s in states.items() if wid.startswith("draft")]
+    assert len(targets) == 1 and len(drafts) == 2
+    assert all(dict(s.resources) == {TARGET_DEVICE: 1.0} for s in targets)
+    assert all(dict(s.resources) == {DRAFT_DEVICE: 1.0} for s in drafts)
+
+
+def test_get_stats_counts_per_task_and_draft(client, tiny_zoo):
+    before = {(t.task, t.draft): t.requests for t in client.stats().tasks}
+    client.generate(request(tiny_zoo.prompts("math")[0], task="math"))
+    after = {(t.task, t.draft): t for t in client.stats().tasks}
+    assert after["math", "math"].requests == before.get(("math", "math"), 0) + 1
+    assert after["math", "math"].tokens_per_pass >= 1.0
