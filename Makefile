@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench
+.PHONY: demo test test-slow bench serve proto
 
 $(INSTALLED): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,14 @@ demo: $(INSTALLED)
 
 test: $(INSTALLED)
 	$(BIN)/python -m pytest
+
+# The service in the foreground on an embedded cluster (Ctrl-C stops it).
+serve: $(INSTALLED)
+	$(BIN)/specserve serve
+
+# Regenerate the gRPC stubs after editing proto/v1/*.proto (a test fails while they differ).
+proto: $(INSTALLED)
+	$(BIN)/python -m specserve.proto.generate
 
 # Long suites (more sampling settings, bigger budgets): see "Tests" in the README.
 test-slow: $(INSTALLED)

@@ -146,7 +146,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     params = GenerationParams(max_tokens=args.max_tokens, sampling=sampling, seed=args.seed, stop=tuple(args.stop),
-                              k=args.k or DEFAULT_K, speculation=args.speculation != "off")
+                              k=DEFAULT_K if args.k is None else args.k, speculation=args.speculation != "off")
     zoo = open_zoo(args.zoo)
     draft = args.draft or (zoo.default_draft(args.task) if args.task else "general")
     zoo.draft_dir(draft)  # validates the name before any model loads

@@ -71,7 +71,7 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_p
         engine = zoo_engine(zoo, zoo.draft_names)
         print(f"{_zoo_line(zoo)}; both models in this process, {torch.get_num_threads()} torch threads; "
               f"greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
-        return _measure_all(zoo, _engine_decoder(engine, max_tokens, k), prompts_per_task, k)
+        return _measure_all(zoo, engine_decoder(engine, max_tokens, k), prompts_per_task, k)
     service = None
     if address is None:
         print("starting the embedded cluster (Ray, Serve, target replica, draft pool)...", flush=True)
@@ -81,7 +81,7 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_p
     try:
         print(f"{_zoo_line(zoo)}; through the service at {address} over gRPC (target replica and draft workers "
               f"in their own processes); greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
-        return _measure_all(zoo, _service_decoder(client, max_tokens, k), prompts_per_task, k)
+        return _measure_all(zoo, service_decoder(client, max_tokens, k), prompts_per_task, k)
     finally:
         client.close()
         if service:
@@ -141,7 +141,7 @@ def format_table(results: list[TaskResult]) -> str:
     return "\n".join(lines)
 
 
-def _engine_decoder(engine: SpecEngine, max_tokens: int, k: int) -> Decoder:
+def engine_decoder(engine: SpecEngine, max_tokens: int, k: int) -> Decoder:
     def decode(prompt: str, task: str, draft: str | None) -> tuple[list[int], float, SpecStats]:
         params = GenerationParams(max_tokens=max_tokens, k=k, speculation=draft is not None)
         start = time.perf_counter()
@@ -150,7 +150,7 @@ def _engine_decoder(engine: SpecEngine, max_tokens: int, k: int) -> Decoder:
     return decode
 
 
-def _service_decoder(client: SpecServeClient, max_tokens: int, k: int) -> Decoder:
+def service_decoder(client: SpecServeClient, max_tokens: int, k: int) -> Decoder:
     def decode(prompt: str, task: str, draft: str | None) -> tuple[list[int], float, SpecStats]:
         request = pb.GenerateRequest(prompt=prompt, task=task, max_tokens=max_tokens, k=k, draft=draft or "",
                                      speculation=pb.SPECULATION_ON if draft else pb.SPECULATION_OFF)

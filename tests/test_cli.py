@@ -74,3 +74,48 @@ def test_distill_command_refuses_a_missing_corpus(tiny_zoo, tmp_path, capsys):
     code = main(["distill", "--target", str(tiny_zoo.target_dir), "--task", "x", "--corpus", str(tmp_path / "none.txt"),
                  "--out", str(tmp_path / "d")])
     assert code == 2 and "cannot read corpus file" in capsys.readouterr().err
+
+
+def test_generate_and_stats_through_the_service(service, capsys):
+    assert main(["generate", "--address", service.address, "--task", "sql", "--prompt", "SELECT", "--max-tokens", "8",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["draft"] == "sql" and 1 <= len(out["token_ids"]) <= 8
+    assert main(["generate", "--address", service.address, "--task", "math", "--prompt", "12 + 7 =", "--max-tokens", "6",
+                 "--speculation", "off"]) == 0
+    streamed = capsys.readouterr()
+    assert "task math; draft none" in streamed.err
+    assert main(["stats", "--address", service.address]) == 0
+    table = capsys.readouterr().out
+    assert "sql" in table and "draft-worker-0" in table and "target" in table
+
+
+def test_service_errors_are_one_line_with_the_status(service, capsys):
+    code = main(["generate", "--address", service.address, "--prompt", "SELECT", "--top-p", "1.5"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == "specserve: error: INVALID_ARGUMENT: top_p must be in (0, 1], got 1.5"
+
+
+def test_serve_prints_its_address_then_stops_on_sigterm(tiny_zoo, specserve_home):
+    """`specserve serve` as a user runs it: its own embedded cluster, ready line, SIGTERM, clean exit."""
+    import signal
+
+    from specserve.cluster.client import SpecServeClient
+    from specserve.proto.v1 import specserve_pb2 as pb
+
+    env = dict(os.environ, SPECSERVE_HOME=specserve_home)
+    proc = subprocess.Popen([sys.executable, "-m", "specserve.cluster.cli", "serve", "--zoo", str(tiny_zoo.root),
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()  # blocks until the service is ready (or the process dies)
+        assert line.startswith("specserve listening on "), (line, proc.poll(), proc.stderr.read() if proc.poll() else "")
+        address = line.split()[3]
+        client = SpecServeClient(address)
+        assert client.generate(pb.GenerateRequest(prompt="SELECT", max_tokens=4)).token_ids
+        client.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        assert "shutting down" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

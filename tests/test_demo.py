@@ -1,11 +1,17 @@
-"""`make demo`'s table, on the tiny zoo: every task, figures computed from the runs themselves."""
+"""`make demo`'s table, on the tiny zoo: every task, figures computed from the runs themselves, through
+the service (the session's cluster) and in process."""
+
+import pytest
 
 from specserve.cluster.demo import run_demo
 from specserve.router.cost_model import expected_speedup
 
 
-def test_demo_prints_a_row_per_task_from_measurements(tiny_zoo, capsys):
-    results = run_demo(str(tiny_zoo.root), prompts_per_task=2, max_tokens=12, k=3)
+@pytest.mark.parametrize("where", ["service", "in-process"])
+def test_demo_prints_a_row_per_task_from_measurements(tiny_zoo, capsys, request, where):
+    address = request.getfixturevalue("service").address if where == "service" else None
+    results = run_demo(str(tiny_zoo.root), prompts_per_task=2, max_tokens=12, k=3, in_process=where == "in-process",
+                       address=address)
     table = capsys.readouterr().out
     assert [r.task for r in results] == tiny_zoo.tasks
     for r in results:

@@ -1,0 +1,57 @@
+"""The Serve config file: valid for Ray Serve's own schema, and for ours; typos are refused."""
+
+import pytest
+from pydantic import ValidationError
+
+from specserve.cluster.bringup import default_config_path, serve_config
+from specserve.cluster.config import ServiceConfig
+from specserve.cluster.models import resolve_models
+from specserve.cluster.placement import actor_options
+
+
+def test_the_deployed_file_parses_with_serves_schema_and_ours():
+    from ray.serve.schema import ServeDeploySchema
+
+    doc = serve_config(default_config_path())
+    ServeDeploySchema.model_validate(doc)
+    config = ServiceConfig.model_validate(doc["applications"][0]["args"])
+    assert config.target.cpus == (0,) and config.draft_pool.cpus == (1,) and config.router.port == 50051
+
+
+def test_port_and_overrides_apply_to_the_args():
+    doc = serve_config(default_config_path(), port=0, overrides={"router": {"max_concurrent_requests": 3}})
+    config = ServiceConfig.model_validate(doc["applications"][0]["args"])
+    assert config.router.port == 0 and config.router.max_concurrent_requests == 3
+    assert config.draft_pool.workers == 2  # untouched keys keep the file's values
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"router": {"prot": 1}}, "prot"),
+    ({"router": {"port": 70000}}, "less than or equal to 65535"),
+    ({"draft_pool": {"workers": 0}}, "greater than or equal to 1"),
+    ({"target": {"device": "tpu"}}, "pattern"),
+    ({"models": {"zoo": None}}, "give a zoo, or both target and drafts"),
+])
+def test_bad_config_is_refused_with_the_key(args, message):
+    with pytest.raises(ValidationError, match=message):
+        ServiceConfig.model_validate(args)
+
+
+def test_task_table_must_name_known_drafts(tiny_zoo):
+    config = ServiceConfig.model_validate({"models": {"zoo": str(tiny_zoo.root)}, "router": {"tasks": {"sql": ["nope"]}}})
+    with pytest.raises(ValueError, match=r"router.tasks\['sql'\] names drafts \['nope'\]"):
+        resolve_models(config.models, config.router)
+
+
+def test_zoo_models_resolve_with_a_general_task(tiny_zoo):
+    config = ServiceConfig.model_validate({"models": {"zoo": str(tiny_zoo.root)}})
+    models = resolve_models(config.models, config.router)
+    assert set(models.drafts) == set(tiny_zoo.draft_names)
+    assert models.tasks["sql"][0] == "sql" and models.tasks["general"] == ("general",)
+
+
+def test_placement_uses_gpus_when_the_cluster_has_them():
+    config = ServiceConfig()
+    assert actor_options(config.target, gpus_in_cluster=0) == {"num_cpus": 0, "resources": {"specserve_target_device": 1}}
+    assert actor_options(config.target, gpus_in_cluster=4) == {"num_cpus": 0, "num_gpus": 1.0}
+    assert actor_options(config.draft_pool, gpus_in_cluster=0)["resources"] == {"specserve_draft_device": 1}
