@@ -33,3 +33,4 @@ test-slow: $(INSTALLED)
 bench: $(INSTALLED)
 	$(BIN)/specserve zoo build --preset bench
 	$(BIN)/specserve demo --zoo bench --prompts 8 --max-tokens 96
+	$(BIN)/python bench/service_overhead.py --zoo bench

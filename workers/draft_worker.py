@@ -32,12 +32,6 @@ class DraftWorker:
         self.host = ModelHost("draft", worker_id, tuple(drafts), config, namespace, heartbeat_seconds,
                               lambda server: rpc.add_DrafterServicer_to_server(servicer, server))
 
-    def address(self) -> str:
-        return self.host.address
-
-    def live_sessions(self) -> int:
-        return self.host.live_sessions
-
     def shutdown(self) -> None:
         self.host.shutdown()
 

@@ -35,12 +35,6 @@ class TargetReplica:
                               cfg.router.heartbeat_seconds,
                               lambda server: rpc.add_VerifierServicer_to_server(servicer, server))
 
-    def address(self) -> str:
-        return self.host.address
-
-    def live_sessions(self) -> int:
-        return self.host.live_sessions
-
     def check_health(self) -> None:
         """Serve restarts a replica whose stream server has died."""
         if not self.host.server.alive:
