@@ -270,6 +270,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     if args.prompts < 1 or args.max_tokens < 1:
         raise ValueError(f"--prompts and --max-tokens must be >= 1, got {args.prompts} and {args.max_tokens}")
+    if not args.verbose:  # the table is the output; Serve's progress lines are noise beside it
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
 
     run_demo(args.zoo, prompts_per_task=args.prompts, max_tokens=args.max_tokens, k=args.k,
              in_process=args.in_process, address=args.address)
