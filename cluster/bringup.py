@@ -13,8 +13,8 @@ import ray
 from ray import serve
 
 from .client import SpecServeClient
-from .config import NAMESPACE, load_yaml
-from .placement import local_resources
+from .config import NAMESPACE, ServiceConfig, load_yaml
+from .placement import check_devices, local_resources
 
 log = logging.getLogger("specserve.cluster")
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "serve_config.yaml"
@@ -80,6 +80,7 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
     owns = start_cluster(address)
     app_doc = doc["applications"][0]
     try:
+        check_devices(ServiceConfig.model_validate(app_doc["args"]), ray.cluster_resources())
         serve.start(proxy_location=doc.get("proxy_location", "Disabled"))
         app = import_attr(app_doc["import_path"])(copy.deepcopy(app_doc["args"]))
         handle = serve.run(app, name=app_doc["name"], route_prefix=app_doc.get("route_prefix"))
@@ -93,13 +94,16 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
     return RunningService(address, app_doc["name"], owns)
 
 
-def wait_for_signal() -> None:
-    """Block until Ctrl-C or SIGTERM (both arrive as KeyboardInterrupt)."""
+def sigterm_as_interrupt() -> None:
+    """Let SIGTERM (Kubernetes, systemd, kill) stop us as Ctrl-C does, with the same clean-up."""
     import signal
 
     def _interrupt(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def wait_forever() -> None:
     while True:
         time.sleep(3600)

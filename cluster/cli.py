@@ -199,16 +199,17 @@ def _generate_remote(args: argparse.Namespace) -> int:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from .bringup import start_service, wait_for_signal
+    from .bringup import sigterm_as_interrupt, start_service, wait_forever
 
     logging.getLogger("specserve").setLevel(logging.INFO)  # a server says what it is doing
+    sigterm_as_interrupt()  # from here on, also while starting: never leave an embedded cluster behind
     overrides = {"models": {"zoo": args.zoo}} if args.zoo else None
     print("starting specserve (Ray cluster, Serve app, model loading)...", file=sys.stderr, flush=True)
     service = start_service(args.config, address=args.address, port=args.port, overrides=overrides)
     print(f"specserve listening on {service.address} (gRPC: specserve.v1.SpecServe, grpc.health.v1, reflection); "
           f"Ctrl-C to stop", flush=True)
     try:
-        wait_for_signal()
+        wait_forever()
     except KeyboardInterrupt:
         print("specserve: shutting down", file=sys.stderr, flush=True)
     finally:

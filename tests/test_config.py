@@ -55,3 +55,15 @@ def test_placement_uses_gpus_when_the_cluster_has_them():
     assert actor_options(config.target, gpus_in_cluster=0) == {"num_cpus": 0, "resources": {"specserve_target_device": 1}}
     assert actor_options(config.target, gpus_in_cluster=4) == {"num_cpus": 0, "num_gpus": 1.0}
     assert actor_options(config.draft_pool, gpus_in_cluster=0)["resources"] == {"specserve_draft_device": 1}
+
+
+def test_a_cluster_without_the_devices_is_refused_before_deploying():
+    from specserve.cluster.placement import check_devices, local_resources
+
+    config = ServiceConfig()
+    check_devices(config, local_resources())  # the embedded cluster's: fits
+    with pytest.raises(ValueError, match="draft_pool.workers=2 needs 2 'specserve_draft_device' but the cluster has 1"):
+        check_devices(config, {"specserve_target_device": 1, "specserve_draft_device": 1})
+    with pytest.raises(ValueError, match="target.replicas=1 needs 1 'specserve_target_device' but the cluster has 0"):
+        check_devices(config, {"CPU": 8})
+    check_devices(config, {"GPU": 3})  # one target and two draft workers, one GPU each
