@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,12 +65,15 @@ def start_cluster(address: str | None) -> bool:
     """Attach to ``address``, or start an embedded cluster. True when this process owns the cluster."""
     if ray.is_initialized():
         return False
+    previous = signal.getsignal(signal.SIGTERM)
     if address:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
-        return False
-    ray.init(namespace=NAMESPACE, resources=local_resources(), include_dashboard=False, log_to_driver=False,
-             object_store_memory=LOCAL_OBJECT_STORE_BYTES)
-    return True
+    else:
+        ray.init(namespace=NAMESPACE, resources=local_resources(), include_dashboard=False, log_to_driver=False,
+                 object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+    if callable(previous):  # ray.init installs a SIGTERM handler that aborts; keep the caller's clean stop
+        signal.signal(signal.SIGTERM, previous)
+    return not address
 
 
 def start_service(config_path: Path | None = None, address: str | None = None, port: int | None = None,
@@ -96,7 +100,6 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
 
 def sigterm_as_interrupt() -> None:
     """Let SIGTERM (Kubernetes, systemd, kill) stop us as Ctrl-C does, with the same clean-up."""
-    import signal
 
     def _interrupt(signum, frame):
         raise KeyboardInterrupt

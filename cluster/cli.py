@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -211,6 +212,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         wait_forever()
     except KeyboardInterrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not cut the clean-up short
         print("specserve: shutting down", file=sys.stderr, flush=True)
     finally:
         service.stop()

@@ -179,3 +179,27 @@ def test_get_stats_counts_per_task_and_draft(client, tiny_zoo):
     after = {(t.task, t.draft): t for t in client.stats().tasks}
     assert after["math", "math"].requests == before.get(("math", "math"), 0) + 1
     assert after["math", "math"].tokens_per_pass >= 1.0
+
+
+def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, tiny_engine, tiny_zoo):
+    """Both paths derive the draft's and the verifier's generators from the seed, so equal output
+    shows the service carries q and the verdicts exactly (a wrong q row changes the acceptances)."""
+    import torch
+
+    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.request import GenerationParams
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the workers run: the same kernels, the same rounding
+    try:
+        for task, temperature in (("prose", 0.9), ("code", 1.0)):
+            prompt = tiny_zoo.prompts(task)[0]
+            params = GenerationParams(max_tokens=32, sampling=SamplingParams(temperature=temperature, top_p=0.95),
+                                      seed=77, k=3)
+            local = tiny_engine.generate(prompt, params, draft=task).complete()
+            remote = client.generate(request(prompt, task=task, temperature=temperature, top_p=0.95, seed=77,
+                                             max_tokens=32, k=3))
+            assert list(remote.token_ids) == local.token_ids
+            assert remote.stats.proposed_tokens == local.stats.proposed and remote.stats.accepted_tokens == local.stats.accepted
+    finally:
+        torch.set_num_threads(threads)
