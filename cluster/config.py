@@ -74,6 +74,8 @@ class RouterConfig(_Config):
     max_concurrent_requests: int = Field(32, ge=1)  # beyond it: RESOURCE_EXHAUSTED
     default_k: int = Field(DEFAULT_K, ge=1, le=MAX_K)
     default_task: str = GENERAL_DRAFT  # for requests that name no task
+    # Greedy requests: draft the next proposal while the target verifies this one (router/session.py).
+    lookahead: bool = True
     # The drafts allowed to serve each task, preferred first. Empty: the zoo's own table.
     tasks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     # How often workers re-register and how long an entry lives without that.

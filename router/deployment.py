@@ -44,7 +44,8 @@ class Router:
         limits = Limits(tasks=models.tasks, drafts=tuple(models.drafts), context_window=_context_window(models.target),
                         default_k=cfg.router.default_k, default_task=cfg.router.default_task)
         self.directory = WorkerDirectory(registry)
-        self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router.max_concurrent_requests)
+        self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router.max_concurrent_requests,
+                                        cfg.router.lookahead)
         self.health = health_aio.HealthServicer()
         self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc")
         self.address = f"{advertised_host()}:{self.server.port}"

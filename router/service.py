@@ -54,7 +54,8 @@ class TaskTotals:
 
 class SpecServeService:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: Limits, directory: WorkerDirectory,
-                 max_concurrent_requests: int) -> None:
+                 max_concurrent_requests: int, lookahead: bool) -> None:
+        self.lookahead = lookahead
         self.tokenizer = tokenizer
         self.limits = limits
         self.directory = directory
@@ -85,7 +86,8 @@ class SpecServeService:
 
     async def GenerateStream(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
         try:
-            session = Session(validate(parse_request(data), self.tokenizer, self.limits), self.tokenizer, self.directory)
+            session = Session(validate(parse_request(data), self.tokenizer, self.limits), self.tokenizer, self.directory,
+                              self.lookahead)
             self._admit()
         except (InvalidRequest, Overloaded) as exc:
             await _abort(context, exc)
@@ -123,7 +125,8 @@ def _stats_message(session: Session) -> pb.GenerateStats:
     return pb.GenerateStats(task=session.request.task, draft=session.request.draft or "", proposed_tokens=s.proposed,
                             accepted_tokens=s.accepted, target_passes=s.target_passes, seed=s.seed, rejections=s.rejections,
                             draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,
-                            total_seconds=session.elapsed(), first_token_seconds=session.first_token_seconds)
+                            total_seconds=session.elapsed(), first_token_seconds=session.first_token_seconds,
+                            lookaheads=s.lookaheads, lookahead_hits=s.lookahead_hits)
 
 
 def _status_of(exc: Exception) -> grpc.StatusCode:

@@ -8,6 +8,7 @@ worker on its next step request, so a step costs one round trip to each worker.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -69,29 +70,45 @@ class Route:
 
 
 class Session:
-    """A request in flight. Iterate ``run()`` for chunks as they are committed."""
+    """A request in flight. Iterate ``run()`` for chunks as they are committed.
 
-    def __init__(self, request: ValidRequest, tokenizer: PreTrainedTokenizerBase, directory: WorkerDirectory) -> None:
+    With ``lookahead`` (greedy requests only), the draft worker drafts the next proposal while the
+    target verifies this one, as if all of it will be accepted, one token further (its guess of the
+    target's own token). When the verdict agrees, the next proposal is ready at once; when it does
+    not, the draft is rewound by a length and drafts again. Greedy output does not depend on what
+    was proposed, so this changes speed only.
+    """
+
+    def __init__(self, request: ValidRequest, tokenizer: PreTrainedTokenizerBase, directory: WorkerDirectory,
+                 lookahead: bool = False) -> None:
         self.request = request
         self.params = request.params
         self.directory = directory
+        self.lookahead = lookahead and request.params.sampling.greedy
         self.stats = SpecStats(seed=request.params.resolved_seed())
         self.output = OutputAssembler(tokenizer, request.params.max_tokens, request.params.stop)
         self.session_id = uuid.uuid4().hex[:12]
         self.target: SessionStream | None = None
         self.drafter: SessionStream | None = None
         self.route: Route | None = None
-        self.last_verdict: pb.Verdict | None = None
+        # The router's mirror of the draft session, in absolute lengths (see DraftStep): the tokens
+        # it has committed, and where the proposal under verification starts in its last proposal.
+        self.draft_committed = len(request.prompt_ids)
+        self.draft_offset = 0
+        self.verdict: pb.Verdict | None = None
         self.started = time.perf_counter()
         self.first_token_seconds = 0.0
 
     async def run(self) -> AsyncIterator[Chunk]:
         streams: list[SessionStream] = []
+        ahead: asyncio.Task | None = None
         finished = False
         try:
             await self._open(streams)
+            proposal = EMPTY_PROPOSAL
             while not self.output.finish_reason:
-                proposal = await self._propose()
+                proposal = await self._propose(proposal, ahead)
+                ahead = self._draft_ahead(proposal)  # on the draft's device, while the target verifies
                 verdict = await self._verify(proposal)
                 tokens = self._commit(proposal, verdict)
                 chunk = self.output.add(tokens)  # emit
@@ -99,10 +116,15 @@ class Session:
                     self.first_token_seconds = time.perf_counter() - self.started
                 yield chunk
             finished = True
+            if ahead is not None and not ahead.done():  # drafted past the end: drop it with the session
+                ahead.cancel()
+                self.drafter.cancel()
             for stream in streams:
                 await stream.close()
         finally:
             if not finished:  # cancelled or failed mid-way: free the sessions on the workers now
+                if ahead is not None:
+                    ahead.cancel()
                 for stream in streams:
                     stream.cancel()
             for worker_id in filter(None, (self.route.target_id, self.route.draft_worker_id) if self.route else ()):
@@ -126,15 +148,40 @@ class Session:
             opened.model = self.request.draft
             await self.drafter.call.write(pb.DraftRequest(open=opened))
 
-    async def _propose(self) -> pb.Proposal:
+    async def _propose(self, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
+        """The next proposal: the lookahead's when it guessed the verdict, else a fresh draft."""
+        drafted = await ahead if ahead is not None else None
+        if drafted is not None:
+            self._count_draft(drafted)
         # k + 1 tokens may be committed per step; never draft past max_tokens.
         k = min(self.params.k, self.output.remaining - 1)
         if not self.drafter or k < 1:
             return EMPTY_PROPOSAL
-        proposal = await self.drafter.ask(pb.DraftRequest(step=pb.DraftStep(k=k, previous=self.last_verdict)))
-        self.stats.draft_seconds += proposal.seconds
-        self.stats.draft_passes += k
+        keep, append = self.draft_committed, []
+        if self.verdict is not None:  # keep what the verdict accepted, then the target's token
+            keep, append = self.draft_committed + self.draft_offset + self.verdict.num_accepted, [self.verdict.token]
+            if drafted is not None and self.verdict.num_accepted == len(verified.ids) and drafted.ids[0] == self.verdict.token:
+                self.stats.lookahead_hits += 1
+                self.draft_committed, self.draft_offset = keep, 1  # the guessed token is the target's
+                return pb.Proposal(ids=drafted.ids[1 : k + 1], q=drafted.q[1 : k + 1])
+        proposal = await self.drafter.ask(pb.DraftRequest(step=pb.DraftStep(keep=keep, append=append, k=k)))
+        self.draft_committed, self.draft_offset = keep + len(append), 0
+        self._count_draft(proposal)
         return proposal
+
+    def _draft_ahead(self, proposal: pb.Proposal) -> asyncio.Task | None:
+        """Ask the draft for the proposal after this one, assuming all of this one is accepted."""
+        after_all_accepted = self.output.remaining - len(proposal.ids) - 1
+        k = min(self.params.k, after_all_accepted - 1) + 1  # one more: its guess of the target's token
+        if not (self.lookahead and self.drafter and proposal.ids and k >= 2):
+            return None
+        self.stats.lookaheads += 1
+        keep = self.draft_committed + self.draft_offset + len(proposal.ids)
+        return asyncio.create_task(self.drafter.ask(pb.DraftRequest(step=pb.DraftStep(keep=keep, k=k))))
+
+    def _count_draft(self, proposal: pb.Proposal) -> None:
+        self.stats.draft_seconds += proposal.seconds
+        self.stats.draft_passes += len(proposal.ids)
 
     async def _verify(self, proposal: pb.Proposal) -> pb.Verdict:
         reply = await self.target.ask(pb.VerifyRequest(step=proposal))
@@ -143,9 +190,7 @@ class Session:
         return reply.verdict
 
     def _commit(self, proposal: pb.Proposal, verdict: pb.Verdict) -> list[int]:
-        # The draft worker commits the verdict with its next step. Once k drops below 1 near
-        # max_tokens the draft is not asked again, so it never misses a verdict it would need.
-        self.last_verdict = verdict
+        self.verdict = verdict  # the draft worker learns it with its next step
         return list(proposal.ids[: verdict.num_accepted]) + [verdict.token]
 
     def elapsed(self) -> float:

@@ -71,3 +71,23 @@ def test_growing_past_capacity_with_rollbacks_matches_a_fresh_prefill():
     after = lm.extend(tokens[committed : committed + 1])
     assert torch.allclose(after, CachedLM(m).extend(tokens[: committed + 1]), atol=1e-5)
     assert lm.length == lm.cache.get_seq_length() == committed + 1
+
+
+def test_resync_rewinds_a_lookahead_to_what_the_verdict_kept():
+    """A lookahead commits a whole proposal and drafts on; a verdict that kept less rewinds it, and
+    the logits then equal a fresh prefill of what stands."""
+    import pytest
+
+    from specserve.workers.kv_cache import SequenceCache
+
+    m = model()
+    prompt, proposal = [1, 5, 9], [20, 21, 22, 23]
+    seq = SequenceCache(m, prompt)
+    seq.catch_up(proposal[:-1])  # the draft fed its own proposal while drafting it
+    seq.resync(proposal, keep=len(prompt) + 4, append=[])  # lookahead: assume all 4 accepted
+    seq.catch_up([40, 41])  # and draft two more
+    seq.resync([40, 41], keep=len(prompt) + 1, append=[50])  # the verdict: 1 accepted, then 50
+    assert seq.committed == prompt + [20, 50]
+    assert torch.allclose(seq.catch_up(), CachedLM(m).extend(prompt + [20, 50]), atol=1e-5)
+    with pytest.raises(ValueError, match="keep must be 1..7"):
+        seq.resync([60, 61], keep=8, append=[])

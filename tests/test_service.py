@@ -48,6 +48,8 @@ def test_health_is_serving(client):
 
 
 def test_greedy_speculation_on_equals_off_for_every_task(client, tiny_zoo):
+    """With the lookahead on (the default): drafting ahead changes speed, never the output."""
+    lookaheads = hits = 0
     for task in tiny_zoo.tasks:
         for prompt in tiny_zoo.prompts(task)[:2]:
             on = client.generate(request(prompt, task=task, speculation=pb.SPECULATION_ON))
@@ -57,6 +59,9 @@ def test_greedy_speculation_on_equals_off_for_every_task(client, tiny_zoo):
             assert on.stats.draft == task and on.stats.proposed_tokens > 0 and on.stats.task == task
             assert off.stats.draft == "" and off.stats.proposed_tokens == 0
             assert off.stats.target_passes >= len(off.token_ids)
+            lookaheads += on.stats.lookaheads
+            hits += on.stats.lookahead_hits
+    assert lookaheads > 0 and 0 <= hits <= lookaheads
 
 
 def test_stream_chunks_concatenate_to_the_unary_result(client, tiny_zoo):

@@ -19,7 +19,7 @@ from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal
 from .engine import request_generators
 from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionLimit, first_open
-from .wire import proposal_message, sampling_from, verdict_from
+from .wire import proposal_message, sampling_from
 
 
 class DraftWorker:
@@ -55,13 +55,14 @@ class DrafterServicer(rpc.DrafterServicer):
                 last: Proposal | None = None
                 async for request in requests:
                     step = request.step
-                    if last is not None and step.HasField("previous"):
-                        session.commit(last, verdict_from(step.previous))
+                    session.resync(last, step.keep, list(step.append))
                     start = time.perf_counter()
                     last = await host.device.run(session.propose, step.k)
                     yield proposal_message(last, sampling.greedy, time.perf_counter() - start)
         except SessionLimit as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except ValueError as exc:  # a step that does not fit this session: it ends, the worker carries on
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def Inspect(self, request, context) -> pb.WorkerState:
         return self.worker.host.state()

@@ -58,6 +58,10 @@ class DraftSession:
         """Take the verifier's verdict: keep the accepted prefix, drop the rest of the cache."""
         self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
 
+    def resync(self, proposal: Proposal | None, keep: int, append: list[int]) -> None:
+        """The router's word on what stands (see SequenceCache.resync)."""
+        self.sequence.resync(proposal.ids if proposal else [], keep, append)
+
     def _draw(self, logits: torch.Tensor) -> tuple[int, SparseDist]:
         if self.sampling.greedy:
             token = logits[0].argmax()

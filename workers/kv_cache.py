@@ -127,5 +127,16 @@ class SequenceCache:
         return self.lm.catch_up(self.committed, extra)
 
     def commit(self, proposed: Sequence[int], num_accepted: int, token: int) -> None:
-        self.lm.rollback(len(self.committed) + num_accepted)
-        self.committed += [*proposed[:num_accepted], token]
+        self.resync(proposed, len(self.committed) + num_accepted, [token])
+
+    def resync(self, proposed: Sequence[int], keep: int, append: Sequence[int]) -> None:
+        """Committed becomes the first ``keep`` tokens of committed + proposed, then ``append``.
+
+        ``keep`` may reach into the proposal (a verdict) or back before the last commit (undoing a
+        lookahead that assumed a whole proposal accepted); either way the cache only moves its length.
+        """
+        held = self.committed + list(proposed)
+        if not 1 <= keep <= len(held):
+            raise ValueError(f"keep must be 1..{len(held)} (the tokens this session holds), got {keep}")
+        self.lm.rollback(keep)
+        self.committed = held[:keep] + list(append)

@@ -17,6 +17,8 @@ class SpecStats:
     draft_passes: int = 0  # forward passes of the draft
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    lookaheads: int = 0  # proposals drafted while the target verified the previous one (service, greedy)
+    lookahead_hits: int = 0  # of those, used: the verdict accepted everything and matched the guess
     seed: int | None = None
 
     def record_step(self, k: int, num_accepted: int) -> None:

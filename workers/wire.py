@@ -48,6 +48,3 @@ def proposal_from(msg: pb.Proposal) -> Proposal:
 def verdict_message(verdict: Verdict) -> pb.Verdict:
     return pb.Verdict(num_accepted=verdict.num_accepted, token=verdict.token)
 
-
-def verdict_from(msg: pb.Verdict) -> Verdict:
-    return Verdict(num_accepted=msg.num_accepted, token=msg.token)

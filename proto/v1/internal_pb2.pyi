@@ -47,12 +47,14 @@ class Verdict(_message.Message):
     def __init__(self, num_accepted: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class DraftStep(_message.Message):
-    __slots__ = ("k", "previous")
+    __slots__ = ("keep", "append", "k")
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    APPEND_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
-    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    keep: int
+    append: _containers.RepeatedScalarFieldContainer[int]
     k: int
-    previous: Verdict
-    def __init__(self, k: _Optional[int] = ..., previous: _Optional[_Union[Verdict, _Mapping]] = ...) -> None: ...
+    def __init__(self, keep: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("open", "step")
