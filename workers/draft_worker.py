@@ -1,8 +1,9 @@
 """A draft worker: a Ray actor holding one or more draft models on its own device.
 
-Each Draft stream is one session. Per step the router sends the verdict on the previous proposal
-and the number of tokens to propose; the worker commits the verdict to its cache (rollback is a
-length change) and drafts from there.
+Each Draft stream is one session. Per step the router says what stands, in absolute lengths (keep
+this many tokens of what the session holds, append these: a verdict, or a whole proposal for a
+lookahead), and how many tokens to propose; the worker moves its cache length accordingly (rollback
+is bookkeeping) and drafts from there.
 """
 
 from __future__ import annotations
