@@ -76,13 +76,11 @@ class SpecServeService:
         })
 
     async def Generate(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        response = pb.GenerateResponse()
-        async for chunk in self.GenerateStream(data, context):
-            response.text += chunk.text
-            response.token_ids.extend(chunk.token_ids)
-            response.finish_reason = chunk.finish_reason
-            response.stats.CopyFrom(chunk.stats)
-        return response
+        chunks = [chunk async for chunk in self.GenerateStream(data, context)]
+        # Joined once at the end: appending to a protobuf string field copies it on every step.
+        return pb.GenerateResponse(text="".join(c.text for c in chunks),
+                                   token_ids=[t for c in chunks for t in c.token_ids],
+                                   finish_reason=chunks[-1].finish_reason, stats=chunks[-1].stats)
 
     async def GenerateStream(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
         try:

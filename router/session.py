@@ -19,7 +19,6 @@ from transformers import PreTrainedTokenizerBase
 
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
-from specserve.workers.engine import Completion
 from specserve.workers.stats import SpecStats
 from specserve.workers.stopping import Chunk, OutputAssembler
 from specserve.workers.wire import sampling_message
@@ -195,7 +194,3 @@ class Session:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
-
-    def completion(self) -> Completion:
-        out = self.output
-        return Completion(out.text, out.token_ids, out.finish_reason or "length", self.stats, self.request.draft)
