@@ -22,6 +22,8 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "serve_conf
 READY_TIMEOUT_SECONDS = 600.0  # model loading on a cold machine; a GPU node pulling weights takes longer
 # Small for an embedded cluster: the service moves tokens over gRPC, not objects through the store.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
+# Ray's default is 10 s; an embedded cluster is watched by a person or a test, so report sooner.
+LOCAL_METRICS_REPORT_MS = 2000
 
 
 def default_config_path() -> Path:
@@ -61,8 +63,10 @@ def serve_config(path: Path, port: int | None = None, overrides: dict | None = N
     return doc
 
 
-def start_cluster(address: str | None) -> bool:
-    """Attach to ``address``, or start an embedded cluster. True when this process owns the cluster."""
+def start_cluster(address: str | None, metrics_port: int | None = None) -> bool:
+    """Attach to ``address``, or start an embedded cluster exporting Prometheus metrics at
+    ``metrics_port`` (None: a port Ray picks; an existing cluster has its own). True when this
+    process owns the cluster."""
     if ray.is_initialized():
         return False
     previous = signal.getsignal(signal.SIGTERM)
@@ -70,18 +74,20 @@ def start_cluster(address: str | None) -> bool:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
     else:
         ray.init(namespace=NAMESPACE, resources=local_resources(), include_dashboard=False, log_to_driver=False,
-                 object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+                 object_store_memory=LOCAL_OBJECT_STORE_BYTES, _metrics_export_port=metrics_port,
+                 _system_config={"metrics_report_interval_ms": LOCAL_METRICS_REPORT_MS})
     if callable(previous):  # ray.init installs a SIGTERM handler that aborts; keep the caller's clean stop
         signal.signal(signal.SIGTERM, previous)
     return not address
 
 
 def start_service(config_path: Path | None = None, address: str | None = None, port: int | None = None,
-                  overrides: dict | None = None, ready_timeout: float = READY_TIMEOUT_SECONDS) -> RunningService:
+                  overrides: dict | None = None, ready_timeout: float = READY_TIMEOUT_SECONDS,
+                  metrics_port: int | None = None) -> RunningService:
     from ray.serve._private.utils import import_attr
 
     doc = serve_config(config_path or default_config_path(), port, overrides)
-    owns = start_cluster(address)
+    owns = start_cluster(address, metrics_port)
     app_doc = doc["applications"][0]
     try:
         check_devices(ServiceConfig.model_validate(app_doc["args"]), ray.cluster_resources())

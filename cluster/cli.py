@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 from transformers.utils import logging as hf_logging
 
+from specserve.cluster.config import DEFAULT_METRICS_PORT
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.loading import ModelLoadError
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS
@@ -26,6 +27,7 @@ EXIT_USAGE = 2  # what argparse uses for bad arguments; ours match it
 EXIT_FAILURE = 1  # the service failed or is unreachable
 EXIT_INTERRUPTED = 130
 SAMPLING_DEFAULTS = SamplingParams()  # the CLI's defaults are the request's, defined once there
+DEFAULT_ZOO = "demo"  # what --zoo means when not given
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,9 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run the models in this process (the default when no --address is given)")
     _add_zoo_argument(generate, "(local mode)")
     generate.add_argument("--prompt", required=True, help="the text to continue")
-    generate.add_argument("--task", help="the prompt's task (code, sql, math, prose); picks the draft. Default: the general draft")
+    generate.add_argument("--task", help="the prompt's task (code, sql, math, prose). Default: the service classifies the "
+                                         "prompt; local mode uses the general draft")
     generate.add_argument("--timeout", type=float, help="deadline in seconds (--address mode; default: none)")
-    generate.add_argument("--draft", help="use this draft instead of the task's")
+    generate.add_argument("--draft", help="use this draft instead of the routing policy's choice")
     generate.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens to generate at most (default: %(default)s)")
     generate.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS.temperature,
                           help="0 is greedy (default: %(default)s)")
@@ -76,10 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="sample among the k most likely tokens; 0 = all (default: %(default)s)")
     generate.add_argument("--seed", type=int, help="seed for sampling (default: random, reported in the stats)")
     generate.add_argument("--stop", action="append", default=[], help="stop when this string is generated (repeatable)")
-    generate.add_argument("--k", type=int, help=f"draft tokens proposed per target pass (default: {DEFAULT_K}, "
-                                                "or the service's router.default_k)")
+    generate.add_argument("--k", type=int, help=f"draft tokens proposed per target pass, fixed (default: the service's "
+                                                f"policy chooses and adapts it; {DEFAULT_K} in local mode)")
     generate.add_argument("--speculation", choices=["auto", "on", "off"], default="auto",
-                          help="off decodes with the target alone (default: %(default)s, which is on today)")
+                          help="auto: the service's policy decides, and serves target-only where drafting would not "
+                               "pay; on: always draft; off: the target alone (default: %(default)s)")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     generate.set_defaults(run=_run_generate)
 
@@ -103,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     distill.set_defaults(run=_run_distill)
 
+    _add_classifier_commands(commands)
+
     serve_cmd = commands.add_parser(
         "serve", help="run the service: an embedded Ray cluster (or an existing one) with the Serve app",
         description="Start an embedded local Ray cluster (one target device and two draft devices as custom "
@@ -112,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--address", help="an existing Ray cluster (e.g. ray://host:10001 or auto); default: embedded")
     serve_cmd.add_argument("--port", type=int, help="the client API's gRPC port (default: the config's router.port)")
     serve_cmd.add_argument("--zoo", help="serve this zoo preset or directory instead of the config's models.zoo")
+    serve_cmd.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                           help="embedded cluster: where Prometheus scrapes the specserve_ metrics (Ray exports them "
+                                "as ray_specserve_*) (default: %(default)s)")
     serve_cmd.set_defaults(run=_run_serve)
 
     stats = commands.add_parser("stats", help="print a running service's statistics (GetStats)")
@@ -134,8 +143,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_classifier_commands(commands: argparse._SubParsersAction) -> None:
+    classifier = commands.add_parser("classifier", help="the task classifier for requests that name no task").add_subparsers(
+        dest="classifier_command", required=True, metavar="ACTION")
+    train = classifier.add_parser(
+        "train", help="train a task classifier from a zoo's corpora and/or your labelled prompts",
+        description="Train the classifier the router resolves task-less requests with (naive Bayes over hashed "
+                    "words and character n-grams): on prompt-like slices of the zoo's training documents, plus "
+                    "labelled examples, which may teach it new tasks. Prints its accuracy on the zoo's held-out "
+                    "prompts. Serve it with router.policy.classifier in the Serve config.")
+    train.add_argument("--zoo", help=f"a zoo preset name or a zoo directory (default: {DEFAULT_ZOO}; with "
+                                     "--no-corpora, none, and no held-out report)")
+    train.add_argument("--labelled", action="extend", nargs="+", default=[], metavar="FILE.jsonl",
+                       help='JSONL files, one {"text": ..., "task": ...} object per line (repeatable)')
+    train.add_argument("--no-corpora", action="store_true", help="train on the --labelled examples alone")
+    train.add_argument("--out", required=True, type=Path, metavar="PATH", help="the .npz file to write")
+    train.set_defaults(run=_run_classifier_train)
+
+    predict = classifier.add_parser("predict", help="print the task of a text and the classifier's confidence",
+                                    description="Classify TEXT as the router would a request without a task.")
+    _add_zoo_argument(predict, "whose classifier to use ")
+    predict.add_argument("--classifier", type=Path, metavar="PATH", help="use this .npz instead of the zoo's")
+    predict.add_argument("--json", action="store_true", help="print one JSON object with every task's probability")
+    predict.add_argument("text", metavar="TEXT", help="the prompt to classify")
+    predict.set_defaults(run=_run_classifier_predict)
+
+
 def _add_zoo_argument(parser: argparse.ArgumentParser, note: str = "") -> None:
-    parser.add_argument("--zoo", default="demo", help=f"a zoo preset name or a zoo directory {note}(default: %(default)s)")
+    parser.add_argument("--zoo", default=DEFAULT_ZOO, help=f"a zoo preset name or a zoo directory {note}(default: %(default)s)")
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -193,7 +228,8 @@ def _generate_remote(args: argparse.Namespace) -> int:
     print()
     s = last.stats
     alpha = s.accepted_tokens / (s.accepted_tokens + s.rejections) if s.accepted_tokens + s.rejections else 0.0
-    print(f"[{FINISH_NAMES[last.finish_reason]}; task {s.task}; draft {s.draft or 'none'}; alpha {alpha:.2f}; "
+    print(f"[{FINISH_NAMES[last.finish_reason]}; task {s.task} ({s.task_source}); draft {s.draft or 'none'} "
+          f"({s.route}, k {s.k}); alpha {alpha:.2f}; "
           f"{(s.accepted_tokens + s.target_passes) / max(s.target_passes, 1):.2f} tokens per target pass; "
           f"seed {s.seed}]", file=sys.stderr)
     return 0
@@ -206,7 +242,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     sigterm_as_interrupt()  # from here on, also while starting: never leave an embedded cluster behind
     overrides = {"models": {"zoo": args.zoo}} if args.zoo else None
     print("starting specserve (Ray cluster, Serve app, model loading)...", file=sys.stderr, flush=True)
-    service = start_service(args.config, address=args.address, port=args.port, overrides=overrides)
+    service = start_service(args.config, address=args.address, port=args.port, overrides=overrides,
+                            metrics_port=args.metrics_port)
     print(f"specserve listening on {service.address} (gRPC: specserve.v1.SpecServe, grpc.health.v1, reflection); "
           f"Ctrl-C to stop", flush=True)
     try:
@@ -229,10 +266,14 @@ def _run_stats(args: argparse.Namespace) -> int:
         print(json.dumps(MessageToDict(stats, preserving_proto_field_name=True)))
         return 0
     print(f"requests in flight {stats.requests_in_flight}; rejected (over the limit) {stats.requests_rejected}")
-    print(f"{'task':<8} {'draft':<8} {'requests':>8} {'proposed':>9} {'accepted':>9} {'acc.rate':>8} {'tok/pass':>8}")
+    print("Per task, its decision (draft '-': the task, and its target-only requests), then each allowed draft:")
+    print(f"{'task':<8} {'draft':<8} {'requests':>8} {'proposed':>9} {'accepted':>9} {'tok/pass':>8} {'alpha':>6} "
+          f"{'c':>5} {'k':>2} {'speedup':>7} {'scored':>7} decision")
     for t in stats.tasks:
+        decision = f"{t.decision}: {t.reason}" if t.reason else t.decision
         print(f"{t.task:<8} {t.draft or '-':<8} {t.requests:>8} {t.proposed_tokens:>9} {t.accepted_tokens:>9} "
-              f"{t.acceptance_rate:>8.2f} {t.tokens_per_pass:>8.2f}")
+              f"{t.tokens_per_pass:>8.2f} {t.alpha:>6.2f} {t.cost_ratio:>5.2f} {t.k:>2} {t.expected_speedup:>7.2f} "
+              f"{t.scored_tokens:>7} {decision}")
     print(f"{'worker':<18} {'kind':<6} {'address':<22} {'sessions':>8} models")
     for w in stats.workers:
         print(f"{w.worker_id:<18} {w.kind:<6} {w.address:<22} {w.live_sessions:>8} {', '.join(w.models)}")
@@ -249,6 +290,57 @@ def _run_zoo_build(args: argparse.Namespace) -> int:
     logging.getLogger("specserve").setLevel(logging.INFO)  # a build is long: say what each stage did
     zoo = build_zoo(preset, out)
     print(f"zoo {preset.name} ready at {zoo.root}")
+    return 0
+
+
+def _run_classifier_train(args: argparse.Namespace) -> int:
+    from specserve.router.classifier import TaskClassifier
+    from specserve.workers.zoo.task_classifier import held_out_examples, read_labelled, train_from_corpora, zoo_corpora
+
+    from .local import open_zoo
+
+    if args.no_corpora and not args.labelled:
+        raise ValueError("--no-corpora needs --labelled FILE.jsonl: there would be nothing to train on")
+    if args.out.is_dir() or not args.out.parent.is_dir():
+        raise ValueError(f"--out {args.out} must be a file in an existing directory")
+    labelled = [example for path in args.labelled for example in read_labelled(path)]
+    # The zoo's corpora are trained on unless --no-corpora; its held-out prompts are reported on either way.
+    zoo_name = args.zoo or (None if args.no_corpora else DEFAULT_ZOO)
+    zoo = open_zoo(zoo_name) if zoo_name else None
+    corpora = zoo_corpora(zoo) if zoo else {}
+    if args.no_corpora:
+        classifier = TaskClassifier.train(labelled)
+    else:
+        classifier = train_from_corpora(corpora, zoo.manifest["seed"], labelled)
+    classifier.save(args.out)
+    counts = ", ".join(f"{task} {n}" for task, n in classifier.examples.items())
+    print(f"task classifier written to {args.out} (training examples: {counts})")
+    held_out = {task: held_out_examples(corpora[task]) for task in classifier.tasks if task in corpora}
+    if held_out:
+        print(f"{'task':<10} {'held-out':>8} {'accuracy':>8} {'mean confidence':>15}")
+    for task, examples in held_out.items():
+        predictions = [classifier.predict(text) for text, _ in examples]
+        accuracy = sum(p.task == task for p in predictions) / len(predictions)
+        confidence = sum(p.confidence for p in predictions) / len(predictions)
+        print(f"{task:<10} {len(predictions):>8} {accuracy:>8.3f} {confidence:>15.3f}")
+    return 0
+
+
+def _run_classifier_predict(args: argparse.Namespace) -> int:
+    from specserve.workers.zoo.task_classifier import load_task_classifier
+
+    from .local import open_zoo
+
+    zoo = None if args.classifier else open_zoo(args.zoo)
+    classifier = load_task_classifier(args.classifier, zoo)
+    if classifier is None:
+        raise ValueError(f"zoo {args.zoo!r} has neither a classifier nor corpora to train one from; give --classifier")
+    prediction = classifier.predict(args.text)
+    if args.json:
+        print(json.dumps({"task": prediction.task, "confidence": prediction.confidence,
+                          "scores": classifier.scores(args.text)}))
+    else:
+        print(f"{prediction.task} {prediction.confidence:.3f}")
     return 0
 
 

@@ -25,6 +25,7 @@ from specserve.workers.loading import load_tokenizer
 
 from .directory import WorkerDirectory
 from .service import SERVICE_NAME, SpecServeService
+from .tasks import TaskResolver
 from .validation import Limits
 
 log = logging.getLogger("specserve.router")
@@ -41,11 +42,9 @@ class Router:
         registry = start_registry(cfg.namespace, cfg.router.heartbeat_seconds)
         self.pool = start_draft_pool(cfg, models)
         tokenizer = load_tokenizer(models.target)
-        limits = Limits(tasks=models.tasks, drafts=tuple(models.drafts), context_window=_context_window(models.target),
-                        default_k=cfg.router.default_k, default_task=cfg.router.default_task)
+        limits = Limits(tasks=models.tasks, drafts=tuple(models.drafts), context_window=_context_window(models.target))
         self.directory = WorkerDirectory(registry)
-        self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router.max_concurrent_requests,
-                                        cfg.router.lookahead)
+        self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models))
         self.health = health_aio.HealthServicer()
         self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc")
         self.address = f"{advertised_host()}:{self.server.port}"
@@ -89,6 +88,18 @@ class Router:
                 obj.stop()
         for worker in getattr(self, "pool", ()):
             ray.kill(worker)
+
+
+def _task_resolver(cfg: ServiceConfig, models: ModelSet) -> TaskResolver:
+    from specserve.cluster.local import open_zoo
+    from specserve.workers.zoo.task_classifier import load_task_classifier
+
+    policy = cfg.router.policy
+    zoo = open_zoo(cfg.models.zoo) if cfg.models.zoo is not None else None
+    classifier = load_task_classifier(policy.classifier, zoo)
+    if classifier is None:
+        log.info("no task classifier: requests without a task are served as %r", cfg.router.default_task)
+    return TaskResolver(frozenset(models.tasks), cfg.router.default_task, classifier, policy.classifier_min_confidence)
 
 
 def _context_window(target_source: str) -> int:

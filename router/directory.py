@@ -47,6 +47,11 @@ class WorkerDirectory:
             raise NoWorker(f"no {what} is registered yet; retry shortly")
         return min(candidates, key=lambda e: (self.load[e.worker_id], e.worker_id))
 
+    def target_pressure(self) -> float:
+        """This router's sessions per registered target replica: how busy the targets are."""
+        targets = [e.worker_id for e in self.endpoints if e.kind == "target"]
+        return sum(self.load[t] for t in targets) / len(targets) if targets else 0.0
+
     def channel(self, endpoint: Endpoint) -> grpc.aio.Channel:
         """One persistent channel (HTTP/2 connection) per worker; each session is a stream on it."""
         if endpoint.address not in self.channels:

@@ -7,19 +7,27 @@ status codes once, in ``_status_of``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
 import grpc
 from transformers import PreTrainedTokenizerBase
 
+from specserve.cluster.config import RouterConfig
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.stats import SpecStats
 
 from .directory import NoWorker, WorkerDirectory
+from .draft_length import DraftLength
+from .metrics import RouterMetrics
+from .policy import Policy
+from .scoring import ContinuationScorer
 from .session import Session, WorkerStreamEnded
-from .validation import InvalidRequest, Limits, parse_request, validate
+from .tasks import TaskResolver
+from .validation import InvalidRequest, Limits, ValidRequest, parse_request, validate
 
 log = logging.getLogger("specserve.router")
 SERVICE_NAME = "specserve.v1.SpecServe"
@@ -31,7 +39,7 @@ class Overloaded(Exception):
 
 
 class TaskTotals:
-    """Counts per (task, draft) since the router started, for GetStats."""
+    """Counts per (task, draft served; "" for target-only) since the router started, for GetStats."""
 
     def __init__(self) -> None:
         self.requests: defaultdict[tuple[str, str], int] = defaultdict(int)
@@ -39,27 +47,34 @@ class TaskTotals:
         self.stats: defaultdict[tuple[str, str], SpecStats] = defaultdict(SpecStats)
 
     def add(self, session: Session) -> None:
-        key = (session.request.task, session.request.draft or "")
+        key = (session.task.task, session.route.draft or "")
         self.requests[key] += 1
         self.output_tokens[key] += len(session.output.token_ids)
         self.stats[key].add(session.stats)
 
-    def messages(self) -> list[pb.TaskStats]:
-        return [pb.TaskStats(task=task, draft=draft, requests=self.requests[task, draft], proposed_tokens=s.proposed,
-                             accepted_tokens=s.accepted, target_passes=s.target_passes,
-                             output_tokens=self.output_tokens[task, draft], acceptance_rate=s.acceptance_rate,
-                             tokens_per_pass=s.tokens_per_pass)
-                for (task, draft), s in sorted(self.stats.items())]
+    def message(self, task: str, draft: str) -> pb.TaskStats:
+        s = self.stats.get((task, draft), SpecStats())
+        return pb.TaskStats(task=task, draft=draft, requests=self.requests.get((task, draft), 0),
+                            proposed_tokens=s.proposed, accepted_tokens=s.accepted, target_passes=s.target_passes,
+                            output_tokens=self.output_tokens.get((task, draft), 0),
+                            acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass)
 
 
 class SpecServeService:
+    """The client API. Per request: validate, admit, resolve the task, route (policy), run the
+    session, then teach the policy what happened and record metrics."""
+
     def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: Limits, directory: WorkerDirectory,
-                 max_concurrent_requests: int, lookahead: bool) -> None:
-        self.lookahead = lookahead
+                 config: RouterConfig, resolver: TaskResolver, rng: random.Random | None = None) -> None:
+        self.config = config
         self.tokenizer = tokenizer
         self.limits = limits
         self.directory = directory
-        self.max_concurrent = max_concurrent_requests
+        self.resolver = resolver
+        rng = rng or random.Random()
+        self.policy = Policy(config.policy, limits.tasks, rng)
+        self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng)
+        self.metrics = RouterMetrics()
         self.in_flight = 0
         self.rejected = 0
         self.totals = TaskTotals()
@@ -84,11 +99,13 @@ class SpecServeService:
 
     async def GenerateStream(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
         try:
-            session = Session(validate(parse_request(data), self.tokenizer, self.limits), self.tokenizer, self.directory,
-                              self.lookahead)
+            raw = parse_request(data)
+            request = validate(raw, self.tokenizer, self.limits)
             self._admit()
         except (InvalidRequest, Overloaded) as exc:
             await _abort(context, exc)
+        session = self._session(request, raw.prompt)
+        status = grpc.StatusCode.OK
         try:
             async for chunk in session.run():
                 message = pb.GenerateChunk(text=chunk.text, token_ids=chunk.token_ids)
@@ -96,35 +113,81 @@ class SpecServeService:
                     message.finish_reason = FINISH_REASONS[chunk.finish_reason]
                     message.stats.CopyFrom(_stats_message(session))
                 yield message
-            self.totals.add(session)
+            self._learn(session)
         except (NoWorker, WorkerStreamEnded, grpc.aio.AioRpcError) as exc:
+            status = _status_of(exc)
             log.warning("request %s failed: %s", session.session_id, exc)
             await _abort(context, exc)
+        except asyncio.CancelledError:  # the client went away or its deadline passed
+            status = grpc.StatusCode.CANCELLED
+            raise
         finally:
             self.in_flight -= 1
+            self.metrics.in_flight.set(self.in_flight)
+            view = self.policy.view(session.task.task)
+            self.metrics.record(session, view, status.name)
+            self.metrics.record_view(view)
+
+    def _session(self, request: ValidRequest, prompt: str) -> Session:
+        task = self.resolver.resolve(request.task, prompt)
+        route = self.policy.route(task.task, request.mode, request.draft, request.k, self.directory.target_pressure())
+        policy = self.config.policy
+        schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
+        length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
+        return Session(request, task, route, length, self.tokenizer, self.directory, self.config.lookahead)
+
+    def _learn(self, session: Session) -> None:
+        """A finished request: into the totals and the policy; maybe scored by the other drafts."""
+        self.totals.add(session)
+        task = session.task.task
+        self.policy.observe(task, session.route.draft, session.observation())
+        if session.params.sampling.greedy:  # scoring compares greedy choices
+            self.scorer.offer(task, session.route.draft, session.request.prompt_ids, session.output.token_ids)
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServiceStats:
         workers = [pb.WorkerInfo(kind=e.kind, worker_id=e.worker_id, address=e.address, models=e.models,
                                  live_sessions=e.live_sessions)
                    for e in await self.directory.refresh(force=True) if e.kind != "router"]
-        return pb.ServiceStats(tasks=self.totals.messages(), workers=workers, requests_in_flight=self.in_flight,
+        return pb.ServiceStats(tasks=self._task_rows(), workers=workers, requests_in_flight=self.in_flight,
                                requests_rejected=self.rejected)
 
+    def _task_rows(self) -> list[pb.TaskStats]:
+        """Per task, a row for the task (draft "": its decision, and its target-only totals), then
+        one per draft allowed for it (the policy's estimates, and the totals it served)."""
+        rows = []
+        for task in sorted(self.policy.tasks):
+            view = self.policy.view(task)
+            row = self.totals.message(task, "")
+            row.MergeFrom(pb.TaskStats(alpha=view.best.alpha, cost_ratio=view.best.c, k=view.best.k,
+                                       expected_speedup=view.best.expected_speedup, decision=view.decision,
+                                       reason=view.reason))
+            rows.append(row)
+            for arm in view.arms:
+                row = self.totals.message(task, arm.draft)
+                standing = "best" if arm.draft == view.best.draft else ("candidate" if arm.trials else "unseen")
+                row.MergeFrom(pb.TaskStats(alpha=arm.alpha, cost_ratio=arm.c, k=arm.k,
+                                           expected_speedup=arm.expected_speedup, decision=standing,
+                                           scored_tokens=arm.scored_tokens))
+                rows.append(row)
+        return rows
+
     def _admit(self) -> None:
-        if self.in_flight >= self.max_concurrent:
+        if self.in_flight >= self.config.max_concurrent_requests:
             self.rejected += 1
-            raise Overloaded(f"the router is serving its limit of {self.max_concurrent} concurrent requests; "
-                             f"retry with backoff")
+            raise Overloaded(f"the router is serving its limit of {self.config.max_concurrent_requests} concurrent "
+                             f"requests; retry with backoff")
         self.in_flight += 1
 
 
 def _stats_message(session: Session) -> pb.GenerateStats:
     s = session.stats
-    return pb.GenerateStats(task=session.request.task, draft=session.request.draft or "", proposed_tokens=s.proposed,
+    return pb.GenerateStats(task=session.task.task, draft=session.route.draft or "", proposed_tokens=s.proposed,
                             accepted_tokens=s.accepted, target_passes=s.target_passes, seed=s.seed, rejections=s.rejections,
                             draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,
                             total_seconds=session.elapsed(), first_token_seconds=session.first_token_seconds,
-                            lookaheads=s.lookaheads, lookahead_hits=s.lookahead_hits)
+                            lookaheads=s.lookaheads, lookahead_hits=s.lookahead_hits,
+                            task_source=session.task.source, task_confidence=session.task.confidence,
+                            route=session.route.reason, k=session.route.k)
 
 
 def _status_of(exc: Exception) -> grpc.StatusCode:

@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from transformers import PreTrainedTokenizerBase
@@ -24,6 +24,9 @@ from specserve.workers.stopping import Chunk, OutputAssembler
 from specserve.workers.wire import sampling_message
 
 from .directory import WorkerDirectory
+from .draft_length import DraftLength
+from .policy import Observation, Route
+from .tasks import ResolvedTask
 from .validation import ValidRequest
 
 EMPTY_PROPOSAL = pb.Proposal()
@@ -59,13 +62,22 @@ class SessionStream:
 
 
 @dataclass(frozen=True)
-class Route:
-    """Where one request runs."""
+class Placement:
+    """The workers one request runs on."""
 
-    task: str
-    draft: str | None
     target_id: str
     draft_worker_id: str | None
+
+
+@dataclass
+class StepTimes:
+    """What the router waited for per step, and what the workers computed, over one request."""
+
+    draft_steps: list[float] = field(default_factory=list)  # waits for proposals (a lookahead hit: ~0)
+    verify_steps: list[float] = field(default_factory=list)  # waits for verdicts on proposals
+    plain_steps: list[float] = field(default_factory=list)  # waits for target-only passes
+    verify_device: float = 0.0
+    plain_device: float = 0.0
 
 
 class Session:
@@ -78,18 +90,22 @@ class Session:
     was proposed, so this changes speed only.
     """
 
-    def __init__(self, request: ValidRequest, tokenizer: PreTrainedTokenizerBase, directory: WorkerDirectory,
-                 lookahead: bool = False) -> None:
+    def __init__(self, request: ValidRequest, task: ResolvedTask, route: Route, length: DraftLength,
+                 tokenizer: PreTrainedTokenizerBase, directory: WorkerDirectory, lookahead: bool = False) -> None:
         self.request = request
+        self.task = task
+        self.route = route
+        self.length = length  # k per step
         self.params = request.params
         self.directory = directory
         self.lookahead = lookahead and request.params.sampling.greedy
         self.stats = SpecStats(seed=request.params.resolved_seed())
+        self.times = StepTimes()
         self.output = OutputAssembler(tokenizer, request.params.max_tokens, request.params.stop)
         self.session_id = uuid.uuid4().hex[:12]
         self.target: SessionStream | None = None
         self.drafter: SessionStream | None = None
-        self.route: Route | None = None
+        self.placement: Placement | None = None
         # The router's mirror of the draft session, in absolute lengths (see DraftStep): the tokens
         # it has committed, and where the proposal under verification starts in its last proposal.
         self.draft_committed = len(request.prompt_ids)
@@ -97,6 +113,7 @@ class Session:
         self.verdict: pb.Verdict | None = None
         self.started = time.perf_counter()
         self.first_token_seconds = 0.0
+        self.first_chunk_tokens = 0
 
     async def run(self) -> AsyncIterator[Chunk]:
         streams: list[SessionStream] = []
@@ -113,6 +130,7 @@ class Session:
                 chunk = self.output.add(tokens)  # emit
                 if not self.first_token_seconds:
                     self.first_token_seconds = time.perf_counter() - self.started
+                    self.first_chunk_tokens = len(tokens)
                 yield chunk
             finished = True
             if ahead is not None and not ahead.done():  # drafted past the end: drop it with the session
@@ -126,16 +144,17 @@ class Session:
                     ahead.cancel()
                 for stream in streams:
                     stream.cancel()
-            for worker_id in filter(None, (self.route.target_id, self.route.draft_worker_id) if self.route else ()):
+            placed = (self.placement.target_id, self.placement.draft_worker_id) if self.placement else ()
+            for worker_id in filter(None, placed):
                 self.directory.load[worker_id] -= 1
 
     async def _open(self, streams: list[SessionStream]) -> None:
         opened = pb.SessionOpen(session_id=self.session_id, prompt_ids=self.request.prompt_ids,
                                 sampling=sampling_message(self.params.sampling, self.stats.seed))
         target = await self.directory.pick("target")
-        draft_worker = await self.directory.pick("draft", self.request.draft) if self.request.draft else None
-        self.route = Route(self.request.task, self.request.draft, target.worker_id,
-                           draft_worker.worker_id if draft_worker else None)
+        draft = self.route.draft
+        draft_worker = await self.directory.pick("draft", draft) if draft else None
+        self.placement = Placement(target.worker_id, draft_worker.worker_id if draft_worker else None)
         self.directory.load[target.worker_id] += 1
         self.target = SessionStream(rpc.VerifierStub(self.directory.channel(target)).Verify())
         streams.append(self.target)
@@ -144,26 +163,31 @@ class Session:
             self.directory.load[draft_worker.worker_id] += 1
             self.drafter = SessionStream(rpc.DrafterStub(self.directory.channel(draft_worker)).Draft())
             streams.append(self.drafter)
-            opened.model = self.request.draft
+            opened.model = draft
             await self.drafter.call.write(pb.DraftRequest(open=opened))
 
     async def _propose(self, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
         """The next proposal: the lookahead's when it guessed the verdict, else a fresh draft."""
+        waited = time.perf_counter()
         drafted = await ahead if ahead is not None else None
         if drafted is not None:
             self._count_draft(drafted)
         # k + 1 tokens may be committed per step; never draft past max_tokens.
-        k = min(self.params.k, self.output.remaining - 1)
+        k = min(self.length.k, self.output.remaining - 1)
         if not self.drafter or k < 1:
             return EMPTY_PROPOSAL
         keep, append = self.draft_committed, []
         if self.verdict is not None:  # keep what the verdict accepted, then the target's token
             keep, append = self.draft_committed + self.draft_offset + self.verdict.num_accepted, [self.verdict.token]
-            if drafted is not None and self.verdict.num_accepted == len(verified.ids) and drafted.ids[0] == self.verdict.token:
+            if (drafted is not None and len(drafted.ids) > 1 and self.verdict.num_accepted == len(verified.ids)
+                    and drafted.ids[0] == self.verdict.token):
                 self.stats.lookahead_hits += 1
                 self.draft_committed, self.draft_offset = keep, 1  # the guessed token is the target's
+                self.times.draft_steps.append(time.perf_counter() - waited)
                 return pb.Proposal(ids=drafted.ids[1 : k + 1], q=drafted.q[1 : k + 1])
-        proposal = await self.drafter.ask(pb.DraftRequest(step=pb.DraftStep(keep=keep, append=append, k=k)))
+        step = pb.DraftStep(keep=keep, append=append, k=k, min_confidence=self.length.min_confidence)
+        proposal = await self.drafter.ask(pb.DraftRequest(step=step))
+        self.times.draft_steps.append(time.perf_counter() - waited)
         self.draft_committed, self.draft_offset = keep + len(append), 0
         self._count_draft(proposal)
         return proposal
@@ -171,26 +195,47 @@ class Session:
     def _draft_ahead(self, proposal: pb.Proposal) -> asyncio.Task | None:
         """Ask the draft for the proposal after this one, assuming all of this one is accepted."""
         after_all_accepted = self.output.remaining - len(proposal.ids) - 1
-        k = min(self.params.k, after_all_accepted - 1) + 1  # one more: its guess of the target's token
+        next_k = self.length.next_k(len(proposal.ids), len(proposal.ids))
+        k = min(next_k, after_all_accepted - 1) + 1  # one more: its guess of the target's token
         if not (self.lookahead and self.drafter and proposal.ids and k >= 2):
             return None
         self.stats.lookaheads += 1
         keep = self.draft_committed + self.draft_offset + len(proposal.ids)
-        return asyncio.create_task(self.drafter.ask(pb.DraftRequest(step=pb.DraftStep(keep=keep, k=k))))
+        # At least the guess and one token after it, or a hit would have nothing to propose.
+        step = pb.DraftStep(keep=keep, k=k, min_confidence=self.length.min_confidence, min_tokens=2)
+        return asyncio.create_task(self.drafter.ask(pb.DraftRequest(step=step)))
 
     def _count_draft(self, proposal: pb.Proposal) -> None:
         self.stats.draft_seconds += proposal.seconds
         self.stats.draft_passes += len(proposal.ids)
 
     async def _verify(self, proposal: pb.Proposal) -> pb.Verdict:
+        waited = time.perf_counter()
         reply = await self.target.ask(pb.VerifyRequest(step=proposal))
+        wait = time.perf_counter() - waited
+        if proposal.ids:
+            self.times.verify_steps.append(wait)
+            self.times.verify_device += reply.seconds
+        else:
+            self.times.plain_steps.append(wait)
+            self.times.plain_device += reply.seconds
         self.stats.verify_seconds += reply.seconds
         self.stats.record_step(len(proposal.ids), reply.verdict.num_accepted)
         return reply.verdict
 
     def _commit(self, proposal: pb.Proposal, verdict: pb.Verdict) -> list[int]:
         self.verdict = verdict  # the draft worker learns it with its next step
+        self.length.update(len(proposal.ids), verdict.num_accepted)
         return list(proposal.ids[: verdict.num_accepted]) + [verdict.token]
+
+    def observation(self) -> Observation:
+        """What this request tells the routing policy."""
+        s, t = self.stats, self.times
+        return Observation(accepted=s.accepted, rejections=s.rejections, draft_tokens=s.proposed,
+                           draft_seconds=sum(t.draft_steps), verify_passes=len(t.verify_steps),
+                           verify_seconds=sum(t.verify_steps), verify_device_seconds=t.verify_device,
+                           plain_passes=len(t.plain_steps), plain_seconds=sum(t.plain_steps),
+                           plain_device_seconds=t.plain_device)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.engine import encode_prompt
-from specserve.workers.request import DEFAULT_MAX_TOKENS, GenerationParams
+from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, GenerationParams
 
 # Refuse absurd prompts before tokenizing them: no tokenizer makes a token of fewer than ~1 character,
 # and this bound is far above any window's worth of text.
@@ -30,19 +30,19 @@ class InvalidRequest(ValueError):
 class ValidRequest:
     prompt_ids: list[int]
     params: GenerationParams
-    task: str
-    draft: str | None  # None: target-only
+    task: str | None  # None: resolve it from the prompt
+    draft: str | None  # the client's choice; None: the policy's
+    k: int | None  # the client's fixed k; None: the policy's, adapted per step
+    mode: str  # auto, on or off
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What the deployment allows: its tasks and drafts, the context window, the default k."""
+    """What the deployment allows: its tasks and drafts, the context window."""
 
     tasks: dict[str, tuple[str, ...]]
     drafts: tuple[str, ...]
     context_window: int
-    default_k: int
-    default_task: str
 
 
 def parse_request(data: bytes) -> pb.GenerateRequest:
@@ -56,19 +56,19 @@ def parse_request(data: bytes) -> pb.GenerateRequest:
 
 
 def validate(request: pb.GenerateRequest, tokenizer: PreTrainedTokenizerBase, limits: Limits) -> ValidRequest:
-    params = _params(request, limits)
-    task = request.task or limits.default_task
-    if task not in limits.tasks:
-        raise InvalidRequest(f"unknown task {task!r}; this deployment serves: {', '.join(sorted(limits.tasks))} "
-                             f"(or leave task empty)")
+    params = _params(request)
+    if request.task and request.task not in limits.tasks:
+        raise InvalidRequest(f"unknown task {request.task!r}; this deployment serves: "
+                             f"{', '.join(sorted(limits.tasks))} (or leave task empty to have it classified)")
     if request.draft and request.draft not in limits.drafts:
         raise InvalidRequest(f"unknown draft {request.draft!r}; this deployment has: {', '.join(sorted(limits.drafts))} "
-                             f"(or leave draft empty for the task's)")
-    draft = (request.draft or limits.tasks[task][0]) if params.speculation else None
-    return ValidRequest(_prompt_ids(request.prompt, params, tokenizer, limits.context_window), params, task, draft)
+                             f"(or leave draft empty for the policy's choice)")
+    return ValidRequest(_prompt_ids(request.prompt, params, tokenizer, limits.context_window), params,
+                        request.task or None, request.draft or None, request.k if request.HasField("k") else None,
+                        SPECULATION_NAMES[request.speculation])
 
 
-def _params(request: pb.GenerateRequest, limits: Limits) -> GenerationParams:
+def _params(request: pb.GenerateRequest) -> GenerationParams:
     if request.speculation not in SPECULATION_NAMES:
         raise InvalidRequest(f"speculation must be SPECULATION_AUTO, SPECULATION_ON or SPECULATION_OFF, "
                              f"got {request.speculation}")
@@ -84,7 +84,7 @@ def _params(request: pb.GenerateRequest, limits: Limits) -> GenerationParams:
             sampling=sampling,
             seed=request.seed if request.HasField("seed") else None,
             stop=tuple(request.stop),
-            k=request.k if request.HasField("k") else limits.default_k,
+            k=request.k if request.HasField("k") else DEFAULT_K,  # checks the range; the policy picks when unset
             speculation=request.speculation != pb.SPECULATION_OFF,
         )
     except ValueError as exc:  # the configs' own messages name the field and its range

@@ -34,20 +34,41 @@ def tiny_engine(tiny_zoo):
 
 
 @pytest.fixture(scope="session")
-def service(tiny_zoo):
+def metrics_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def service(tiny_zoo, metrics_port):
     """The service on a real embedded Ray cluster, serving the tiny zoo; one per test session.
 
-    The concurrency limit is low so the RESOURCE_EXHAUSTED test can reach it.
+    The concurrency limit is low so the RESOURCE_EXHAUSTED test can reach it. Besides the zoo's
+    tasks there is POOR_TASK, served only by the tiny zoo's worst draft, for the fallback tests;
+    the policy judges after fewer trials than by default so they need little traffic.
     """
     from specserve.cluster.bringup import start_service
 
-    running = start_service(port=0, overrides={"models": {"zoo": str(tiny_zoo.root)},
-                                               "router": {"max_concurrent_requests": SERVICE_CONCURRENCY}})
+    tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
+    tasks |= {"general": ["general"], POOR_TASK: [worst_draft(tiny_zoo)]}
+    router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "tasks": tasks, "policy": {"min_trials": 32}}
+    running = start_service(port=0, overrides={"models": {"zoo": str(tiny_zoo.root)}, "router": router},
+                            metrics_port=metrics_port)
     yield running
     running.stop()
 
 
 SERVICE_CONCURRENCY = 6
+POOR_TASK = "poor"
+
+
+def worst_draft(zoo: Zoo) -> str:
+    """The draft whose best acceptance on any task is lowest (the tiny zoo's are near 0)."""
+    acceptance = zoo.manifest["acceptance"]
+    return min(zoo.draft_names, key=lambda d: max(acceptance[task][d] for task in acceptance))
 
 
 @pytest.fixture(scope="session")

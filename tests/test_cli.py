@@ -77,17 +77,18 @@ def test_distill_command_refuses_a_missing_corpus(tiny_zoo, tmp_path, capsys):
 
 
 def test_generate_and_stats_through_the_service(service, capsys):
-    assert main(["generate", "--address", service.address, "--task", "sql", "--prompt", "SELECT", "--max-tokens", "8",
-                 "--json"]) == 0
+    assert main(["generate", "--address", service.address, "--task", "sql", "--draft", "sql", "--speculation", "on",
+                 "--prompt", "SELECT", "--max-tokens", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["stats"]["draft"] == "sql" and 1 <= len(out["token_ids"]) <= 8
+    assert out["stats"]["draft"] == "sql" and out["stats"]["route"] == "requested" and 1 <= len(out["token_ids"]) <= 8
     assert main(["generate", "--address", service.address, "--task", "math", "--prompt", "12 + 7 =", "--max-tokens", "6",
                  "--speculation", "off"]) == 0
     streamed = capsys.readouterr()
-    assert "task math; draft none" in streamed.err
+    assert "task math (request); draft none (off, k 0)" in streamed.err
     assert main(["stats", "--address", service.address]) == 0
     table = capsys.readouterr().out
     assert "sql" in table and "draft-worker-0" in table and "target" in table
+    assert "speculate" in table or "fallback" in table  # each task's decision, with its reason
 
 
 def test_service_errors_are_one_line_with_the_status(service, capsys):

@@ -48,13 +48,16 @@ def test_health_is_serving(client):
 
 
 def test_greedy_speculation_on_equals_off_for_every_task(client, tiny_zoo):
-    """With the lookahead on (the default): drafting ahead changes speed, never the output."""
+    """With the lookahead on (the default): drafting ahead changes speed, never the output. Also
+    with the policy deciding everything (no task, draft or k: classifier, routing, adaptive k)."""
     lookaheads = hits = 0
     for task in tiny_zoo.tasks:
         for prompt in tiny_zoo.prompts(task)[:2]:
-            on = client.generate(request(prompt, task=task, speculation=pb.SPECULATION_ON))
+            on = client.generate(request(prompt, task=task, draft=task, speculation=pb.SPECULATION_ON))
             off = client.generate(request(prompt, task=task, speculation=pb.SPECULATION_OFF))
+            auto = client.generate(request(prompt))
             assert list(on.token_ids) == list(off.token_ids), f"{task}: speculative output differs from the target's"
+            assert list(auto.token_ids) == list(off.token_ids), f"{task}: routed output differs from the target's"
             assert on.text == off.text and on.finish_reason == off.finish_reason
             assert on.stats.draft == task and on.stats.proposed_tokens > 0 and on.stats.task == task
             assert off.stats.draft == "" and off.stats.proposed_tokens == 0
@@ -85,7 +88,10 @@ def test_four_concurrent_clients_get_the_sequential_results(client, tiny_zoo):
 
 
 def test_a_seeded_sampled_request_is_reproducible(client, tiny_zoo):
-    sampled = request(tiny_zoo.prompts("prose")[0], task="prose", temperature=0.9, top_p=0.95, seed=1234, max_tokens=32)
+    # The sample drawn for a seed depends on the proposals it was verified against (the
+    # distribution does not): replaying takes the same draft and k, both reported in the stats.
+    sampled = request(tiny_zoo.prompts("prose")[0], task="prose", temperature=0.9, top_p=0.95, seed=1234, max_tokens=32,
+                      draft="prose", k=3, speculation=pb.SPECULATION_ON)
     first, second = client.generate(sampled), client.generate(sampled)
     assert list(first.token_ids) == list(second.token_ids) and first.stats.seed == 1234
     unseeded = client.generate(request(tiny_zoo.prompts("prose")[0], task="prose", temperature=0.9))
@@ -106,7 +112,7 @@ def test_a_seeded_sampled_request_is_reproducible(client, tiny_zoo):
     ({"k": 0}, "k must be 1..16, got 0"),
     ({"seed": 2**63}, "seed must be 0..2^63-1"),
     ({"stop": ["x" * 65]}, "each stop string must be 1..64 characters, got 65"),
-    ({"task": "poetry"}, "unknown task 'poetry'; this deployment serves: code, general, math, prose, sql"),
+    ({"task": "poetry"}, "unknown task 'poetry'; this deployment serves: code, general, math, poor, prose, sql"),
     ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, general, math, prose, sql"),
     ({"speculation": 7}, "speculation must be SPECULATION_AUTO, SPECULATION_ON or SPECULATION_OFF, got 7"),
     ({"prompt": "SELECT " * 200, "max_tokens": 100}, "exceed the context window of 256 tokens"),
@@ -180,10 +186,12 @@ def test_draft_workers_and_target_replicas_are_on_disjoint_devices(client):
 
 def test_get_stats_counts_per_task_and_draft(client, tiny_zoo):
     before = {(t.task, t.draft): t.requests for t in client.stats().tasks}
-    client.generate(request(tiny_zoo.prompts("math")[0], task="math"))
+    client.generate(request(tiny_zoo.prompts("math")[0], task="math", draft="math", speculation=pb.SPECULATION_ON))
     after = {(t.task, t.draft): t for t in client.stats().tasks}
     assert after["math", "math"].requests == before.get(("math", "math"), 0) + 1
     assert after["math", "math"].tokens_per_pass >= 1.0
+    assert after["math", ""].decision in ("speculate", "fallback") and after["math", ""].reason
+    assert after["math", "math"].decision in ("best", "candidate") and after["math", "math"].k >= 1
 
 
 def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, tiny_engine, tiny_zoo):
@@ -203,7 +211,7 @@ def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, 
                                       seed=77, k=3)
             local = tiny_engine.generate(prompt, params, draft=task).complete()
             remote = client.generate(request(prompt, task=task, temperature=temperature, top_p=0.95, seed=77,
-                                             max_tokens=32, k=3))
+                                             max_tokens=32, k=3, draft=task, speculation=pb.SPECULATION_ON))
             assert list(remote.token_ids) == local.token_ids
             assert remote.stats.proposed_tokens == local.stats.proposed and remote.stats.accepted_tokens == local.stats.accepted
     finally:

@@ -16,7 +16,7 @@ from specserve.cluster.config import DraftPoolConfig
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
-from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal
+from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal, score_continuation
 from .engine import request_generators
 from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionLimit, first_open
@@ -58,12 +58,25 @@ class DrafterServicer(rpc.DrafterServicer):
                     step = request.step
                     session.resync(last, step.keep, list(step.append))
                     start = time.perf_counter()
-                    last = await host.device.run(session.propose, step.k)
+                    last = await host.device.run(session.propose, step.k, step.min_confidence, max(step.min_tokens, 1))
                     yield proposal_message(last, sampling.greedy, time.perf_counter() - start)
         except SessionLimit as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except ValueError as exc:  # a step that does not fit this session: it ends, the worker carries on
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def Score(self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext) -> pb.ScoreReply:
+        model = self.worker.models.get(request.model)
+        if model is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"this worker has no draft {request.model!r}; it has {', '.join(self.worker.models)}")
+        start = time.perf_counter()
+        try:
+            positions, matches = await self.worker.host.device.run(score_continuation, model, list(request.ids),
+                                                                  request.start)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.ScoreReply(positions=positions, matches=matches, seconds=time.perf_counter() - start)
 
     async def Inspect(self, request, context) -> pb.WorkerState:
         return self.worker.host.state()

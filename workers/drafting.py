@@ -42,7 +42,10 @@ class DraftSession:
         self.generator = generator
         self.max_support = max_support
 
-    def propose(self, k: int) -> Proposal:
+    def propose(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1) -> Proposal:
+        """Up to k tokens; with `min_confidence`, stop after a token (past the first `min_tokens`)
+        the draft gave less probability than that. The stopping rule looks at the draft's own
+        draws only, so the verified output keeps the target's distribution."""
         ids: list[int] = []
         rows: list[SparseDist] = []
         logits = self.sequence.catch_up()  # [1, V] after the last committed token
@@ -52,6 +55,8 @@ class DraftSession:
             token, q = self._draw(logits)
             ids.append(token)
             rows.append(q)
+            if min_confidence and i + 1 >= min_tokens and self._confidence(logits, token, q) < min_confidence:
+                break
         return Proposal(ids, _stack(rows))
 
     def commit(self, proposal: Proposal, verdict: Verdict) -> None:
@@ -69,6 +74,26 @@ class DraftSession:
         q = sparsify(warp(logits, self.sampling), self.max_support)
         u = float(torch.rand(1, generator=self.generator))
         return sample_sparse(q, u), q
+
+
+    def _confidence(self, logits: torch.Tensor, token: int, q: SparseDist) -> float:
+        """The probability the draft gave its token: of its plain softmax under greedy (where q is
+        one-hot), of the distribution it sampled from otherwise."""
+        if self.sampling.greedy:
+            return float(torch.softmax(logits[0].float(), dim=-1)[token])
+        return float(q.probs[q.ids == token].sum())
+
+
+def score_continuation(model: PreTrainedModel, ids: list[int], start: int) -> tuple[int, int]:
+    """Full information (HedgeSpec): how many of ids[start:] the draft's greedy choice would have
+    matched, each given the verified tokens before it. One teacher-forced pass, no cache."""
+    if not 1 <= start < len(ids):
+        raise ValueError(f"scoring needs a prompt and a continuation: start {start} of {len(ids)} tokens")
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids], device=model.device)).logits[0]  # [n, V]
+    guesses = logits[start - 1 : -1].argmax(dim=-1).cpu()  # [n - start]: the choice before each verified token
+    positions = len(ids) - start
+    return positions, int((guesses == torch.tensor(ids[start:])).sum())
 
 
 def _stack(rows: list[SparseDist]) -> SparseDist:

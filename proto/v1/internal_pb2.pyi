@@ -47,14 +47,18 @@ class Verdict(_message.Message):
     def __init__(self, num_accepted: _Optional[int] = ..., token: _Optional[int] = ...) -> None: ...
 
 class DraftStep(_message.Message):
-    __slots__ = ("keep", "append", "k")
+    __slots__ = ("keep", "append", "k", "min_confidence", "min_tokens")
     KEEP_FIELD_NUMBER: _ClassVar[int]
     APPEND_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     keep: int
     append: _containers.RepeatedScalarFieldContainer[int]
     k: int
-    def __init__(self, keep: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ...) -> None: ...
+    min_confidence: float
+    min_tokens: int
+    def __init__(self, keep: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., min_confidence: _Optional[float] = ..., min_tokens: _Optional[int] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("open", "step")
@@ -112,3 +116,23 @@ class WorkerState(_message.Message):
     live_sessions: int
     resources: _containers.ScalarMap[str, float]
     def __init__(self, worker_id: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("model", "ids", "start")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    start: int
+    def __init__(self, model: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., start: _Optional[int] = ...) -> None: ...
+
+class ScoreReply(_message.Message):
+    __slots__ = ("positions", "matches", "seconds")
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    MATCHES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    positions: int
+    matches: int
+    seconds: float
+    def __init__(self, positions: _Optional[int] = ..., matches: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...

@@ -39,6 +39,11 @@ class DrafterStub:
                 request_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.DraftRequest.SerializeToString,
                 response_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Proposal.FromString,
                 _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/specserve.v1.internal.Drafter/Score',
+                request_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.ScoreReply.FromString,
+                _registered_method=True)
         self.Inspect = channel.unary_unary(
                 '/specserve.v1.internal.Drafter/Inspect',
                 request_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.InspectRequest.SerializeToString,
@@ -50,6 +55,12 @@ class DrafterServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Draft(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Score(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -68,6 +79,11 @@ def add_DrafterServicer_to_server(servicer, server):
                     servicer.Draft,
                     request_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.DraftRequest.FromString,
                     response_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Proposal.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.ScoreRequest.FromString,
+                    response_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.ScoreReply.SerializeToString,
             ),
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
@@ -102,6 +118,33 @@ class Drafter:
             '/specserve.v1.internal.Drafter/Draft',
             specserve_dot_proto_dot_v1_dot_internal__pb2.DraftRequest.SerializeToString,
             specserve_dot_proto_dot_v1_dot_internal__pb2.Proposal.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specserve.v1.internal.Drafter/Score',
+            specserve_dot_proto_dot_v1_dot_internal__pb2.ScoreRequest.SerializeToString,
+            specserve_dot_proto_dot_v1_dot_internal__pb2.ScoreReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,33 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"specserve/proto/v1/specserve.proto\x12\x0cspecserve.v1\"\xbc\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x17\n\nmax_tokens\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x0c\n\x04task\x18\x08 \x01(\t\x12.\n\x0bspeculation\x18\t \x01(\x0e\x32\x19.specserve.v1.Speculation\x12\r\n\x05\x64raft\x18\n \x01(\t\x12\x0e\n\x01k\x18\x0b \x01(\x05H\x05\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x04\n\x02_k\"\xa6\x02\n\rGenerateStats\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\r\n\x05\x64raft\x18\x02 \x01(\t\x12\x17\n\x0fproposed_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\r\x12\x15\n\rtarget_passes\x18\x05 \x01(\r\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x15\n\rdraft_seconds\x18\x07 \x01(\x01\x12\x16\n\x0everify_seconds\x18\x08 \x01(\x01\x12\x15\n\rtotal_seconds\x18\t \x01(\x01\x12\x1b\n\x13\x66irst_token_seconds\x18\n \x01(\x01\x12\x12\n\nrejections\x18\x0b \x01(\r\x12\x12\n\nlookaheads\x18\x0c \x01(\r\x12\x16\n\x0elookahead_hits\x18\r \x01(\r\"\x92\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.specserve.v1.FinishReason\x12*\n\x05stats\x18\x04 \x01(\x0b\x32\x1b.specserve.v1.GenerateStats\"\x8f\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.specserve.v1.FinishReason\x12*\n\x05stats\x18\x04 \x01(\x0b\x32\x1b.specserve.v1.GenerateStats\"\x11\n\x0fGetStatsRequest\"\xcc\x01\n\tTaskStats\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\r\n\x05\x64raft\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x04\x12\x17\n\x0fproposed_tokens\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x05 \x01(\x04\x12\x15\n\rtarget_passes\x18\x06 \x01(\x04\x12\x15\n\routput_tokens\x18\x07 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x08 \x01(\x01\x12\x17\n\x0ftokens_per_pass\x18\t \x01(\x01\"e\n\nWorkerInfo\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\x12\x15\n\rlive_sessions\x18\x05 \x01(\r\"\x98\x01\n\x0cServiceStats\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.specserve.v1.TaskStats\x12)\n\x07workers\x18\x02 \x03(\x0b\x32\x18.specserve.v1.WorkerInfo\x12\x1a\n\x12requests_in_flight\x18\x03 \x01(\r\x12\x19\n\x11requests_rejected\x18\x04 \x01(\x04*L\n\x0bSpeculation\x12\x14\n\x10SPECULATION_AUTO\x10\x00\x12\x12\n\x0eSPECULATION_ON\x10\x01\x12\x13\n\x0fSPECULATION_OFF\x10\x02*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x32\xed\x01\n\tSpecServe\x12I\n\x08Generate\x12\x1d.specserve.v1.GenerateRequest\x1a\x1e.specserve.v1.GenerateResponse\x12N\n\x0eGenerateStream\x12\x1d.specserve.v1.GenerateRequest\x1a\x1b.specserve.v1.GenerateChunk0\x01\x12\x45\n\x08GetStats\x12\x1d.specserve.v1.GetStatsRequest\x1a\x1a.specserve.v1.ServiceStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"specserve/proto/v1/specserve.proto\x12\x0cspecserve.v1\"\xbc\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x17\n\nmax_tokens\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x0c\n\x04task\x18\x08 \x01(\t\x12.\n\x0bspeculation\x18\t \x01(\x0e\x32\x19.specserve.v1.Speculation\x12\r\n\x05\x64raft\x18\n \x01(\t\x12\x0e\n\x01k\x18\x0b \x01(\x05H\x05\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x04\n\x02_k\"\xee\x02\n\rGenerateStats\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\r\n\x05\x64raft\x18\x02 \x01(\t\x12\x17\n\x0fproposed_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\r\x12\x15\n\rtarget_passes\x18\x05 \x01(\r\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x15\n\rdraft_seconds\x18\x07 \x01(\x01\x12\x16\n\x0everify_seconds\x18\x08 \x01(\x01\x12\x15\n\rtotal_seconds\x18\t \x01(\x01\x12\x1b\n\x13\x66irst_token_seconds\x18\n \x01(\x01\x12\x12\n\nrejections\x18\x0b \x01(\r\x12\x12\n\nlookaheads\x18\x0c \x01(\r\x12\x16\n\x0elookahead_hits\x18\r \x01(\r\x12\x13\n\x0btask_source\x18\x0e \x01(\t\x12\x17\n\x0ftask_confidence\x18\x0f \x01(\x01\x12\r\n\x05route\x18\x10 \x01(\t\x12\t\n\x01k\x18\x11 \x01(\r\"\x92\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.specserve.v1.FinishReason\x12*\n\x05stats\x18\x04 \x01(\x0b\x32\x1b.specserve.v1.GenerateStats\"\x8f\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.specserve.v1.FinishReason\x12*\n\x05stats\x18\x04 \x01(\x0b\x32\x1b.specserve.v1.GenerateStats\"\x11\n\x0fGetStatsRequest\"\xcd\x02\n\tTaskStats\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\r\n\x05\x64raft\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x04\x12\x17\n\x0fproposed_tokens\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x05 \x01(\x04\x12\x15\n\rtarget_passes\x18\x06 \x01(\x04\x12\x15\n\routput_tokens\x18\x07 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x08 \x01(\x01\x12\x17\n\x0ftokens_per_pass\x18\t \x01(\x01\x12\r\n\x05\x61lpha\x18\n \x01(\x01\x12\x12\n\ncost_ratio\x18\x0b \x01(\x01\x12\t\n\x01k\x18\x0c \x01(\r\x12\x18\n\x10\x65xpected_speedup\x18\r \x01(\x01\x12\x10\n\x08\x64\x65\x63ision\x18\x0e \x01(\t\x12\x0e\n\x06reason\x18\x0f \x01(\t\x12\x15\n\rscored_tokens\x18\x10 \x01(\x04\"e\n\nWorkerInfo\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\x12\x15\n\rlive_sessions\x18\x05 \x01(\r\"\x98\x01\n\x0cServiceStats\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.specserve.v1.TaskStats\x12)\n\x07workers\x18\x02 \x03(\x0b\x32\x18.specserve.v1.WorkerInfo\x12\x1a\n\x12requests_in_flight\x18\x03 \x01(\r\x12\x19\n\x11requests_rejected\x18\x04 \x01(\x04*L\n\x0bSpeculation\x12\x14\n\x10SPECULATION_AUTO\x10\x00\x12\x12\n\x0eSPECULATION_ON\x10\x01\x12\x13\n\x0fSPECULATION_OFF\x10\x02*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x32\xed\x01\n\tSpecServe\x12I\n\x08Generate\x12\x1d.specserve.v1.GenerateRequest\x1a\x1e.specserve.v1.GenerateResponse\x12N\n\x0eGenerateStream\x12\x1d.specserve.v1.GenerateRequest\x1a\x1b.specserve.v1.GenerateChunk0\x01\x12\x45\n\x08GetStats\x12\x1d.specserve.v1.GetStatsRequest\x1a\x1a.specserve.v1.ServiceStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specserve.proto.v1.specserve_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SPECULATION']._serialized_start=1447
-  _globals['_SPECULATION']._serialized_end=1523
-  _globals['_FINISHREASON']._serialized_start=1525
-  _globals['_FINISHREASON']._serialized_end=1643
+  _globals['_SPECULATION']._serialized_start=1648
+  _globals['_SPECULATION']._serialized_end=1724
+  _globals['_FINISHREASON']._serialized_start=1726
+  _globals['_FINISHREASON']._serialized_end=1844
   _globals['_GENERATEREQUEST']._serialized_start=53
   _globals['_GENERATEREQUEST']._serialized_end=369
   _globals['_GENERATESTATS']._serialized_start=372
-  _globals['_GENERATESTATS']._serialized_end=666
-  _globals['_GENERATERESPONSE']._serialized_start=669
-  _globals['_GENERATERESPONSE']._serialized_end=815
-  _globals['_GENERATECHUNK']._serialized_start=818
-  _globals['_GENERATECHUNK']._serialized_end=961
-  _globals['_GETSTATSREQUEST']._serialized_start=963
-  _globals['_GETSTATSREQUEST']._serialized_end=980
-  _globals['_TASKSTATS']._serialized_start=983
-  _globals['_TASKSTATS']._serialized_end=1187
-  _globals['_WORKERINFO']._serialized_start=1189
-  _globals['_WORKERINFO']._serialized_end=1290
-  _globals['_SERVICESTATS']._serialized_start=1293
-  _globals['_SERVICESTATS']._serialized_end=1445
-  _globals['_SPECSERVE']._serialized_start=1646
-  _globals['_SPECSERVE']._serialized_end=1883
+  _globals['_GENERATESTATS']._serialized_end=738
+  _globals['_GENERATERESPONSE']._serialized_start=741
+  _globals['_GENERATERESPONSE']._serialized_end=887
+  _globals['_GENERATECHUNK']._serialized_start=890
+  _globals['_GENERATECHUNK']._serialized_end=1033
+  _globals['_GETSTATSREQUEST']._serialized_start=1035
+  _globals['_GETSTATSREQUEST']._serialized_end=1052
+  _globals['_TASKSTATS']._serialized_start=1055
+  _globals['_TASKSTATS']._serialized_end=1388
+  _globals['_WORKERINFO']._serialized_start=1390
+  _globals['_WORKERINFO']._serialized_end=1491
+  _globals['_SERVICESTATS']._serialized_start=1494
+  _globals['_SERVICESTATS']._serialized_end=1646
+  _globals['_SPECSERVE']._serialized_start=1847
+  _globals['_SPECSERVE']._serialized_end=2084
 # @@protoc_insertion_point(module_scope)

@@ -54,7 +54,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., task: _Optional[str] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., draft: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
 
 class GenerateStats(_message.Message):
-    __slots__ = ("task", "draft", "proposed_tokens", "accepted_tokens", "target_passes", "seed", "draft_seconds", "verify_seconds", "total_seconds", "first_token_seconds", "rejections", "lookaheads", "lookahead_hits")
+    __slots__ = ("task", "draft", "proposed_tokens", "accepted_tokens", "target_passes", "seed", "draft_seconds", "verify_seconds", "total_seconds", "first_token_seconds", "rejections", "lookaheads", "lookahead_hits", "task_source", "task_confidence", "route", "k")
     TASK_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,10 @@ class GenerateStats(_message.Message):
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEADS_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_HITS_FIELD_NUMBER: _ClassVar[int]
+    TASK_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TASK_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
     task: str
     draft: str
     proposed_tokens: int
@@ -81,7 +85,11 @@ class GenerateStats(_message.Message):
     rejections: int
     lookaheads: int
     lookahead_hits: int
-    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., seed: _Optional[int] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., first_token_seconds: _Optional[float] = ..., rejections: _Optional[int] = ..., lookaheads: _Optional[int] = ..., lookahead_hits: _Optional[int] = ...) -> None: ...
+    task_source: str
+    task_confidence: float
+    route: str
+    k: int
+    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., seed: _Optional[int] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., first_token_seconds: _Optional[float] = ..., rejections: _Optional[int] = ..., lookaheads: _Optional[int] = ..., lookahead_hits: _Optional[int] = ..., task_source: _Optional[str] = ..., task_confidence: _Optional[float] = ..., route: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats")
@@ -112,7 +120,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TaskStats(_message.Message):
-    __slots__ = ("task", "draft", "requests", "proposed_tokens", "accepted_tokens", "target_passes", "output_tokens", "acceptance_rate", "tokens_per_pass")
+    __slots__ = ("task", "draft", "requests", "proposed_tokens", "accepted_tokens", "target_passes", "output_tokens", "acceptance_rate", "tokens_per_pass", "alpha", "cost_ratio", "k", "expected_speedup", "decision", "reason", "scored_tokens")
     TASK_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +130,13 @@ class TaskStats(_message.Message):
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_PASS_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    COST_RATIO_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SCORED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     task: str
     draft: str
     requests: int
@@ -131,7 +146,14 @@ class TaskStats(_message.Message):
     output_tokens: int
     acceptance_rate: float
     tokens_per_pass: float
-    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., requests: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., output_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_pass: _Optional[float] = ...) -> None: ...
+    alpha: float
+    cost_ratio: float
+    k: int
+    expected_speedup: float
+    decision: str
+    reason: str
+    scored_tokens: int
+    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., requests: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., output_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_pass: _Optional[float] = ..., alpha: _Optional[float] = ..., cost_ratio: _Optional[float] = ..., k: _Optional[int] = ..., expected_speedup: _Optional[float] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., scored_tokens: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("kind", "worker_id", "address", "models", "live_sessions")

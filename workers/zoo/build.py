@@ -1,14 +1,14 @@
-"""`specserve zoo build`: corpora, tokenizer, target, drafts, evaluation, manifest.
+"""`specserve zoo build`: corpora, task classifier, tokenizer, target, drafts, evaluation, manifest.
 
-Each stage writes into a ``.partial`` directory and renames it into place when complete, so an
-interrupted build leaves only whole stages behind and the next call resumes after the last one. The
-manifest is written last: its presence means the zoo is complete, and a second build returns at once.
+Each stage writes into a ``.partial`` directory (or file) and renames it into place when complete, so
+an interrupted build leaves only whole stages behind and the next call resumes after the last one. The
+manifest is written last: its presence means the zoo is complete, and a second build returns at once,
+after adding any cheap stage introduced since the zoo was built (the task classifier).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -23,11 +23,12 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, PreTrain
 from .corpora import TASKS, Corpus, build_corpus, prompt_of
 from .distill import DistillSet, build_distill_set, distill_draft
 from .evaluate import eval_prompts, greedy_acceptance, perplexity
-from .presets import GENERAL_DRAFT, ZooPreset
+from .presets import GENERAL_DRAFT, ZooPreset, stage_seed
 from .rollout import continue_all
+from .task_classifier import train_from_corpora
 from .tokenizer import train_tokenizer
 from .training import new_model, parameter_count, pretrain, token_stream
-from .zoo import MANIFEST, Zoo
+from .zoo import CLASSIFIER, MANIFEST, Zoo, corpus_file, read_corpus
 
 log = logging.getLogger("specserve.zoo")
 
@@ -40,10 +41,13 @@ def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
     """Build (or finish building) ``preset`` into ``out``; return the complete zoo."""
     _claim(out, preset)
     if (out / MANIFEST).exists():
+        _classifier(out, preset)  # a stage added after zoos were built: they get it here, in seconds
         return Zoo.open(out)
     started, seconds = time.perf_counter(), {}
     with _timed(seconds, "corpora"):
         corpora = {task: _corpus(out, preset, task) for task in TASKS}
+    with _timed(seconds, "classifier"):
+        _classifier(out, preset, corpora)
     with _timed(seconds, "tokenizer"):
         tokenizer = _tokenizer(out, preset, corpora)
     with _timed(seconds, "target"):
@@ -100,20 +104,14 @@ def _claim(out: Path, preset: ZooPreset) -> None:
     _write_atomically(claim, json.dumps(wanted, indent=2))
 
 
-def stage_seed(seed: int, stage: str) -> int:
-    """An independent, reproducible seed per stage, so adding a stage never shifts another's draws."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{stage}".encode()).digest()[:4], "little")
-
-
 def _corpus(out: Path, preset: ZooPreset, task: str) -> Corpus:
-    path = out / "corpora" / f"{task}.json"
+    path = corpus_file(out, task)
     if not path.exists():
         corpus = build_corpus(task, stage_seed(preset.seed, f"corpus:{task}"), preset.chars_per_task)
         path.parent.mkdir(exist_ok=True)
         _write_atomically(path, json.dumps({"train": corpus.train, "held_out": corpus.held_out}))
         log.info("corpus %s: %d train, %d held-out documents", task, len(corpus.train), len(corpus.held_out))
-    saved = json.loads(path.read_text())
-    return Corpus(task, saved["train"], saved["held_out"])
+    return read_corpus(out, task)
 
 
 def _tokenizer(out: Path, preset: ZooPreset, corpora: dict[str, Corpus]) -> PreTrainedTokenizerBase:
@@ -167,6 +165,14 @@ def _draft(out: Path, preset: ZooPreset, tokenizer, data: dict[str, DistillSet],
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
     return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def _classifier(out: Path, preset: ZooPreset, corpora: dict[str, Corpus] | None = None) -> None:
+    path = out / CLASSIFIER
+    if not path.exists():
+        corpora = corpora or {task: _corpus(out, preset, task) for task in TASKS}
+        train_from_corpora(corpora, preset.seed).save(path)  # atomic, like every stage
+        log.info("task classifier: %s", path)
 
 
 def _evaluate(preset: ZooPreset, tokenizer, target, drafts: dict, corpora: dict[str, Corpus]) -> dict:

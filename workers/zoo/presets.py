@@ -8,6 +8,7 @@ that `demo` builds in about 5 minutes and `bench` in about 45.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from .corpora import TASKS
@@ -111,6 +112,11 @@ PRESETS: dict[str, ZooPreset] = {
         eval_tokens=96,
     ),
 }
+
+
+def stage_seed(seed: int, stage: str) -> int:
+    """An independent, reproducible seed per build stage, so adding a stage never shifts another's draws."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{stage}".encode()).digest()[:4], "little")
 
 
 def get_preset(name: str) -> ZooPreset:

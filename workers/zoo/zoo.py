@@ -7,7 +7,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .corpora import Corpus
+
 MANIFEST = "manifest.json"
+CLASSIFIER = "classifier.npz"  # the task classifier (specserve.router.classifier)
 DEFAULT_HOME = "~/.cache/specserve"  # overridden by the SPECSERVE_HOME environment variable
 
 
@@ -17,6 +20,15 @@ def specserve_home() -> Path:
 
 def default_zoo_dir(preset: str) -> Path:
     return specserve_home() / "zoo" / preset
+
+
+def corpus_file(root: Path, task: str) -> Path:
+    return Path(root) / "corpora" / f"{task}.json"
+
+
+def read_corpus(root: Path, task: str) -> Corpus:
+    saved = json.loads(corpus_file(root, task).read_text())
+    return Corpus(task, saved["train"], saved["held_out"])
 
 
 class ZooNotBuilt(FileNotFoundError):
@@ -46,6 +58,15 @@ class Zoo:
     @property
     def target_dir(self) -> Path:
         return self.root / self.manifest["target"]["path"]
+
+    @property
+    def classifier_path(self) -> Path:
+        """The task classifier; absent in zoos built before it was a build stage, until rebuilt."""
+        return self.root / CLASSIFIER
+
+    def corpus(self, task: str) -> Corpus:
+        """The documents of ``task`` the zoo was built from, train and held out."""
+        return read_corpus(self.root, task)
 
     def draft_dir(self, name: str) -> Path:
         if name not in self.manifest["drafts"]:

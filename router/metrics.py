@@ -1,0 +1,92 @@
+"""Operator metrics through Ray's metrics system (scraped at each node's metrics export port).
+
+Names start with `specserve_`; Ray exports them with its `ray_` prefix. The speculation counters
+follow vLLM's spec-decode metrics (drafts, draft tokens, accepted tokens, accepted per position).
+Everything is recorded once per request, after its last chunk went out, so the step loop pays
+nothing for it.
+"""
+
+from __future__ import annotations
+
+from ray.util import metrics
+
+from .policy import TaskView
+from .session import Session
+
+ARM = ("task", "draft")
+# Seconds: a draft or verify step on CPU is a few ms, on a GPU well under one; a first token can
+# wait for a queue.
+STEP_BOUNDARIES = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0]
+LATENCY_BOUNDARIES = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.requests = metrics.Counter("specserve_requests", "Finished requests by task and gRPC status",
+                                        tag_keys=("task", "status"))
+        self.drafts = metrics.Counter("specserve_drafts", "Verify steps that checked a draft proposal", tag_keys=ARM)
+        self.draft_tokens = metrics.Counter("specserve_draft_tokens", "Draft tokens proposed for verification",
+                                            tag_keys=ARM)
+        self.accepted_tokens = metrics.Counter("specserve_accepted_tokens", "Draft tokens the target accepted",
+                                               tag_keys=ARM)
+        self.accepted_per_position = metrics.Counter(
+            "specserve_accepted_tokens_per_position", "Accepted draft tokens by position in the proposal (0 first)",
+            tag_keys=(*ARM, "position"))
+        self.output_tokens = metrics.Counter("specserve_output_tokens", "Tokens returned to clients", tag_keys=ARM)
+        self.draft_step = metrics.Histogram("specserve_draft_step_seconds", "Router wait for one proposal",
+                                            boundaries=STEP_BOUNDARIES, tag_keys=ARM)
+        self.verify_step = metrics.Histogram("specserve_verify_step_seconds",
+                                             "Router wait for one target pass (draft '' : target-only)",
+                                             boundaries=STEP_BOUNDARIES, tag_keys=ARM)
+        self.ttft = metrics.Histogram("specserve_time_to_first_token_seconds", "Request start to first chunk",
+                                      boundaries=LATENCY_BOUNDARIES, tag_keys=("task",))
+        self.tpot = metrics.Histogram("specserve_time_per_output_token_seconds",
+                                      "After the first chunk, seconds per further output token",
+                                      boundaries=STEP_BOUNDARIES, tag_keys=("task",))
+        self.routes = metrics.Counter("specserve_routing_decisions", "Draft choices: reason is requested, best, "
+                                      "explore, probe, fallback or off", tag_keys=(*ARM, "reason", "task_source"))
+        self.fallbacks = metrics.Counter("specserve_fallback_decisions", "Requests served target-only by the "
+                                         "policy, by cause", tag_keys=("task", "reason"))
+        self.speculating = metrics.Gauge("specserve_task_speculating", "1 while the policy speculates for a task, "
+                                         "0 in fallback", tag_keys=("task",))
+        self.expected_speedup = metrics.Gauge("specserve_expected_speedup", "The cost model's speedup for the "
+                                              "arm at its best k", tag_keys=ARM)
+        self.alpha = metrics.Gauge("specserve_acceptance_alpha", "Per-token acceptance estimate", tag_keys=ARM)
+        self.in_flight = metrics.Gauge("specserve_requests_in_flight", "Requests the router is serving")
+
+    def record(self, session: Session, view: TaskView, status: str = "OK") -> None:
+        task, draft = session.task.task, session.route.draft or ""
+        arm = {"task": task, "draft": draft}
+        s, t = session.stats, session.times
+        self.requests.inc(1, {"task": task, "status": status})
+        self.routes.inc(1, arm | {"reason": session.route.reason, "task_source": session.task.source})
+        if session.route.reason == "fallback":
+            self.fallbacks.inc(1, {"task": task, "reason": view.cause or "low_speedup"})
+        if status != "OK":
+            return
+        _add(self.output_tokens, len(session.output.token_ids), arm)
+        _add(self.drafts, len(t.verify_steps), arm)
+        _add(self.draft_tokens, s.proposed, arm)
+        _add(self.accepted_tokens, s.accepted, arm)
+        for position, accepted in enumerate(s.accepted_per_position):
+            _add(self.accepted_per_position, accepted, arm | {"position": str(position)})
+        for seconds in t.draft_steps:
+            self.draft_step.observe(seconds, arm)
+        for seconds in t.verify_steps + t.plain_steps:
+            self.verify_step.observe(seconds, arm)
+        self.ttft.observe(session.first_token_seconds, {"task": task})
+        later_tokens = len(session.output.token_ids) - session.first_chunk_tokens
+        if later_tokens > 0:
+            self.tpot.observe((session.elapsed() - session.first_token_seconds) / later_tokens, {"task": task})
+
+    def record_view(self, view: TaskView) -> None:
+        self.speculating.set(int(view.decision == "speculate"), {"task": view.task})
+        for arm in view.arms:
+            tags = {"task": view.task, "draft": arm.draft}
+            self.expected_speedup.set(arm.expected_speedup, tags)
+            self.alpha.set(arm.alpha, tags)
+
+
+def _add(counter: metrics.Counter, value: int, tags: dict[str, str]) -> None:
+    if value:  # Ray refuses increments of 0
+        counter.inc(value, tags)

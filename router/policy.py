@@ -1,0 +1,247 @@
+"""The routing policy: per request, which draft and which k, or the target alone. Pure: no I/O, no clock.
+
+Glossary
+    arm         one (task, draft) pair and what the router has measured about it
+    alpha       per-token acceptance; estimated as accepted / (accepted + rejections) over the arm's
+                faded trials, with a Beta(1, 1) prior, so an arm without data sits at 0.5
+    c           the draft's cost per token relative to a target-only step, as the router waits for it
+                (round trips included; a lookahead hit costs nothing)
+    w           what each verified token adds to a target pass, relative to a target-only step
+    fallback    a task the policy serves target-only because no draft is expected to make it faster;
+                a `probe_fraction` of its requests still speculate so a recovery is noticed
+
+Choices maximise the expected speedup of the cost model (router/cost_model.py), not alpha. Draft
+choice uses Thompson sampling: each arm's alpha is drawn from its posterior, so an unseen draft gets
+tried and a poor one ever more rarely. Fallback has hysteresis: it starts below `fallback_below` and
+ends above `resume_above`, judged on posterior means.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from specserve.cluster.config import PolicyConfig
+
+from .cost_model import best_k
+
+SPECULATE, FALLBACK = "speculate", "fallback"
+
+
+@dataclass
+class Observation:
+    """What one finished request tells the policy (sums over its steps). Wall times are what the
+    router waited (round trips included); device times are the workers' own compute."""
+
+    accepted: int = 0  # accepted draft tokens
+    rejections: int = 0  # steps that ended on a rejected draft token
+    draft_tokens: int = 0
+    draft_seconds: float = 0.0  # wall
+    verify_passes: int = 0  # passes that verified a proposal
+    verify_seconds: float = 0.0  # wall
+    verify_device_seconds: float = 0.0
+    plain_passes: int = 0  # target-only passes (no proposal)
+    plain_seconds: float = 0.0  # wall
+    plain_device_seconds: float = 0.0
+
+
+@dataclass
+class Arm:
+    """Faded measurements of one (task, draft)."""
+
+    accepted: float = 0.0
+    rejections: float = 0.0
+    draft_tokens: float = 0.0
+    draft_seconds: float = 0.0
+    verify_passes: float = 0.0
+    verify_seconds: float = 0.0
+    verify_device_seconds: float = 0.0
+    scored_tokens: int = 0  # from full-information scoring (a count for display; not faded)
+
+    @property
+    def trials(self) -> float:
+        return self.accepted + self.rejections
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + 1) / (self.trials + 2)  # posterior mean under Beta(1, 1)
+
+    def sample_alpha(self, rng: random.Random) -> float:
+        return rng.betavariate(self.accepted + 1, self.rejections + 1)
+
+    def add(self, obs: Observation, factor: float) -> None:
+        """Fade what is here by `factor`, then add the observation."""
+        for name in ("accepted", "rejections", "draft_tokens", "draft_seconds", "verify_passes", "verify_seconds",
+                     "verify_device_seconds"):
+            setattr(self, name, getattr(self, name) * factor + getattr(obs, name))
+
+
+@dataclass(frozen=True)
+class Route:
+    """The policy's answer for one request."""
+
+    draft: str | None  # None: target-only
+    k: int  # draft tokens per step to start with (0 when target-only)
+    reason: str  # requested, best, explore, probe, fallback, off
+
+
+@dataclass(frozen=True)
+class ArmView:
+    draft: str
+    alpha: float
+    c: float
+    k: int
+    expected_speedup: float
+    trials: float
+    scored_tokens: int
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """The policy's current judgement of one task, for stats and metrics."""
+
+    task: str
+    decision: str  # speculate or fallback
+    reason: str
+    cause: str  # why it fell back, as a metric label: low_speedup or target_saturated ("" when speculating)
+    best: ArmView
+    arms: tuple[ArmView, ...]
+
+
+@dataclass
+class _Task:
+    arms: dict[str, Arm]
+    decision: str = SPECULATE
+    reason: str = "no data yet"
+    cause: str = ""
+    plain: Arm = field(default_factory=Arm)  # the task's target-only passes (only their timings are used)
+
+
+@dataclass
+class Policy:
+    config: PolicyConfig
+    tasks: dict[str, tuple[str, ...]]  # task -> drafts allowed to serve it
+    rng: random.Random = field(default_factory=random.Random)
+    pressure: float = 0.0  # sessions per target replica, as of the latest request
+
+    def __post_init__(self) -> None:
+        self._tasks = {task: _Task({name: Arm() for name in drafts}) for task, drafts in self.tasks.items()}
+
+    # --- choosing ---------------------------------------------------------------------------------
+
+    def route(self, task: str, mode: str = "auto", draft: str | None = None, k: int | None = None,
+              pressure: float | None = None) -> Route:
+        """mode: auto (the policy decides), on (speculate even in fallback) or off (target-only)."""
+        if pressure is not None:
+            self.pressure = pressure
+        if mode == "off":
+            return Route(None, 0, "off")
+        state = self._tasks[task]
+        if draft is not None:  # the client's choice, even a draft not listed for the task
+            state.arms.setdefault(draft, Arm())
+            return Route(draft, k or self._arm_view(task, draft).k, "requested")
+        probing = state.decision == FALLBACK and mode == "auto"
+        if probing and self.rng.random() >= self.config.probe_fraction:
+            return Route(None, 0, "fallback")
+        chosen = self._thompson(task) if self.config.explore else self.view(task).best
+        reason = "probe" if probing else ("best" if chosen.draft == self.view(task).best.draft else "explore")
+        return Route(chosen.draft, k or chosen.k, reason)
+
+    def _thompson(self, task: str) -> ArmView:
+        """The arm with the best speedup under alphas drawn from each arm's posterior."""
+        arms = self._tasks[task].arms
+        return max((self._arm_view(task, name, arm.sample_alpha(self.rng)) for name, arm in arms.items()),
+                   key=lambda view: view.expected_speedup)
+
+    # --- learning ---------------------------------------------------------------------------------
+
+    def observe(self, task: str, draft: str | None, obs: Observation) -> None:
+        """Fold in a finished request, then revisit the task's decision."""
+        state = self._tasks[task]
+        if draft is not None:
+            state.arms[draft].add(obs, self._fading(obs.draft_tokens))
+        if obs.plain_passes:  # target-only steps are the unit every cost is measured in
+            plain = Observation(verify_passes=obs.plain_passes, verify_seconds=obs.plain_seconds,
+                                verify_device_seconds=obs.plain_device_seconds)
+            state.plain.add(plain, self._fading(obs.plain_passes))
+        self._decide(task)
+
+    def observe_scored(self, task: str, draft: str, positions: int, matches: int) -> None:
+        """Full information: along a verified greedy continuation, each position is an acceptance
+        trial of this draft (its greedy choice against the target's), with no target call."""
+        arm = self._tasks[task].arms[draft]
+        arm.add(Observation(accepted=matches, rejections=positions - matches), self._fading(positions))
+        arm.scored_tokens += positions
+        self._decide(task)
+
+    def _fading(self, tokens: float) -> float:
+        """What the old measurements weigh after `tokens` new ones: a half-life in tokens."""
+        return 0.5 ** (tokens / self.config.half_life_tokens)
+
+    def _decide(self, task: str) -> None:
+        """Hysteresis: fall back below `fallback_below` (once the best arm has enough trials),
+        resume above `resume_above`."""
+        state, view = self._tasks[task], self.view(task)
+        speedup = view.best.expected_speedup
+        saturated = self._saturated()
+        why = (f"expected speedup {speedup:.2f} with {view.best.draft} (alpha {view.best.alpha:.2f}, "
+               f"c {view.best.c:.2f}, k {view.best.k}{', target saturated' if saturated else ''})")
+        if state.decision == SPECULATE and speedup < self.config.fallback_below:
+            if view.best.trials >= self.config.min_trials:
+                state.decision, state.reason = FALLBACK, f"{why} < {self.config.fallback_below}"
+                state.cause = "target_saturated" if saturated else "low_speedup"
+            else:
+                state.reason = f"{why}; waiting for {self.config.min_trials} trials before judging"
+        elif state.decision == FALLBACK and speedup > self.config.resume_above:
+            state.decision, state.reason = SPECULATE, f"recovered: {why} > {self.config.resume_above}"
+            state.cause = ""
+        else:
+            state.reason = why
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def view(self, task: str) -> TaskView:
+        state = self._tasks[task]
+        arms = tuple(self._arm_view(task, name) for name in state.arms)
+        best = max(arms, key=lambda view: view.expected_speedup)
+        return TaskView(task, state.decision, state.reason, state.cause, best, arms)
+
+    def _arm_view(self, task: str, draft: str, alpha: float | None = None) -> ArmView:
+        arm = self._tasks[task].arms[draft]
+        alpha = arm.alpha if alpha is None else alpha
+        c, w = self._costs(task, arm)
+        k, speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, w, self._saturated())
+        return ArmView(draft, alpha, c, k, speedup, arm.trials, arm.scored_tokens)
+
+    def _costs(self, task: str, arm: Arm) -> tuple[float, float]:
+        """c and w in units of a target-only step.
+
+        c: the router's wait per draft token over the task's target-only step (wall). w: from the
+        device time of a verify pass over that of a target-only pass, per verified token. Without
+        target-only timings a verify pass stands for one target step (w = 0, the paper's
+        assumption); without draft timings c is the mean of the drafts that have them, else the
+        configured prior.
+        """
+        plain = self._tasks[task].plain
+        plain_step = _per(plain.verify_seconds, plain.verify_passes) or _per(arm.verify_seconds, arm.verify_passes)
+        w = 0.0
+        plain_device = _per(plain.verify_device_seconds, plain.verify_passes)
+        if plain_device and arm.verify_passes and arm.draft_tokens:
+            widening = arm.verify_device_seconds / arm.verify_passes / plain_device - 1
+            w = max(0.0, widening / (arm.draft_tokens / arm.verify_passes))
+        if arm.draft_tokens and plain_step:
+            return arm.draft_seconds / arm.draft_tokens / plain_step, w
+        return self._typical_c(), w
+
+    def _typical_c(self) -> float:
+        known = [_per(arm.draft_seconds, arm.draft_tokens) / _per(arm.verify_seconds, arm.verify_passes)
+                 for state in self._tasks.values() for arm in state.arms.values()
+                 if arm.draft_tokens and arm.verify_seconds]
+        return sum(known) / len(known) if known else self.config.prior_cost_ratio
+
+    def _saturated(self) -> bool:
+        return self.pressure >= self.config.saturated_sessions
+
+
+def _per(total: float, count: float) -> float:
+    return total / count if count else 0.0

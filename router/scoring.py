@@ -1,0 +1,55 @@
+"""Full information, off the request path (HedgeSpec): what would the other drafts have done?
+
+After a sampled fraction of finished greedy requests, each other draft allowed for the task scores
+the verified continuation with one teacher-forced pass on a draft worker: at each position, would
+its greedy choice have been the target's token? That is an acceptance trial per position at no
+cost to the target, so the policy learns every draft's alpha while routing to one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import grpc
+
+from specserve.proto.v1 import internal_pb2 as pb
+from specserve.proto.v1 import internal_pb2_grpc as rpc
+
+from .directory import NoWorker, WorkerDirectory
+from .policy import Policy
+
+log = logging.getLogger("specserve.router")
+SCORE_TIMEOUT_SECONDS = 10.0
+
+
+class ContinuationScorer:
+    def __init__(self, policy: Policy, directory: WorkerDirectory, fraction: float, rng: random.Random) -> None:
+        self.policy = policy
+        self.directory = directory
+        self.fraction = fraction
+        self.rng = rng
+        self.running: asyncio.Task | None = None  # one scoring job at a time: never a queue
+
+    def offer(self, task: str, served_draft: str | None, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """Maybe score this finished greedy request; True when a scoring job started."""
+        others = [d for d in self.policy.tasks[task] if d != served_draft]
+        if not (others and output_ids) or (self.running and not self.running.done()):
+            return False
+        if self.rng.random() >= self.fraction:
+            return False
+        self.running = asyncio.create_task(self._score(task, others, prompt_ids + output_ids, len(prompt_ids)))
+        return True
+
+    async def _score(self, task: str, drafts: list[str], ids: list[int], start: int) -> None:
+        for draft in drafts:
+            try:
+                worker = await self.directory.pick("draft", draft)
+                stub = rpc.DrafterStub(self.directory.channel(worker))
+                reply = await stub.Score(pb.ScoreRequest(model=draft, ids=ids, start=start),
+                                         timeout=SCORE_TIMEOUT_SECONDS)
+            except (NoWorker, grpc.aio.AioRpcError) as exc:  # best effort: the request is long done
+                log.info("scoring %s on %s skipped: %s", task, draft, exc)
+                continue
+            self.policy.observe_scored(task, draft, reply.positions, reply.matches)

@@ -1,0 +1,164 @@
+"""The routing policy on synthetic statistics: expected speedup over alpha, exploration, fallback."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specserve.cluster.config import PolicyConfig
+from specserve.router.policy import FALLBACK, SPECULATE, Observation, Policy
+
+STEP = 0.010  # a target-only step: 10 ms
+
+
+def observation(alpha: float, c: float, k: int = 4, steps: int = 50, verify_cost: float = 1.0) -> Observation:
+    """`steps` verify steps at a per-token acceptance of exactly `alpha` in aggregate, drafting
+    k tokens at c target steps each; a verify pass costs `verify_cost` target-only steps."""
+    trials = steps * k
+    accepted = round(alpha * trials)
+    return Observation(accepted=accepted, rejections=trials - accepted, draft_tokens=steps * k,
+                       draft_seconds=steps * k * c * STEP, verify_passes=steps,
+                       verify_seconds=steps * verify_cost * STEP, verify_device_seconds=steps * verify_cost * STEP)
+
+
+def plain(passes: int = 100) -> Observation:
+    return Observation(plain_passes=passes, plain_seconds=passes * STEP, plain_device_seconds=passes * STEP)
+
+
+def policy(drafts=("a", "b"), seed: int = 0, **config) -> Policy:
+    return Policy(PolicyConfig(**config), {"t": tuple(drafts)}, random.Random(seed))
+
+
+def test_picks_the_best_expected_speedup_not_the_best_alpha():
+    p = policy(explore=False)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.8, c=0.9))  # accurate but as slow as the target
+    p.observe("t", "b", observation(alpha=0.6, c=0.02))  # weaker but nearly free
+    view = p.view("t")
+    arms = {arm.draft: arm for arm in view.arms}
+    assert arms["a"].alpha > arms["b"].alpha
+    assert arms["a"].c == pytest.approx(0.9) and arms["b"].c == pytest.approx(0.02)
+    assert view.best.draft == "b" and p.route("t").draft == "b"
+    assert arms["b"].expected_speedup > 1 > arms["a"].expected_speedup
+
+
+def test_k_follows_the_cost_model():
+    p = policy(drafts=("a",), explore=False, k_max=16)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.9, c=0.01, steps=500))
+    high = p.route("t").k
+    p = policy(drafts=("a",), explore=False, k_max=16)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.5, c=0.2, steps=500))
+    assert high > p.route("t").k >= 1
+
+
+def test_explores_an_unseen_draft_and_then_drops_a_poor_one():
+    p = policy(seed=1)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.6, c=0.05))  # "b" has no data at all
+    routes = [p.route("t") for _ in range(200)]
+    tried = [r for r in routes if r.draft == "b"]
+    assert tried and all(r.reason == "explore" for r in tried)
+    for _ in range(5):  # b turns out poor
+        p.observe("t", "b", observation(alpha=0.1, c=0.05))
+    later = sum(p.route("t").draft == "b" for _ in range(200))
+    assert later < len(tried) / 2 and later <= 10
+
+
+def test_a_requested_draft_or_k_wins_and_off_means_off():
+    p = policy()
+    assert p.route("t", draft="b", k=7) == p.route("t", draft="b", k=7)
+    assert p.route("t", draft="b", k=7).reason == "requested" and p.route("t", draft="b", k=7).k == 7
+    assert p.route("t", mode="off").draft is None
+
+
+def test_falls_back_below_break_even_then_probes_and_returns_without_flapping():
+    p = policy(drafts=("a",), seed=2, probe_fraction=0.1, min_trials=64)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.1, c=0.3, steps=10))  # 40 trials: too few to judge
+    assert p.view("t").decision == SPECULATE and "waiting" in p.view("t").reason
+    p.observe("t", "a", observation(alpha=0.1, c=0.3, steps=10))
+    view = p.view("t")
+    assert view.decision == FALLBACK and "< 0.95" in view.reason
+    routes = [p.route("t") for _ in range(1000)]
+    probes = sum(r.reason == "probe" for r in routes)
+    assert sum(r.reason == "fallback" and r.draft is None for r in routes) == 1000 - probes
+    assert 60 <= probes <= 140  # 10% probes, binomial(1000, 0.1) within ~3 sigma
+    assert p.route("t", mode="on").draft == "a"  # a client asking for speculation gets it
+
+    # Hovering between the thresholds changes nothing, in either state.
+    borderline = observation(alpha=0.3, c=0.25, k=1)
+    p2 = policy(drafts=("a",), explore=False)
+    p2.observe("t", None, plain())
+    for _ in range(20):
+        p2.observe("t", "a", borderline)
+        assert 0.95 <= p2.view("t").best.expected_speedup <= 1.05
+    assert p2.view("t").decision == SPECULATE
+    for _ in range(20):  # and in fallback, the same traffic does not bring it back
+        p.observe("t", "a", borderline)
+        assert p.view("t").decision == FALLBACK
+
+    # A real recovery (probes now see a good draft) switches it back once, past resume_above.
+    decisions = []
+    for _ in range(20):
+        p.observe("t", "a", observation(alpha=0.9, c=0.05))
+        decisions.append((p.view("t").decision, p.view("t").reason))
+    switch = next(i for i, (decision, _) in enumerate(decisions) if decision == SPECULATE)
+    assert decisions[switch][1].startswith("recovered")
+    assert all(decision == SPECULATE for decision, _ in decisions[switch:])
+    assert p.route("t").draft == "a"
+
+
+def test_full_information_scoring_moves_alpha_without_speculating():
+    p = policy(explore=False)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.5, c=0.05))
+    p.observe_scored("t", "b", positions=400, matches=360)  # b was never routed, only scored
+    arms = {arm.draft: arm for arm in p.view("t").arms}
+    assert arms["b"].alpha == pytest.approx(361 / 402) and arms["b"].scored_tokens == 400
+    assert arms["b"].c == pytest.approx(0.05)  # no timings of its own: the typical draft's cost
+    assert p.route("t").draft == "b"
+
+
+def test_old_statistics_fade():
+    p = policy(drafts=("a",), explore=False, half_life_tokens=200, min_trials=0)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.9, c=0.05, steps=100))
+    for _ in range(5):
+        p.observe("t", "a", observation(alpha=0.1, c=0.05, steps=10))
+    # One half-life on, the old 400 trials weigh 200 against ~154 new ones (faded as they came):
+    # (180 + 15 + 1) / (354 + 2).
+    assert p.view("t").best.alpha == pytest.approx(0.55, abs=0.01)
+    for _ in range(45):
+        p.observe("t", "a", observation(alpha=0.1, c=0.05, steps=10))
+    assert p.view("t").best.alpha < 0.12  # ten half-lives later they are gone
+
+
+def test_saturation_judges_the_target_work_per_token():
+    # A slow draft: a loss when the client waits for it, but with the target saturated its time
+    # hides behind other requests' verification.
+    p = policy(drafts=("a",), explore=False, saturated_sessions=8, min_trials=0)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.5, c=1.0, k=2, steps=200))
+    assert p.view("t").decision == FALLBACK
+    p.route("t", pressure=12)
+    p.observe("t", "a", Observation())
+    view = p.view("t")
+    assert view.decision == SPECULATE and "target saturated" in view.reason
+
+    # Under batch pressure a verify pass costs more per token (w): then even saturated it loses.
+    p = policy(drafts=("a",), explore=False, saturated_sessions=8, min_trials=0)
+    p.observe("t", None, plain())
+    p.route("t", pressure=12)
+    p.observe("t", "a", observation(alpha=0.5, c=0.01, k=4, steps=200, verify_cost=5.0))
+    view = p.view("t")
+    assert view.decision == FALLBACK and "target saturated" in view.reason
+
+
+def test_config_refuses_thresholds_that_would_flap():
+    with pytest.raises(ValueError, match="resume_above"):
+        PolicyConfig(fallback_below=1.1, resume_above=1.0)
+    with pytest.raises(ValueError, match="k_min"):
+        PolicyConfig(k_min=5, k_max=4)

@@ -1,0 +1,165 @@
+"""Workload-aware routing through the service: task classification, draft choice, full-information
+scoring, fallback to target-only, and the operator metrics. Real cluster, real gRPC."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections import Counter
+
+import grpc
+import pytest
+
+from specserve.proto.v1 import internal_pb2, internal_pb2_grpc
+from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.workers.drafting import score_continuation
+
+from conftest import POOR_TASK
+
+WARM_UP_PER_TASK = 6  # requests per (task, draft) before routing is judged
+JUDGED_PER_TASK = 12
+GOOD_ALPHA, CLEAR_GAP = 0.6, 0.3  # a draft is clearly better: alpha at least this, and ahead by this
+METRICS_WAIT_SECONDS = 30.0  # the embedded cluster reports metrics every 2 s
+
+
+def request(prompt: str, **fields) -> pb.GenerateRequest:
+    fields.setdefault("max_tokens", 24)
+    return pb.GenerateRequest(prompt=prompt, **fields)
+
+
+def task_row(client, task: str) -> pb.TaskStats:
+    return next(t for t in client.stats().tasks if t.task == task and not t.draft)
+
+
+def drive_to_fallback(client, zoo, limit: int = 30) -> pb.TaskStats:
+    """Send POOR_TASK traffic until the policy serves it target-only."""
+    prompts = zoo.prompts("prose")
+    for i in range(limit):
+        client.generate(request(prompts[i % len(prompts)], task=POOR_TASK))
+        row = task_row(client, POOR_TASK)
+        if row.decision == "fallback":
+            return row
+    pytest.fail(f"{POOR_TASK} never fell back: {task_row(client, POOR_TASK)}")
+
+
+def test_prompts_without_a_task_are_classified(client, tiny_zoo):
+    resolved = Counter()
+    for task in tiny_zoo.tasks:
+        for prompt in tiny_zoo.prompts(task)[:6]:
+            stats = client.generate(request(prompt)).stats
+            resolved[task, stats.task] += 1
+            assert stats.task_source in ("classifier", "default")
+            assert 0 <= stats.task_confidence <= 1
+    for task in tiny_zoo.tasks:
+        assert resolved[task, task] >= 4, f"{task} prompts resolved as {dict(resolved)}"
+
+
+def measured_alpha(client, prompts: list[str], task: str, draft: str) -> float:
+    accepted = rejections = 0
+    for prompt in prompts:
+        stats = client.generate(request(prompt, task=task, draft=draft, speculation=pb.SPECULATION_ON)).stats
+        accepted, rejections = accepted + stats.accepted_tokens, rejections + stats.rejections
+    return accepted / max(accepted + rejections, 1)
+
+
+def test_each_task_is_routed_to_its_clearly_better_draft(client, tiny_zoo):
+    """Prompts without a task go to the draft that serves their task best. The tiny zoo's drafts
+    are not all aligned with their tasks (its task drafts are barely trained), so the test first
+    measures each allowed draft on the task (which also warms the policy up) and judges the tasks
+    where one is clearly better; on the demo zoo that is the task's own draft
+    (tests/test_routing_demo.py, slow)."""
+    clear = {}
+    for task, drafts in tiny_zoo.manifest["task_drafts"].items():
+        prompts = tiny_zoo.prompts(task)[:WARM_UP_PER_TASK]
+        alphas = {draft: measured_alpha(client, prompts, task, draft) for draft in drafts}
+        best, runner_up = sorted(drafts, key=alphas.get, reverse=True)[:2]
+        if alphas[best] >= GOOD_ALPHA and alphas[best] - alphas[runner_up] >= CLEAR_GAP:
+            clear[task] = best
+    assert clear, "no task of the tiny zoo has a clearly better draft"
+    on = pb.SPECULATION_ON  # the draft choice, whatever the fallback decision
+    for task in clear:
+        prompts = tiny_zoo.prompts(task)
+        judged = [client.generate(request(prompts[i % len(prompts)], speculation=on)).stats
+                  for i in range(JUDGED_PER_TASK)]
+        served = Counter(stats.draft for stats in judged if stats.task == task)  # classified as the task
+        assert sum(served.values()) >= JUDGED_PER_TASK / 2, f"{task} prompts mostly classified otherwise"
+        rows = [(r.draft, round(r.alpha, 2), round(r.cost_ratio, 2), r.k, round(r.expected_speedup, 2), r.decision)
+                for r in client.stats().tasks if r.task == task]
+        assert served[clear[task]] >= 0.75 * sum(served.values()), f"{task}: served by {dict(served)}; policy {rows}"
+    rows = client.stats().tasks
+    assert sum(r.scored_tokens for r in rows) > 0, "full-information scoring never ran"
+
+
+def test_the_workers_score_a_continuation_as_the_model_does_in_process(client, tiny_engine, tiny_zoo, service):
+    prompt = tiny_zoo.prompts("sql")[0]
+    off = client.generate(request(prompt, task="sql", speculation=pb.SPECULATION_OFF))
+    prompt_ids = tiny_engine.tokenizer(prompt)["input_ids"]
+    ids = list(prompt_ids) + list(off.token_ids)
+    worker = next(w for w in client.stats().workers if w.kind == "draft" and "sql" in w.models)
+    with grpc.insecure_channel(worker.address) as channel:
+        stub = internal_pb2_grpc.DrafterStub(channel)
+        reply = stub.Score(internal_pb2.ScoreRequest(model="sql", ids=ids, start=len(prompt_ids)), timeout=30)
+        assert (reply.positions, reply.matches) == score_continuation(tiny_engine.drafts["sql"], ids, len(prompt_ids))
+        assert reply.positions == len(off.token_ids)
+        with pytest.raises(grpc.RpcError) as bad:
+            stub.Score(internal_pb2.ScoreRequest(model="sql", ids=ids, start=0), timeout=30)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_task_with_poor_drafts_falls_back_and_is_then_served_as_off(client, tiny_zoo):
+    row = drive_to_fallback(client, tiny_zoo)
+    assert " < " in row.reason and row.expected_speedup < 1
+    prompts = tiny_zoo.prompts("sql")
+    sent = [prompts[i % len(prompts)] for i in range(40)]
+    served = [(p, client.generate(request(p, task=POOR_TASK))) for p in sent]
+    fallback = [(p, r) for p, r in served if r.stats.route == "fallback"]
+    probes = [r for _, r in served if r.stats.route == "probe"]
+    # 10% probes by default: more than 12 of 40 has a probability of ~1e-5.
+    assert len(fallback) >= 28 and len(fallback) + len(probes) == len(served)
+    assert all(r.stats.draft for r in probes)
+    for prompt, routed in fallback[:4]:
+        # Target-only through the same path: the output, the passes and no draft work, as OFF.
+        off = client.generate(request(prompt, task=POOR_TASK, speculation=pb.SPECULATION_OFF))
+        assert list(routed.token_ids) == list(off.token_ids)
+        assert routed.stats.draft == "" and routed.stats.proposed_tokens == 0
+        assert routed.stats.target_passes == off.stats.target_passes
+    assert task_row(client, POOR_TASK).decision == "fallback"  # its own probes do not bring it back
+    on = client.generate(request(prompts[0], task=POOR_TASK, speculation=pb.SPECULATION_ON))
+    assert on.stats.draft and on.stats.proposed_tokens > 0  # a client asking for speculation still gets it
+
+
+REQUIRED_METRICS = [
+    "ray_specserve_requests_total", "ray_specserve_drafts_total", "ray_specserve_draft_tokens_total",
+    "ray_specserve_accepted_tokens_total", "ray_specserve_accepted_tokens_per_position_total",
+    "ray_specserve_draft_step_seconds_count", "ray_specserve_verify_step_seconds_count",
+    "ray_specserve_time_to_first_token_seconds_count", "ray_specserve_time_per_output_token_seconds_count",
+    "ray_specserve_routing_decisions_total", "ray_specserve_fallback_decisions_total",
+    "ray_specserve_expected_speedup", "ray_specserve_acceptance_alpha",
+]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Sum of each metric's samples over its label sets."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    totals: Counter[str] = Counter()
+    for line in body.splitlines():
+        if line.startswith("ray_specserve_"):
+            name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
+            totals[name] += value
+    return totals
+
+
+def test_the_metrics_endpoint_exposes_routing_and_speculation_metrics(client, tiny_zoo, metrics_port):
+    drive_to_fallback(client, tiny_zoo)
+    for task in tiny_zoo.tasks:
+        client.generate(request(tiny_zoo.prompts(task)[0], task=task, draft=task, speculation=pb.SPECULATION_ON))
+        client.generate(request(tiny_zoo.prompts(task)[1]))
+    deadline = time.monotonic() + METRICS_WAIT_SECONDS
+    while True:
+        totals = scrape(metrics_port)
+        missing = [name for name in REQUIRED_METRICS if not totals.get(name)]
+        if not missing:
+            break
+        assert time.monotonic() < deadline, f"no non-zero values for {missing} at :{metrics_port}/metrics"
+        time.sleep(1.0)
+    assert totals["ray_specserve_accepted_tokens_total"] <= totals["ray_specserve_draft_tokens_total"]
