@@ -4,13 +4,15 @@ By default through the service: an embedded cluster is started, prompts go over 
 cluster is stopped at the end; `--in-process` runs the same table on the in-process engine.
 For each task the same prompts are decoded greedily by the target alone and with the task's draft,
 alternating prompt by prompt so that both see the same machine load; the speedup is the ratio of the
-two measured times, and the output of the two paths is compared token for token.
+two measured times, and the output of the two paths is compared token for token. Through the service
+a third run sends each prompt with nothing but the prompt, as the routing policy serves it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,6 +43,13 @@ class TaskResult:
     seconds_target_only: float = 0.0
     seconds_speculative: float = 0.0
     identical: bool = True
+    # Through the service only: the same prompts with no task, draft or k (the routing policy decides).
+    seconds_routed: float = 0.0
+    routed_to: Counter = field(default_factory=Counter)  # draft that served each ("" = target-only)
+
+    @property
+    def routed_speedup(self) -> float:
+        return self.seconds_target_only / self.seconds_routed if self.seconds_routed else 0.0
 
     @property
     def speedup(self) -> float:
@@ -61,6 +70,8 @@ class TaskResult:
 
 # Decodes one prompt greedily, with the named draft or (None) the target alone: ids, seconds, stats.
 Decoder = Callable[[str, str, "str | None"], tuple[list[int], float, SpecStats]]
+# Decodes one prompt greedily as the service routes it: ids, seconds, the draft that served ("": none).
+RoutedDecoder = Callable[[str], tuple[list[int], float, str]]
 
 
 def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_process: bool = False,
@@ -71,7 +82,7 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_p
         engine = zoo_engine(zoo, zoo.draft_names)
         print(f"{_zoo_line(zoo)}; both models in this process, {torch.get_num_threads()} torch threads; "
               f"greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
-        return _measure_all(zoo, engine_decoder(engine, max_tokens, k), prompts_per_task, k)
+        return _measure_all(zoo, engine_decoder(engine, max_tokens, k), prompts_per_task, k, None)
     service = None
     if address is None:
         print("starting the embedded cluster (Ray, Serve, target replica, draft pool)...", flush=True)
@@ -81,7 +92,8 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_p
     try:
         print(f"{_zoo_line(zoo)}; through the service at {address} over gRPC (target replica and draft workers "
               f"in their own processes); greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
-        return _measure_all(zoo, service_decoder(client, max_tokens, k), prompts_per_task, k)
+        return _measure_all(zoo, service_decoder(client, max_tokens, k), prompts_per_task, k,
+                            routed_decoder(client, max_tokens))
     finally:
         client.close()
         if service:
@@ -102,14 +114,15 @@ def _zoo_line(zoo: Zoo) -> str:
             f"drafts {', '.join(zoo.draft_names)}")
 
 
-def _measure_all(zoo: Zoo, decode: Decoder, prompts: int, k: int) -> list[TaskResult]:
+def _measure_all(zoo: Zoo, decode: Decoder, prompts: int, k: int, routed: RoutedDecoder | None) -> list[TaskResult]:
     _warm_up(decode, zoo)
-    results = [measure_task(decode, zoo, task, prompts, k) for task in zoo.tasks]
+    results = [measure_task(decode, zoo, task, prompts, k, routed) for task in zoo.tasks]
     print(format_table(results))
     return results
 
 
-def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int) -> TaskResult:
+def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int,
+                 routed: RoutedDecoder | None = None) -> TaskResult:
     draft = zoo.default_draft(task)
     result = TaskResult(task, draft, zoo.manifest["acceptance"][task][draft], k)
     for prompt in zoo.prompts(task)[:prompts]:
@@ -120,17 +133,29 @@ def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int) -> 
         result.identical &= on_ids == off_ids
         result.stats.add(stats)
         result.target_only.add(off_stats)
+        if routed is not None:
+            routed_ids, routed_seconds, served_by = routed(prompt)
+            result.seconds_routed += routed_seconds
+            result.routed_to[served_by] += 1
+            result.identical &= routed_ids == off_ids
     return result
 
 
 def format_table(results: list[TaskResult]) -> str:
+    routed = any(r.seconds_routed for r in results)
     header = (f"{'task':<6} {'draft':<8} {'alpha':>6} {'alpha(zoo)':>10} {'acc.rate':>8} {'tok/pass':>8} "
               f"{'c':>6} {'speedup':>8} {'bound':>6} {'identical':>9}")
+    if routed:
+        header += f" {'routed':>7}  routed to"
     lines = [header, "-" * len(header)]
     for r in results:
-        lines.append(f"{r.task:<6} {r.draft:<8} {r.stats.alpha:>6.2f} {r.alpha_held_out:>10.2f} "
-                     f"{r.stats.acceptance_rate:>8.2f} {r.stats.tokens_per_pass:>8.2f} {r.cost_ratio:>6.3f} "
-                     f"{r.speedup:>7.2f}x {r.bound:>5.2f}x {'yes' if r.identical else 'NO':>9}")
+        line = (f"{r.task:<6} {r.draft:<8} {r.stats.alpha:>6.2f} {r.alpha_held_out:>10.2f} "
+                f"{r.stats.acceptance_rate:>8.2f} {r.stats.tokens_per_pass:>8.2f} {r.cost_ratio:>6.3f} "
+                f"{r.speedup:>7.2f}x {r.bound:>5.2f}x {'yes' if r.identical else 'NO':>9}")
+        if routed:
+            served = ", ".join(f"{d or 'target-only'} {n}" for d, n in r.routed_to.most_common())
+            line += f" {r.routed_speedup:>6.2f}x  {served}"
+        lines.append(line)
     lines += [
         "alpha: per-token acceptance in this run (accepted / (accepted + rejections)); alpha(zoo): the same on the",
         "zoo's held-out slice, teacher-forced; acc.rate: accepted / proposed draft tokens; tok/pass: tokens",
@@ -139,6 +164,12 @@ def format_table(results: list[TaskResult]) -> str:
         "Leviathan et al.'s expected speedup from this run's alpha, c and k when drafting and verifying take turns.",
         "Through the service, greedy drafts run ahead while the target verifies, so the speedup can exceed it.",
     ]
+    if routed:
+        lines += [
+            "routed: the same prompts sent with no task, draft or k: the service classifies the prompt, picks the draft",
+            "and k by expected speedup (or serves the task target-only where no draft pays), and adapts k per step;",
+            "its policy learns from this run's traffic, so its first requests per task explore.",
+        ]
     return "\n".join(lines)
 
 
@@ -158,6 +189,14 @@ def service_decoder(client: SpecServeClient, max_tokens: int, k: int) -> Decoder
         start = time.perf_counter()
         response = client.generate(request)
         return list(response.token_ids), time.perf_counter() - start, stats_from_message(response.stats)
+    return decode
+
+
+def routed_decoder(client: SpecServeClient, max_tokens: int) -> RoutedDecoder:
+    def decode(prompt: str) -> tuple[list[int], float, str]:
+        start = time.perf_counter()
+        response = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens))
+        return list(response.token_ids), time.perf_counter() - start, response.stats.draft
     return decode
 
 

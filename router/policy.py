@@ -195,8 +195,10 @@ class Policy:
         elif state.decision == FALLBACK and speedup > self.config.resume_above:
             state.decision, state.reason = SPECULATE, f"recovered: {why} > {self.config.resume_above}"
             state.cause = ""
+        elif state.decision == FALLBACK:  # the gap between the thresholds is the hysteresis
+            state.reason = f"{why}; target-only until above {self.config.resume_above}"
         else:
-            state.reason = why
+            state.reason = f"{why}; target-only below {self.config.fallback_below}"
 
     # --- reading ----------------------------------------------------------------------------------
 

@@ -104,9 +104,9 @@ class SpecServeService:
             self._admit()
         except (InvalidRequest, Overloaded) as exc:
             await _abort(context, exc)
-        session = self._session(request, raw.prompt)
-        status = grpc.StatusCode.OK
+        session, status = None, grpc.StatusCode.OK
         try:
+            session = self._session(request, raw.prompt)
             async for chunk in session.run():
                 message = pb.GenerateChunk(text=chunk.text, token_ids=chunk.token_ids)
                 if chunk.finish_reason:
@@ -124,9 +124,10 @@ class SpecServeService:
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.set(self.in_flight)
-            view = self.policy.view(session.task.task)
-            self.metrics.record(session, view, status.name)
-            self.metrics.record_view(view)
+            if session is not None:
+                view = self.policy.view(session.task.task)
+                self.metrics.record(session, view, status.name)
+                self.metrics.record_view(view)
 
     def _session(self, request: ValidRequest, prompt: str) -> Session:
         task = self.resolver.resolve(request.task, prompt)

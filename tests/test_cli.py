@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -105,8 +106,12 @@ def test_serve_prints_its_address_then_stops_on_sigterm(tiny_zoo, specserve_home
     from specserve.proto.v1 import specserve_pb2 as pb
 
     env = dict(os.environ, SPECSERVE_HOME=specserve_home)
+    with socket.socket() as s:  # its own cluster exports metrics on a port of its own
+        s.bind(("127.0.0.1", 0))
+        own_metrics_port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "specserve.cluster.cli", "serve", "--zoo", str(tiny_zoo.root),
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             "--port", "0", "--metrics-port", str(own_metrics_port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()  # blocks until the service is ready (or the process dies)
         assert line.startswith("specserve listening on "), (line, proc.poll(), proc.stderr.read() if proc.poll() else "")

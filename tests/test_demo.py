@@ -21,3 +21,8 @@ def test_demo_prints_a_row_per_task_from_measurements(tiny_zoo, capsys, request,
         assert r.draft == r.task
         assert f"{r.speedup:>7.2f}x" in table and f"{r.stats.alpha:>6.2f}" in table
         assert r.cost_ratio > 0 and r.bound == expected_speedup(r.stats.alpha, r.cost_ratio, 3)
+        if where == "service":  # the same prompts routed by the policy, checked against target-only too
+            assert r.seconds_routed > 0 and sum(r.routed_to.values()) == 2
+            assert f"{r.routed_speedup:>6.2f}x" in table
+        else:
+            assert not r.routed_to
