@@ -85,7 +85,8 @@ class PolicyConfig(_Config):
     # Within a request: "fixed" (the chosen k every step), "heuristic" (Hugging Face's: +2 after a
     # fully accepted step, -1 after a rejection) or "confidence" (the draft stops early after a token
     # it gave less than `confidence_threshold`; HF's assistant_confidence_threshold, AdaEDL's idea).
-    k_schedule: str = Field("confidence", pattern="^(fixed|heuristic|confidence)$")
+    # On the bench zoo the heuristic was never the slowest of the three (README, bench/routing.py).
+    k_schedule: str = Field("heuristic", pattern="^(fixed|heuristic|confidence)$")
     confidence_threshold: float = Field(0.4, ge=0, le=1)  # HF's default
     # Exploration: Thompson sampling over each draft's acceptance (Beta posterior), so a draft
     # without data gets tried and a poor one is tried ever more rarely.
@@ -95,8 +96,8 @@ class PolicyConfig(_Config):
     half_life_tokens: float = Field(4000, gt=0)
     # Speculation for a task stops when its best expected speedup falls below `fallback_below` and
     # resumes above `resume_above`; the gap is the hysteresis that keeps it from flapping.
-    fallback_below: float = Field(0.95, gt=0)
-    resume_above: float = Field(1.05, gt=0)
+    fallback_below: float = Field(1.0, gt=0)
+    resume_above: float = Field(1.1, gt=0)
     min_trials: int = Field(64, ge=0)  # acceptance trials of the best draft before any fallback
     probe_fraction: float = Field(0.1, ge=0, le=1)  # of a fallen-back task's requests still speculate
     # The target counts as saturated at this many sessions per replica: the draft's time then hides

@@ -43,6 +43,8 @@ class Observation:
     plain_passes: int = 0  # target-only passes (no proposal)
     plain_seconds: float = 0.0  # wall
     plain_device_seconds: float = 0.0
+    accepted_per_position: list[int] = field(default_factory=list)  # see SpecStats
+    tested_per_position: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -57,6 +59,8 @@ class Arm:
     verify_seconds: float = 0.0
     verify_device_seconds: float = 0.0
     scored_tokens: int = 0  # from full-information scoring (a count for display; not faded)
+    accepted_at: list[float] = field(default_factory=list)  # per draft position, for display
+    tested_at: list[float] = field(default_factory=list)
 
     @property
     def trials(self) -> float:
@@ -74,6 +78,13 @@ class Arm:
         for name in ("accepted", "rejections", "draft_tokens", "draft_seconds", "verify_passes", "verify_seconds",
                      "verify_device_seconds"):
             setattr(self, name, getattr(self, name) * factor + getattr(obs, name))
+        for mine, theirs in ((self.accepted_at, obs.accepted_per_position), (self.tested_at, obs.tested_per_position)):
+            mine.extend([0.0] * (len(theirs) - len(mine)))
+            mine[:] = [m * factor + (theirs[i] if i < len(theirs) else 0) for i, m in enumerate(mine)]
+
+    @property
+    def alpha_per_position(self) -> tuple[float, ...]:
+        return tuple(a / t if t else 0.0 for a, t in zip(self.accepted_at, self.tested_at, strict=True))
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,7 @@ class ArmView:
     expected_speedup: float
     trials: float
     scored_tokens: int
+    alpha_per_position: tuple[float, ...]  # measured while speculating (scoring has no positions)
 
 
 @dataclass(frozen=True)
@@ -213,7 +225,7 @@ class Policy:
         alpha = arm.alpha if alpha is None else alpha
         c, w = self._costs(task, arm)
         k, speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, w, self._saturated())
-        return ArmView(draft, alpha, c, k, speedup, arm.trials, arm.scored_tokens)
+        return ArmView(draft, alpha, c, k, speedup, arm.trials, arm.scored_tokens, arm.alpha_per_position)
 
     def _costs(self, task: str, arm: Arm) -> tuple[float, float]:
         """c and w in units of a target-only step.

@@ -168,7 +168,7 @@ class SpecServeService:
                 standing = "best" if arm.draft == view.best.draft else ("candidate" if arm.trials else "unseen")
                 row.MergeFrom(pb.TaskStats(alpha=arm.alpha, cost_ratio=arm.c, k=arm.k,
                                            expected_speedup=arm.expected_speedup, decision=standing,
-                                           scored_tokens=arm.scored_tokens))
+                                           scored_tokens=arm.scored_tokens, alpha_per_position=arm.alpha_per_position))
                 rows.append(row)
         return rows
 

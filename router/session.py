@@ -235,7 +235,8 @@ class Session:
                            draft_seconds=sum(t.draft_steps), verify_passes=len(t.verify_steps),
                            verify_seconds=sum(t.verify_steps), verify_device_seconds=t.verify_device,
                            plain_passes=len(t.plain_steps), plain_seconds=sum(t.plain_steps),
-                           plain_device_seconds=t.plain_device)
+                           plain_device_seconds=t.plain_device, accepted_per_position=s.accepted_per_position,
+                           tested_per_position=s.tested_per_position)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

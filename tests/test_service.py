@@ -192,6 +192,7 @@ def test_get_stats_counts_per_task_and_draft(client, tiny_zoo):
     assert after["math", "math"].tokens_per_pass >= 1.0
     assert after["math", ""].decision in ("speculate", "fallback") and after["math", ""].reason
     assert after["math", "math"].decision in ("best", "candidate") and after["math", "math"].k >= 1
+    assert all(0 <= a <= 1 for a in after["math", "math"].alpha_per_position) and after["math", "math"].alpha_per_position
 
 
 def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, tiny_engine, tiny_zoo):

@@ -12,6 +12,8 @@ def test_counts_rates_and_alpha():
     s.record_step(k=2, num_accepted=0)  # rejected at position 0
     assert (s.proposed, s.accepted, s.rejections, s.target_passes) == (10, 5, 2, 3)
     assert s.accepted_per_position == [2, 1, 1, 1]
+    assert s.tested_per_position == [3, 2, 1, 1]  # the third step stopped at position 0
+    assert s.alpha_per_position == pytest.approx([2 / 3, 1 / 2, 1, 1])
     assert s.acceptance_rate == pytest.approx(0.5)
     assert s.alpha == pytest.approx(5 / 7)  # accepted tests over all tests decided
     assert s.tokens_per_pass == pytest.approx((5 + 3) / 3)  # each pass also commits one target token
@@ -32,3 +34,4 @@ def test_add_sums_requests():
     a.add(b)
     assert (a.proposed, a.accepted, a.rejections, a.target_passes) == (6, 5, 1, 2)
     assert a.accepted_per_position == [2, 2, 1, 0] and a.draft_seconds == 0.5
+    assert a.tested_per_position == [2, 2, 1, 1]

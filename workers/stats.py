@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-NOT_SUMMED = frozenset({"accepted_per_position", "seed"})  # merged by position / per request
+NOT_SUMMED = frozenset({"accepted_per_position", "tested_per_position", "seed"})  # merged by position / per request
 
 
 @dataclass
@@ -12,6 +12,7 @@ class SpecStats:
     proposed: int = 0  # draft tokens sent for verification
     accepted: int = 0  # draft tokens the target kept
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps whose i-th draft was kept
+    tested_per_position: list[int] = field(default_factory=list)  # [i]: steps that reached their i-th draft
     target_passes: int = 0  # verify (or plain decode) forward passes of the target
     rejections: int = 0  # steps that ended on a rejected draft token (the rest accepted all k)
     draft_passes: int = 0  # forward passes of the draft
@@ -26,20 +27,20 @@ class SpecStats:
         self.proposed += k
         self.accepted += num_accepted
         self.rejections += int(num_accepted < k)
-        if len(self.accepted_per_position) < k:
-            self.accepted_per_position.extend([0] * (k - len(self.accepted_per_position)))
-        for i in range(num_accepted):
-            self.accepted_per_position[i] += 1
+        _count_first(self.accepted_per_position, num_accepted, k)
+        _count_first(self.tested_per_position, min(num_accepted + 1, k), k)  # tested up to the first rejection
 
     def add(self, other: SpecStats) -> None:
         """Sum another request's counts into these (for per-task aggregates)."""
         for f in fields(self):  # every counter, so a counter added later is summed too
             if f.name not in NOT_SUMMED:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        for i, n in enumerate(other.accepted_per_position):
-            if i == len(self.accepted_per_position):
-                self.accepted_per_position.append(0)
-            self.accepted_per_position[i] += n
+        for mine, theirs in ((self.accepted_per_position, other.accepted_per_position),
+                             (self.tested_per_position, other.tested_per_position)):
+            for i, n in enumerate(theirs):
+                if i == len(mine):
+                    mine.append(0)
+                mine[i] += n
 
     @property
     def acceptance_rate(self) -> float:
@@ -57,6 +58,12 @@ class SpecStats:
         return self.accepted / trials if trials else 0.0
 
     @property
+    def alpha_per_position(self) -> list[float]:
+        """[i]: acceptance of the i-th draft token among steps that reached it (the cost model takes
+        these to be equal; in practice the first positions are easier)."""
+        return [a / t if t else 0.0 for a, t in zip(self.accepted_per_position, self.tested_per_position, strict=True)]
+
+    @property
     def tokens_per_pass(self) -> float:
         # Every pass commits its accepted drafts plus one target token.
         return (self.accepted + self.target_passes) / self.target_passes if self.target_passes else 0.0
@@ -64,3 +71,11 @@ class SpecStats:
     def as_dict(self) -> dict:
         return asdict(self) | {"acceptance_rate": self.acceptance_rate, "alpha": self.alpha,
                                "tokens_per_pass": self.tokens_per_pass}
+
+
+def _count_first(counts: list[int], n: int, width: int) -> None:
+    """counts[i] += 1 for i < n, growing counts to `width` positions first."""
+    if len(counts) < width:
+        counts.extend([0] * (width - len(counts)))
+    for i in range(n):
+        counts[i] += 1

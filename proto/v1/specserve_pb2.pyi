@@ -120,7 +120,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TaskStats(_message.Message):
-    __slots__ = ("task", "draft", "requests", "proposed_tokens", "accepted_tokens", "target_passes", "output_tokens", "acceptance_rate", "tokens_per_pass", "alpha", "cost_ratio", "k", "expected_speedup", "decision", "reason", "scored_tokens")
+    __slots__ = ("task", "draft", "requests", "proposed_tokens", "accepted_tokens", "target_passes", "output_tokens", "acceptance_rate", "tokens_per_pass", "alpha", "cost_ratio", "k", "expected_speedup", "decision", "reason", "scored_tokens", "alpha_per_position")
     TASK_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class TaskStats(_message.Message):
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SCORED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
     task: str
     draft: str
     requests: int
@@ -153,7 +154,8 @@ class TaskStats(_message.Message):
     decision: str
     reason: str
     scored_tokens: int
-    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., requests: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., output_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_pass: _Optional[float] = ..., alpha: _Optional[float] = ..., cost_ratio: _Optional[float] = ..., k: _Optional[int] = ..., expected_speedup: _Optional[float] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., scored_tokens: _Optional[int] = ...) -> None: ...
+    alpha_per_position: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., requests: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., output_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_pass: _Optional[float] = ..., alpha: _Optional[float] = ..., cost_ratio: _Optional[float] = ..., k: _Optional[int] = ..., expected_speedup: _Optional[float] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., scored_tokens: _Optional[int] = ..., alpha_per_position: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("kind", "worker_id", "address", "models", "live_sessions")
