@@ -69,8 +69,11 @@ def test_greedy_speculation_on_equals_off_for_every_task(client, tiny_zoo):
 
 def test_stream_chunks_concatenate_to_the_unary_result(client, tiny_zoo):
     prompt = tiny_zoo.prompts("code")[0]
-    whole = client.generate(request(prompt, task="code", max_tokens=40))
-    chunks = list(client.stream(request(prompt, task="code", max_tokens=40)))
+    # Draft and k pinned: the policy's own choices may differ between two calls, and with them
+    # the number of steps (not the text).
+    pinned = request(prompt, task="code", max_tokens=40, draft="general", k=3, speculation=pb.SPECULATION_ON)
+    whole = client.generate(pinned)
+    chunks = list(client.stream(pinned))
     assert "".join(c.text for c in chunks) == whole.text
     assert [t for c in chunks for t in c.token_ids] == list(whole.token_ids)
     assert all(c.finish_reason == pb.FINISH_REASON_UNSPECIFIED for c in chunks[:-1])
