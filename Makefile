@@ -34,3 +34,4 @@ bench: $(INSTALLED)
 	$(BIN)/specserve zoo build --preset bench
 	$(BIN)/specserve demo --zoo bench --prompts 8 --max-tokens 96
 	$(BIN)/python bench/service_overhead.py --zoo bench
+	$(BIN)/python bench/routing.py --zoo bench --prompts 10 --warm-up 6 --max-tokens 96

@@ -84,7 +84,9 @@ class Arm:
 
     @property
     def alpha_per_position(self) -> tuple[float, ...]:
-        return tuple(a / t if t else 0.0 for a, t in zip(self.accepted_at, self.tested_at, strict=True))
+        """Up to the last position any step reached (a step reaches i+1 only through i)."""
+        reached = [(a, t) for a, t in zip(self.accepted_at, self.tested_at, strict=True) if t > 0]
+        return tuple(a / t for a, t in reached)
 
 
 @dataclass(frozen=True)

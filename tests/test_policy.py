@@ -167,6 +167,6 @@ def test_config_refuses_thresholds_that_would_flap():
 def test_per_position_acceptance_is_kept_for_each_draft():
     p = policy(drafts=("a",))
     obs = observation(alpha=0.5, c=0.05, k=2, steps=4)
-    obs.accepted_per_position, obs.tested_per_position = [3, 1], [4, 3]
+    obs.accepted_per_position, obs.tested_per_position = [3, 1, 0], [4, 3, 0]  # no step reached position 2
     p.observe("t", "a", obs)
     assert p.view("t").arms[0].alpha_per_position == pytest.approx((0.75, 1 / 3))

@@ -61,7 +61,7 @@ class SpecStats:
     def alpha_per_position(self) -> list[float]:
         """[i]: acceptance of the i-th draft token among steps that reached it (the cost model takes
         these to be equal; in practice the first positions are easier)."""
-        return [a / t if t else 0.0 for a, t in zip(self.accepted_per_position, self.tested_per_position, strict=True)]
+        return [a / t for a, t in zip(self.accepted_per_position, self.tested_per_position, strict=True) if t]
 
     @property
     def tokens_per_pass(self) -> float:
