@@ -151,8 +151,7 @@ class Policy:
         if mode == "off":
             return Route(None, 0, "off")
         state = self._tasks[task]
-        if draft is not None:  # the client's choice, even a draft not listed for the task
-            state.arms.setdefault(draft, Arm())
+        if draft is not None:  # the client's choice, even a draft not allowed for the task
             return Route(draft, k or self._arm_view(task, draft).k, "requested")
         probing = state.decision == FALLBACK and mode == "auto"
         if probing and self.rng.random() >= self.config.probe_fraction:
@@ -172,7 +171,7 @@ class Policy:
     def observe(self, task: str, draft: str | None, obs: Observation) -> None:
         """Fold in a finished request, then revisit the task's decision."""
         state = self._tasks[task]
-        if draft is not None:
+        if draft in state.arms:  # a client's draft outside the task's allowed set teaches nothing here
             state.arms[draft].add(obs, self._fading(obs.draft_tokens))
         if obs.plain_passes:  # target-only steps are the unit every cost is measured in
             plain = Observation(verify_passes=obs.plain_passes, verify_seconds=obs.plain_seconds,
@@ -223,7 +222,7 @@ class Policy:
         return TaskView(task, state.decision, state.reason, state.cause, best, arms)
 
     def _arm_view(self, task: str, draft: str, alpha: float | None = None) -> ArmView:
-        arm = self._tasks[task].arms[draft]
+        arm = self._tasks[task].arms.get(draft) or Arm()  # no data: the prior
         alpha = arm.alpha if alpha is None else alpha
         c, w = self._costs(task, arm)
         k, speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, w, self._saturated())

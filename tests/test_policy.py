@@ -72,6 +72,10 @@ def test_a_requested_draft_or_k_wins_and_off_means_off():
     assert p.route("t", draft="b", k=7) == p.route("t", draft="b", k=7)
     assert p.route("t", draft="b", k=7).reason == "requested" and p.route("t", draft="b", k=7).k == 7
     assert p.route("t", mode="off").draft is None
+    # A draft the task does not allow serves the request that asks for it, and only that one.
+    assert p.route("t", draft="z").draft == "z" and p.route("t", draft="z").k >= 1
+    p.observe("t", "z", observation(alpha=0.99, c=0.01))
+    assert {arm.draft for arm in p.view("t").arms} == {"a", "b"}
 
 
 def test_falls_back_below_break_even_then_probes_and_returns_without_flapping():
