@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 
 $(INSTALLED): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c deploy/constraints.txt -e '.[test,dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c deploy/constraints.txt -e '.[test,dev,bench]'
 	touch $@
 
 demo: $(INSTALLED)
@@ -30,8 +30,7 @@ proto: $(INSTALLED)
 test-slow: $(INSTALLED)
 	$(BIN)/python -m pytest -m slow
 
+# The benchmark report (bench/results/<timestamp>/): builds the bench zoo first (~40 min, once).
 bench: $(INSTALLED)
 	$(BIN)/specserve zoo build --preset bench
-	$(BIN)/specserve demo --zoo bench --prompts 8 --max-tokens 96
-	$(BIN)/python bench/service_overhead.py --zoo bench
-	$(BIN)/python bench/routing.py --zoo bench --prompts 10 --warm-up 6 --max-tokens 96
+	$(BIN)/specserve bench

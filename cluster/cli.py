@@ -140,7 +140,57 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-tokens", type=int, default=64, help="(default: %(default)s)")
     demo.add_argument("--k", type=int, default=DEFAULT_K, help="(default: %(default)s)")
     demo.set_defaults(run=_run_demo)
+    _add_bench_command(commands)
     return parser
+
+
+def _add_bench_command(commands: argparse._SubParsersAction) -> None:
+    from specserve.bench.settings import BenchSettings
+
+    d = BenchSettings()  # the defaults, defined once there
+    bench = commands.add_parser(
+        "bench", help="benchmark speed, acceptance, overhead, a peer and load; write a report",
+        description="On the bench zoo and an embedded cluster (or --address): per task alpha, tokens per pass, "
+                    "greedy speedup over target-only with the Leviathan bound; the service against the in-process "
+                    "engine; Hugging Face assisted generation on the same models; routed against general drafts; "
+                    "1-8 concurrent clients, AUTO against OFF; sampling; each component's memory. Writes "
+                    "report.md, results.json and PNG plots under OUT/<timestamp>/ and prints a summary.")
+    bench.add_argument("--zoo", default=d.zoo, help="a zoo preset name or a zoo directory (default: %(default)s; "
+                                                    "a preset is built on first use, the bench zoo in ~45 minutes)")
+    bench.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
+    bench.add_argument("--address", metavar="HOST:PORT", help="benchmark a running service serving the same zoo")
+    bench.add_argument("--prompts", type=int, default=d.prompts, help="held-out prompts per task (default: %(default)s)")
+    bench.add_argument("--repeats", type=int, default=d.repeats, help="passes over the prompts (default: %(default)s)")
+    bench.add_argument("--warm-up", type=int, default=d.warm_up,
+                       help="routed requests per task before measuring (default: %(default)s)")
+    bench.add_argument("--max-tokens", type=int, default=d.max_tokens, help="(default: %(default)s)")
+    bench.add_argument("--k", type=int, default=d.k, help="k of the fixed-k paths (default: %(default)s)")
+    bench.add_argument("--temperatures", type=_floats, default=d.temperatures, metavar="T,T",
+                       help="sampling temperatures (default: %(default)s)")
+    bench.add_argument("--sampled-prompts", type=int, default=d.sampled_prompts,
+                       help="prompts per task and temperature (default: %(default)s)")
+    bench.add_argument("--concurrency", type=_ints, default=d.concurrency, metavar="N,N",
+                       help="concurrent clients per load level (default: %(default)s)")
+    bench.add_argument("--load-requests", type=int, default=d.load_requests,
+                       help="requests per load level and mode (default: %(default)s)")
+    bench.add_argument("--no-peer", action="store_true", help="skip Hugging Face assisted generation")
+    bench.add_argument("--rerender", type=Path, metavar="RUN_DIR",
+                       help="measure nothing: derive a past run's figures, plots and report again from its results.json")
+    bench.set_defaults(run=_run_bench)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def _add_classifier_commands(commands: argparse._SubParsersAction) -> None:
@@ -370,6 +420,25 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     run_demo(args.zoo, prompts_per_task=args.prompts, max_tokens=args.max_tokens, k=args.k,
              in_process=args.in_process, address=args.address)
+    return 0
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from specserve.bench.run import rerender, run_bench
+    from specserve.bench.settings import BenchSettings
+
+    if args.rerender:
+        if not (args.rerender / "results.json").is_file():
+            raise ValueError(f"{args.rerender} has no results.json: give the directory of a past run")
+        rerender(args.rerender)
+        return 0
+    settings = BenchSettings(zoo=args.zoo, out=args.out, prompts=args.prompts, repeats=args.repeats,
+                             warm_up=args.warm_up, max_tokens=args.max_tokens, k=args.k, temperatures=args.temperatures,
+                             sampled_prompts=args.sampled_prompts, concurrency=args.concurrency,
+                             load_requests=args.load_requests, address=args.address, peer=not args.no_peer)
+    if not args.verbose:  # the progress bar and the summary are the output
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    run_bench(settings)
     return 0
 
 

@@ -77,7 +77,7 @@ RoutedDecoder = Callable[[str], tuple[list[int], float, str]]
 def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_process: bool = False,
              address: str | None = None) -> list[TaskResult]:
     """Through the service (an embedded cluster started here, or the one at ``address``), or in this process."""
-    zoo = _ensure_zoo(zoo_name)
+    zoo = ensure_zoo(zoo_name)
     if in_process:
         engine = zoo_engine(zoo, zoo.draft_names)
         print(f"{_zoo_line(zoo)}; both models in this process, {torch.get_num_threads()} torch threads; "
@@ -100,7 +100,7 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_p
             service.stop()
 
 
-def _ensure_zoo(zoo_name: str) -> Zoo:
+def ensure_zoo(zoo_name: str) -> Zoo:
     location = zoo_location(zoo_name)
     if not (location / MANIFEST).exists() and zoo_name in PRESETS:
         print(f"building the {zoo_name} zoo in {location} (once; later runs reuse it)", flush=True)

@@ -1,0 +1,234 @@
+"""Every figure of the report, derived from the run's raw samples and nothing else (pure).
+
+A ratio between two paths is taken per prompt (the two decodes ran back to back, so they saw the
+same machine load) and summarised as a median with its quartiles and range; sums such as alpha
+and tokens per pass pool all samples of a path. The smoke test recomputes these figures from the
+saved samples and compares them with the saved report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import asdict
+
+import numpy as np
+
+from specserve.router.cost_model import expected_speedup
+
+from .samples import AUTO, ENGINE_OFF, ENGINE_TASK, GENERAL, HF_ASSISTED, OFF, ROUTED, TASK, Sample
+from .settings import Goal, Goals
+
+MIB = 1024 * 1024
+
+
+def spread(values: list[float]) -> dict | None:
+    """Median, quartiles, range and count; None when nothing was measured."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return None
+    p25, p50, p75 = np.percentile(values, [25, 50, 75]).tolist()
+    return {"median": p50, "p25": p25, "p75": p75, "min": min(values), "max": max(values), "n": len(values)}
+
+
+def rate(sample: Sample) -> float:
+    return sample.tokens / sample.seconds if sample.seconds > 0 else math.nan
+
+
+def ratio(a: Sample | None, b: Sample | None) -> float:
+    """Throughput of ``a`` over ``b`` (tokens per second)."""
+    return rate(a) / rate(b) if a and b and rate(b) > 0 else math.nan
+
+
+def alpha(samples: list[Sample]) -> float | None:
+    """Per-token acceptance: accepted / (accepted + rejections), over the samples that drafted."""
+    accepted = sum(s.accepted for s in samples)
+    trials = accepted + sum(s.rejections for s in samples)
+    return accepted / trials if trials else None
+
+
+def tokens_per_pass(samples: list[Sample]) -> float | None:
+    passes = sum(s.target_passes for s in samples)
+    return sum(s.tokens for s in samples) / passes if passes else None
+
+
+def cost_ratio(drafted: list[Sample], target_only: list[Sample]) -> float | None:
+    """c: a draft token's time on the draft worker over a target-only pass's time on the replica."""
+    proposed, passes = sum(s.proposed for s in drafted), sum(s.target_passes for s in target_only)
+    if not proposed or not passes:
+        return None
+    return (sum(s.draft_seconds for s in drafted) / proposed) / (sum(s.verify_seconds for s in target_only) / passes)
+
+
+def time_per_pass(samples: list[Sample]) -> dict | None:
+    """Where a target pass's wall time goes, in ms: the target's device time (verify), the draft's
+    (draft), and the rest (wire, Python, scheduling). Drafting ahead overlaps verification, so the
+    rest is a lower bound for the service's paths."""
+    passes = sum(s.target_passes for s in samples)
+    if not passes:
+        return None
+    wall, verify, draft = (1000 * sum(getattr(s, f) for s in samples) / passes
+                           for f in ("seconds", "verify_seconds", "draft_seconds"))
+    return {"wall": wall, "verify": verify, "draft": draft, "rest": wall - verify - draft}
+
+
+def derive(meta: dict, samples: list[Sample], memory: list[dict]) -> dict:
+    by_section: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        by_section[s.section].append(s)
+    figures = {
+        "tasks": {task: _greedy_task(task, [s for s in by_section["greedy"] if s.task == task], meta["k"])
+                  for task in meta["tasks"]},
+        "alpha_matrix": _alpha_matrix(by_section["score"]),
+        "sampling": _sampling(by_section["sampling"], meta["tasks"]),
+        "load": _load(by_section["load"]),
+        "memory": _memory(memory),
+    }
+    figures["goals"] = [asdict(g) for g in evaluate_goals(figures, Goals())]
+    return figures
+
+
+def _greedy_task(task: str, samples: list[Sample], k: int) -> dict:
+    paths: dict[str, list[Sample]] = defaultdict(list)
+    runs: dict[tuple[int, int], dict[str, Sample]] = defaultdict(dict)  # (prompt, repeat) -> path -> sample
+    for s in samples:
+        paths[s.path].append(s)
+        runs[(s.prompt, s.repeat)][s.path] = s
+    per_run = list(runs.values())
+
+    def ratios(a: str, b: str) -> dict | None:
+        return spread([ratio(r.get(a), r.get(b)) for r in per_run])
+
+    a, c = alpha(paths[TASK]), cost_ratio(paths[TASK], paths[OFF])
+    speedup = ratios(TASK, OFF)
+    bound = expected_speedup(a, c, k) if a is not None and c is not None else None
+    routed = paths[ROUTED]
+    peer = paths[HF_ASSISTED]
+    return {
+        "runs": len(per_run),
+        "draft": next((s.draft for s in paths[TASK] if s.draft), ""),
+        "k": k,
+        "alpha": a,
+        "tokens_per_pass": tokens_per_pass(paths[TASK]),
+        "c": c,
+        "speedup": speedup,
+        "bound": bound,
+        "of_bound": speedup["median"] / bound if speedup and bound else None,
+        "identical": {path: sum(bool(s.identical) for s in group) for path, group in paths.items() if path != OFF},
+        "routed": {
+            "alpha": alpha(routed),
+            "speedup": ratios(ROUTED, OFF),
+            "served_by": dict(Counter(s.draft or "target-only" for s in routed).most_common()),
+            "classified": sum(s.resolved_task == task for s in routed) / len(routed) if routed else None,
+            "mean_k": (sum(s.k for s in routed if s.k) / sum(1 for s in routed if s.k)) if any(s.k for s in routed) else None,
+        },
+        "general": {"alpha": alpha(paths[GENERAL]), "speedup": ratios(GENERAL, OFF)},
+        "time_per_pass": {path: time_per_pass(paths[path]) for path in (OFF, TASK, ENGINE_OFF, ENGINE_TASK)},
+        "engine": {
+            "speedup": ratios(ENGINE_TASK, ENGINE_OFF),
+            "service_over_engine_off": ratios(OFF, ENGINE_OFF),
+            "service_over_engine_task": ratios(TASK, ENGINE_TASK),
+        },
+        "peer": {
+            "speedup": ratios(HF_ASSISTED, ENGINE_OFF),
+            "ours_over_peer": ratios(TASK, HF_ASSISTED),
+            "engine_over_peer": ratios(ENGINE_TASK, HF_ASSISTED),
+            "identical": sum(bool(s.identical) for s in peer),
+            "runs": len(peer),
+        },
+    }
+
+
+def _alpha_matrix(scores: list[Sample]) -> dict[str, dict[str, float]]:
+    """Teacher-forced greedy agreement of every draft with the target's output, per task."""
+    matched: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for s in scores:
+        matched[s.task][s.draft][0] += s.accepted
+        matched[s.task][s.draft][1] += s.tokens
+    return {task: {draft: m / n for draft, (m, n) in sorted(drafts.items()) if n}
+            for task, drafts in matched.items()}
+
+
+def _sampling(samples: list[Sample], tasks: list[str]) -> dict[str, dict[str, dict]]:
+    grouped: dict[tuple[str, float], list[Sample]] = defaultdict(list)
+    for s in samples:
+        grouped[(s.task, s.temperature)].append(s)
+    out: dict[str, dict[str, dict]] = defaultdict(dict)
+    for (task, temperature), group in sorted(grouped.items(), key=lambda item: (tasks.index(item[0][0]), item[0][1])):
+        runs: dict[tuple[int, int], dict[str, Sample]] = defaultdict(dict)
+        for s in group:
+            runs[(s.prompt, s.repeat)][s.path] = s
+        drafted = [s for s in group if s.path == TASK]
+        out[task][f"{temperature:g}"] = {
+            "alpha": alpha(drafted),
+            "tokens_per_pass": tokens_per_pass(drafted),
+            "speedup": spread([ratio(r.get(TASK), r.get(OFF)) for r in runs.values()]),
+        }
+    return dict(out)
+
+
+def _load(samples: list[Sample]) -> dict[str, dict[str, dict]]:
+    grouped: dict[tuple[int, str], list[Sample]] = defaultdict(list)
+    for s in samples:
+        grouped[(s.concurrency, s.path)].append(s)
+    out: dict[str, dict[str, dict]] = defaultdict(dict)
+    for (level, mode), group in sorted(grouped.items(), key=lambda item: (item[0][0], item[0][1] != OFF)):
+        wall = max(s.started + s.seconds for s in group) - min(s.started for s in group)
+        latencies = [s.seconds for s in group]
+        first = [s.first_token_seconds for s in group if s.first_token_seconds is not None]
+        out[str(level)][mode] = {
+            "requests": len(group),
+            "tokens_per_second": sum(s.tokens for s in group) / wall if wall > 0 else None,
+            "p50": float(np.percentile(latencies, 50)),
+            "p99": float(np.percentile(latencies, 99)),
+            "ttft_p50": float(np.percentile(first, 50)) if first else None,
+            "ttft_p99": float(np.percentile(first, 99)) if first else None,
+            "identical": sum(bool(s.identical) for s in group) if mode == AUTO else None,
+        }
+    for modes in out.values():
+        if OFF in modes and AUTO in modes and modes[OFF]["tokens_per_second"] and modes[AUTO]["tokens_per_second"]:
+            modes["auto_over_off"] = {"throughput": modes[AUTO]["tokens_per_second"] / modes[OFF]["tokens_per_second"],
+                                      "p99": modes[AUTO]["p99"] / modes[OFF]["p99"]}
+    return dict(out)
+
+
+def _memory(rows: list[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for row in rows:
+        entry = out.setdefault(row["component"], {"processes": 0, "rss_mib": []})
+        entry["processes"] += 1
+        entry["rss_mib"].append(row["rss_bytes"] / MIB)
+    for entry in out.values():
+        entry["total_mib"] = sum(entry["rss_mib"])
+    return out
+
+
+def evaluate_goals(figures: dict, goals: Goals) -> list[Goal]:
+    """The issue's goals against this run's figures; a goal without a measurement is not met or missed."""
+    result = []
+    tasks = figures["tasks"]
+    for task, row in tasks.items():
+        routed = (row["routed"]["speedup"] or {}).get("median")
+        if task in goals.speedup:
+            result.append(_goal(f"speedup {task}", f">= {goals.speedup[task]:.2f}x", routed,
+                                lambda v, t=goals.speedup[task]: v >= t, "routed (the service's default) over target-only"))
+    floor = [r["routed"]["speedup"]["median"] for r in tasks.values() if r["routed"]["speedup"]]
+    result.append(_goal("speedup, every task", f">= {goals.speedup_floor:.2f}x", min(floor) if floor else None,
+                        lambda v: v >= goals.speedup_floor, "the lowest routed median over the tasks"))
+    for task, row in tasks.items():
+        result.append(_goal(f"of Leviathan bound {task}", f">= {goals.of_bound:.0%}", row["of_bound"],
+                            lambda v: v >= goals.of_bound, f"task draft, k={row['k']}", "%"))
+    for task, row in tasks.items():
+        over = (row["peer"]["ours_over_peer"] or {}).get("median")
+        result.append(_goal(f"over HF assisted {task}", f">= {goals.over_peer:.2f}x", over,
+                            lambda v: v >= goals.over_peer, "service with the task draft over assisted generation"))
+    level = figures["load"].get(str(goals.load_level), {}).get("auto_over_off")
+    result.append(_goal(f"{goals.load_level} clients: AUTO throughput over OFF", ">= 1.00x",
+                        level["throughput"] if level else None, lambda v: v >= 1.0))
+    result.append(_goal(f"{goals.load_level} clients: AUTO p99 over OFF", "<= 1.00x",
+                        level["p99"] if level else None, lambda v: v <= 1.0))
+    return result
+
+
+def _goal(name: str, threshold: str, measured: float | None, test, detail: str = "", unit: str = "x") -> Goal:
+    return Goal(name, threshold, measured, None if measured is None else bool(test(measured)), detail, unit)

@@ -1,0 +1,197 @@
+"""report.md and the printed summary, rendered from results.json's figures alone."""
+
+from __future__ import annotations
+
+from .samples import AUTO, OFF
+
+DASH = "–"  # not measured in this run
+
+
+def x(v: float | None) -> str:
+    return f"{v:.2f}×" if v is not None else DASH
+
+
+def num(v: float | None, digits: int = 2) -> str:
+    return f"{v:.{digits}f}" if v is not None else DASH
+
+
+def pct(v: float | None) -> str:
+    return f"{v:.0%}" if v is not None else DASH
+
+
+def ms(v: float | None) -> str:
+    return f"{v * 1000:.0f} ms" if v is not None else DASH
+
+
+def sx(spread: dict | None) -> str:
+    """A median ratio with its interquartile range and sample count."""
+    if not spread:
+        return DASH
+    return f"{spread['median']:.2f}× ({spread['p25']:.2f}–{spread['p75']:.2f}, n={spread['n']})"
+
+
+def measured(goal: dict) -> str:
+    return pct(goal["measured"]) if goal["unit"] == "%" else x(goal["measured"])
+
+
+def verdict(goal: dict) -> str:
+    return {True: "met", False: "**MISSED**", None: "not measured"}[goal["met"]]
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def render_report(results: dict, plots: list[str]) -> str:
+    meta, f = results["meta"], results["figures"]
+    settings, tasks = meta["settings"], f["tasks"]
+    found = sum(meta["prompts"]["found_in_training"].values())
+    lines = [
+        f"# specserve benchmark, {meta['started']}",
+        "",
+        f"`{meta['command']}`: zoo **{meta['zoo']['preset']}** (target {meta['zoo']['target_parameters'] / 1e6:.1f}M "
+        f"parameters; drafts {', '.join(meta['drafts'])}), {meta['machine']['cpus']} CPUs, {meta['machine']['platform']}; "
+        f"torch {meta['machine']['torch']}, transformers {meta['machine']['transformers']}, ray {meta['machine']['ray']}. "
+        f"The run took {meta['seconds']:.0f} s.",
+        "",
+        f"Greedy unless stated; {meta['max_tokens']} tokens per request; {settings['prompts']} held-out prompts per task "
+        f"(`bench/prompts/`), {settings['repeats']} pass(es), after {settings['warm_up']} routed warm-up requests per task. "
+        f"Held-out check: {meta['prompts']['checked']} prompts compared with the zoo's training text, {found} found there "
+        "(and left out). Every ratio is taken per prompt between decodes that ran back to back, so machine noise "
+        "hits both sides alike, and is given as a median with its interquartile range and sample count.",
+        "",
+        "## Goals",
+        "",
+        *table(["goal", "target", "measured", "result", "what is measured"],
+               [[g["name"], g["threshold"], measured(g),
+                 verdict(g), g["detail"]] for g in f["goals"]]),
+        "",
+        "## 1. Speedup by task, through the service",
+        "",
+        f"`task draft`: the task's own draft at a fixed k={meta['k']}; `routed`: the prompt alone, as most clients send "
+        "it (classifier, policy, adaptive k, fallback). alpha = accepted / (accepted + rejections); c = a draft "
+        "token's time on the draft worker over a target-only pass on the replica; bound = Leviathan et al.'s "
+        "(1 − αᵏ⁺¹) / ((1 − α)(kc + 1)) from this run's alpha, c and k, the speedup when drafting and verifying "
+        "take turns. The service drafts the next proposal while the target verifies, so it can beat the bound.",
+        "",
+        *table(["task", "draft", "alpha", "tokens/pass", "c", "speedup (task draft)", "bound", "achieved/bound",
+                "speedup (routed)", "identical"],
+               [[t, r["draft"], num(r["alpha"]), num(r["tokens_per_pass"]), num(r["c"], 3), sx(r["speedup"]),
+                 x(r["bound"]), pct(r["of_bound"]), sx(r["routed"]["speedup"]), _identical(r)]
+                for t, r in tasks.items()]),
+        "",
+        *_image(plots, "speedup_by_task.png", "speedup by task"),
+        "## 2. Cost of distribution: the service against the in-process engine",
+        "",
+        "The in-process engine runs both models on one thread pinned to the target replica's core; the service "
+        "runs the draft on its own worker. Throughput ratios, same models, prompts and k.",
+        "",
+        *table(["task", "engine speedup", "service/engine, target-only", "service/engine, task draft"],
+               [[t, sx(r["engine"]["speedup"]), sx(r["engine"]["service_over_engine_off"]),
+                 sx(r["engine"]["service_over_engine_task"])] for t, r in tasks.items()]),
+        "",
+        "## 3. The peer: Hugging Face assisted generation",
+        "",
+        "`transformers` `generate(assistant_model=...)`, greedy, same target and draft, its default schedule "
+        "(up to 20 draft tokens, cut by its adaptive confidence threshold), in-process on the same pinned thread as "
+        "the engine. Its speedup is over our in-process target-only decode.",
+        "",
+        *table(["task", "HF speedup", "service over HF", "engine over HF", "HF output identical"],
+               [[t, sx(r["peer"]["speedup"]), sx(r["peer"]["ours_over_peer"]), sx(r["peer"]["engine_over_peer"]),
+                 f"{r['peer']['identical']}/{r['peer']['runs']}"] for t, r in tasks.items()]),
+        "",
+        "## 4. Routing: the policy's drafts against one general draft",
+        "",
+        *table(["task", "classified", "served by (routed)", "alpha routed", "alpha general", "speedup routed",
+                "speedup general"],
+               [[t, pct(r["routed"]["classified"]), ", ".join(f"{d} {n}" for d, n in r["routed"]["served_by"].items()),
+                 num(r["routed"]["alpha"]), num(r["general"]["alpha"]), sx(r["routed"]["speedup"]),
+                 sx(r["general"]["speedup"])] for t, r in tasks.items()]),
+        "",
+        "Alpha of every draft on every task, teacher-forced on the target's greedy output of the prompts above "
+        "(the fraction of positions where the draft's greedy choice is the target's token):",
+        "",
+        *_matrix(f["alpha_matrix"]),
+        "",
+        *_image(plots, "alpha_heatmap.png", "alpha heatmap"),
+        "## 5. Load: concurrent clients, mixed tasks",
+        "",
+        f"{settings['load_requests']} streamed requests per level and mode, the prompt alone, tasks interleaved; "
+        "OFF and AUTO run one after the other on the same requests (which goes first alternates). Throughput is "
+        "the tokens of all requests over the level's wall time; latency is per request, request to last token; "
+        "p99 of so few requests is close to their maximum.",
+        "",
+        *table(["clients", "mode", "tokens/s", "p50", "p99", "TTFT p50", "TTFT p99", "identical to OFF"],
+               [[lvl, mode.upper(), num(m["tokens_per_second"], 1), ms(m["p50"]), ms(m["p99"]), ms(m["ttft_p50"]),
+                 ms(m["ttft_p99"]), f"{m['identical']}/{m['requests']}" if mode == AUTO else ""]
+                for lvl, modes in f["load"].items() for mode, m in modes.items() if mode in (OFF, AUTO)]),
+        "",
+        *table(["clients", "AUTO/OFF throughput", "AUTO/OFF p99"],
+               [[lvl, x(m["auto_over_off"]["throughput"]), x(m["auto_over_off"]["p99"])]
+                for lvl, m in f["load"].items() if "auto_over_off" in m]),
+        "",
+        *_image(plots, "load.png", "throughput and p99 against concurrency"),
+        "## 6. Sampling",
+        "",
+        f"The task's draft at k={meta['k']} against target-only, {settings['sampled_prompts']} prompts per task and "
+        "temperature, the same seed on both. Sampled outputs follow the target's distribution (the lossless "
+        "sampling tests check it); they are not token-identical to a target-only run, so only speed is compared.",
+        "",
+        *table(["task", "temperature", "alpha", "tokens/pass", "speedup"],
+               [[t, temp, num(m["alpha"]), num(m["tokens_per_pass"]), sx(m["speedup"])]
+                for t, temps in f["sampling"].items() for temp, m in temps.items()]),
+        "",
+        "## 7. Resident memory",
+        "",
+        *table(["component", "processes", "RSS each (MiB)", "total (MiB)"],
+               [[c, str(m["processes"]), ", ".join(f"{v:.0f}" for v in m["rss_mib"]), f"{m['total_mib']:.0f}"]
+                for c, m in f["memory"].items()]),
+        "",
+        "Measured at the end of the run, by process title; Ray's own processes (GCS, raylet, Serve controller) "
+        "are not counted.",
+        "",
+        "## 8. Where the time goes",
+        "",
+        "Per target pass, in ms: wall time seen by the caller, the target's device time (verify), the draft's "
+        "device time (draft), and the rest (wire, Python, scheduling). The service drafts ahead while the "
+        "target verifies, so its rest is a lower bound; in process the two take turns on one thread.",
+        "",
+        *table(["task", "path", "wall", "verify", "draft", "rest"],
+               [[t, path, num(p["wall"]), num(p["verify"]), num(p["draft"]), num(p["rest"])]
+                for t, r in tasks.items() for path, p in r["time_per_pass"].items() if p]),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _identical(row: dict) -> str:
+    """Outputs equal to target-only's, over the service and engine paths (the peer has its own column)."""
+    counts = {p: n for p, n in row["identical"].items() if p != "hf_assisted"}
+    return f"{min(counts.values())}/{row['runs']}" if counts else DASH
+
+
+def _matrix(matrix: dict[str, dict[str, float]]) -> list[str]:
+    if not matrix:
+        return ["(not measured)"]
+    drafts = sorted({d for row in matrix.values() for d in row})
+    return table(["task", *drafts], [[t, *(num(row.get(d)) for d in drafts)] for t, row in matrix.items()])
+
+
+def _image(plots: list[str], name: str, alt: str) -> list[str]:
+    return [f"![{alt}]({name})", ""] if name in plots else []
+
+
+def summary(results: dict) -> str:
+    """What the command prints: per task the headline figures, then the goals."""
+    f = results["figures"]
+    lines = [f"{'task':<6} {'alpha':>6} {'tok/pass':>8} {'speedup':>8} {'bound':>6} {'of bound':>8} {'routed':>7} "
+             f"{'vs HF':>6} {'identical':>9}"]
+    for t, r in f["tasks"].items():
+        med = lambda s: x(s["median"] if s else None)  # noqa: E731
+        lines.append(f"{t:<6} {num(r['alpha']):>6} {num(r['tokens_per_pass']):>8} {med(r['speedup']):>8} "
+                     f"{x(r['bound']):>6} {pct(r['of_bound']):>8} {med(r['routed']['speedup']):>7} "
+                     f"{med(r['peer']['ours_over_peer']):>6} {_identical(r):>9}")
+    lines.append("\ngoals:")
+    for g in f["goals"]:
+        lines.append(f"  {g['name']:<38} {g['threshold']:>9}  {measured(g):>7}  {verdict(g).strip('*')}")
+    return "\n".join(lines)

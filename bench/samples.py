@@ -1,0 +1,53 @@
+"""One measured decode: the raw record every figure of the report is derived from."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+# Paths of the greedy section. Each prompt is decoded on every path back to back, so that machine
+# noise hits all of them alike; every output is compared with `off`'s.
+OFF = "off"  # the service, target only (speculation OFF)
+TASK = "task"  # the service, the task's own draft, fixed k
+ROUTED = "routed"  # the service with nothing but the prompt: classifier, policy, adaptive k
+GENERAL = "general"  # the service, the general draft forced, fixed k
+ENGINE_OFF = "engine_off"  # the in-process engine, target only, one thread pinned like the target replica
+ENGINE_TASK = "engine_task"  # the in-process engine, the task's draft, fixed k, same thread
+HF_ASSISTED = "hf_assisted"  # transformers assisted generation, the task's draft, its default schedule
+GREEDY_PATHS = (OFF, TASK, ROUTED, GENERAL, ENGINE_OFF, ENGINE_TASK, HF_ASSISTED)
+AUTO = "auto"  # load section: the service's default (speculation AUTO, nothing but the prompt)
+
+
+@dataclass
+class Sample:
+    section: str  # greedy | sampling | load
+    task: str  # the prompt's task (its bench/prompts file), not what the router resolved
+    path: str  # one of GREEDY_PATHS, or for sampling TASK/OFF, for load AUTO/OFF
+    prompt: int  # index into the task's prompts
+    repeat: int = 0
+    tokens: int = 0
+    seconds: float = 0.0  # wall time seen by the caller, request to last token
+    first_token_seconds: float | None = None  # streamed requests (load section)
+    identical: bool | None = None  # output equals the target-only output of the same prompt
+    temperature: float = 0.0
+    concurrency: int = 0  # load section: clients running at once
+    started: float = 0.0  # load section: seconds from the level's start to this request's
+    proposed: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    target_passes: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    k: int = 0  # the k the request started with (0: target only)
+    draft: str = ""  # the draft that served it ("" = target only)
+    resolved_task: str = ""  # what the router resolved the task to (routed requests)
+    token_ids: list[int] = field(default_factory=list, repr=False)  # not saved: compared, then dropped
+
+    def record(self) -> dict:
+        row = asdict(self)
+        del row["token_ids"]
+        return row
+
+    @classmethod
+    def from_record(cls, row: dict) -> Sample:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in row.items() if k in names})
