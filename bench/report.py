@@ -68,16 +68,20 @@ def render_report(results: dict, plots: list[str]) -> str:
         "",
         "## 1. Speedup by task, through the service",
         "",
-        f"`task draft`: the task's own draft at a fixed k={meta['k']}; `routed`: the prompt alone, as most clients send "
-        "it (classifier, policy, adaptive k, fallback). alpha = accepted / (accepted + rejections); c = a draft "
-        "token's time on the draft worker over a target-only pass on the replica; bound = Leviathan et al.'s "
-        "(1 − αᵏ⁺¹) / ((1 − α)(kc + 1)) from this run's alpha, c and k, the speedup when drafting and verifying "
-        "take turns. The service drafts the next proposal while the target verifies, so it can beat the bound.",
+        f"`task draft`: the task's own draft at a fixed k={meta['k']}; `adaptive`: the same draft with the policy's k "
+        "and schedule; `routed`: the prompt alone, as most clients send it (classifier, policy, adaptive k, "
+        "fallback). alpha = accepted / (accepted + rejections); c = a draft token's time over a target-only "
+        "pass, from the in-process engine (the models' own cost ratio); w = what each verified draft token adds "
+        "to a target pass, from the replica's device times (about 0 on a GPU, not on a CPU). bound = Leviathan et "
+        "al.'s (1 − αᵏ⁺¹) / ((1 − α)(kc + 1)) from this run's alpha, c and k, which assumes w = 0; `with w` "
+        "divides by (1 + kc + kw) instead, the bound for this machine. The service drafts the next proposal "
+        "while the target verifies, so it can beat either.",
         "",
-        *table(["task", "draft", "alpha", "tokens/pass", "c", "speedup (task draft)", "bound", "achieved/bound",
-                "speedup (routed)", "identical"],
-               [[t, r["draft"], num(r["alpha"]), num(r["tokens_per_pass"]), num(r["c"], 3), sx(r["speedup"]),
-                 x(r["bound"]), pct(r["of_bound"]), sx(r["routed"]["speedup"]), _identical(r)]
+        *table(["task", "draft", "alpha", "tokens/pass", "c", "w", "speedup (task draft)", "bound", "achieved/bound",
+                "bound with w", "achieved/bound with w", "speedup (adaptive)", "speedup (routed)", "identical"],
+               [[t, r["draft"], num(r["alpha"]), num(r["tokens_per_pass"]), num(r["c"], 3), num(r["w"], 3),
+                 sx(r["speedup"]), x(r["bound"]), pct(r["of_bound"]), x(r["bound_with_w"]), pct(r["of_bound_with_w"]),
+                 sx(r["adaptive_speedup"]), sx(r["routed"]["speedup"]), _identical(r)]
                 for t, r in tasks.items()]),
         "",
         *_image(plots, "speedup_by_task.png", "speedup by task"),
@@ -94,7 +98,9 @@ def render_report(results: dict, plots: list[str]) -> str:
         "",
         "`transformers` `generate(assistant_model=...)`, greedy, same target and draft, its default schedule "
         "(up to 20 draft tokens, cut by its adaptive confidence threshold), in-process on the same pinned thread as "
-        "the engine. Its speedup is over our in-process target-only decode.",
+        "the engine. Its speedup is over our in-process target-only decode. `service over HF`: the service with the "
+        "same draft and its own default schedule (`adaptive` above); `engine over HF`: our in-process engine at "
+        f"k={meta['k']} on the same thread, the algorithm without the distribution.",
         "",
         *table(["task", "HF speedup", "service over HF", "engine over HF", "HF output identical"],
                [[t, sx(r["peer"]["speedup"]), sx(r["peer"]["ours_over_peer"]), sx(r["peer"]["engine_over_peer"]),

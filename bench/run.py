@@ -12,6 +12,7 @@ Then results.json (settings, raw samples, figures), report.md and the plots.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -27,7 +28,7 @@ import transformers
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
-from specserve.cluster.bringup import start_service
+from specserve.cluster.bringup import merge_into, start_service
 from specserve.cluster.client import SpecServeClient
 from specserve.cluster.demo import ensure_zoo
 from specserve.cluster.local import zoo_engine
@@ -71,8 +72,9 @@ class Bench:
         """First calls pay one-off costs (allocator, connections); then the policy sees routed traffic."""
         self.section("warm-up", "one decode per path per task; routed requests so the policy learns from traffic")
         for task in self.zoo.tasks:
-            self.greedy_prompt(task, -1, self.prompts[task][-1], repeat=-1, keep=False)
-            for prompt in self.prompts[task][-self.s.warm_up:] if self.s.warm_up else []:
+            spare = self.prompts[task][self.s.prompts:]  # never measured
+            self.greedy_prompt(task, -1, spare[-1], repeat=-1, keep=False)
+            for prompt in itertools.islice(itertools.cycle(spare), self.s.warm_up):
                 decode_service(self.client, service_request(ROUTED, prompt, task, "", self.s.k, self.s.max_tokens),
                                Sample("warm-up", task, ROUTED, -1))
                 self.bar.update()
@@ -155,10 +157,10 @@ def run_bench(settings: BenchSettings) -> Path:
     hf_logging.set_verbosity_error()  # assisted generation warns about its own internal arguments on every call
     zoo = ensure_zoo(settings.zoo)
     held_out = load_prompts(zoo)
-    for task, prompts in held_out.by_task.items():  # warm-up prompts come from the end: never measured
-        if len(prompts) < max(settings.prompts + settings.warm_up, settings.sampled_prompts):
-            raise ValueError(f"{task} has {len(prompts)} benchmark prompts: too few for --prompts {settings.prompts} "
-                             f"plus --warm-up {settings.warm_up} (and --sampled-prompts {settings.sampled_prompts})")
+    for task, prompts in held_out.by_task.items():  # warm-up uses the prompts after the measured ones
+        if len(prompts) <= settings.prompts or len(prompts) < settings.sampled_prompts:
+            raise ValueError(f"{task} has {len(prompts)} benchmark prompts: --prompts {settings.prompts} must leave "
+                             f"at least one for the warm-up, and --sampled-prompts {settings.sampled_prompts} fit")
     started = datetime.now(timezone.utc)
     out = settings.out / started.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=False)
@@ -169,7 +171,9 @@ def run_bench(settings: BenchSettings) -> Path:
     service = None
     if settings.address is None:
         print("starting the embedded cluster (Ray, Serve, target replica, draft pool)...", flush=True)
-        service = start_service(port=0, overrides={"models": {"zoo": str(zoo.root)}})
+        overrides = {"models": {"zoo": str(zoo.root)}}
+        merge_into(overrides, settings.service_overrides)
+        service = start_service(port=0, overrides=overrides)
     client = SpecServeClient(settings.address or service.address)
     bench = Bench(settings, zoo, held_out.by_task, client, engine, device)
     try:

@@ -8,12 +8,13 @@ from dataclasses import asdict, dataclass, field, fields
 # noise hits all of them alike; every output is compared with `off`'s.
 OFF = "off"  # the service, target only (speculation OFF)
 TASK = "task"  # the service, the task's own draft, fixed k
+TASK_ADAPTIVE = "task_adaptive"  # the service, the task's own draft, the policy's k and schedule (its defaults)
 ROUTED = "routed"  # the service with nothing but the prompt: classifier, policy, adaptive k
 GENERAL = "general"  # the service, the general draft forced, fixed k
 ENGINE_OFF = "engine_off"  # the in-process engine, target only, one thread pinned like the target replica
 ENGINE_TASK = "engine_task"  # the in-process engine, the task's draft, fixed k, same thread
 HF_ASSISTED = "hf_assisted"  # transformers assisted generation, the task's draft, its default schedule
-GREEDY_PATHS = (OFF, TASK, ROUTED, GENERAL, ENGINE_OFF, ENGINE_TASK, HF_ASSISTED)
+GREEDY_PATHS = (OFF, TASK, TASK_ADAPTIVE, ROUTED, GENERAL, ENGINE_OFF, ENGINE_TASK, HF_ASSISTED)
 AUTO = "auto"  # load section: the service's default (speculation AUTO, nothing but the prompt)
 
 

@@ -17,7 +17,8 @@ class BenchSettings:
     out: Path = RESULTS_DIR  # a run writes out/<timestamp>/
     prompts: int = 6  # held-out prompts per task in the greedy section
     repeats: int = 1  # passes over those prompts; every pass adds one sample per prompt and path
-    warm_up: int = 4  # routed requests per task before measuring, so the policy starts from traffic
+    warm_up: int = 8  # routed requests per task before measuring (cycling over prompts never measured), so the
+    # policy is past its first exploration, as a service that has seen traffic is
     max_tokens: int = 96
     k: int = DEFAULT_K  # the fixed k of the task-draft, general-draft, engine runs (HF uses its own)
     temperatures: tuple[float, ...] = (0.7, 1.0)
@@ -27,6 +28,7 @@ class BenchSettings:
     address: str | None = None  # a running service instead of an embedded cluster
     peer: bool = True  # HF assisted generation (in this process)
     seed: int = 1234  # sampled requests' seeds start here
+    service_overrides: dict = field(default_factory=dict)  # Serve config args for the embedded service
 
     def __post_init__(self) -> None:
         positive = {"prompts": self.prompts, "repeats": self.repeats, "max_tokens": self.max_tokens, "k": self.k,

@@ -56,11 +56,19 @@ def serve_config(path: Path, port: int | None = None, overrides: dict | None = N
     if len(apps) != 1:
         raise ValueError(f"{path}: expected exactly one application, found {len(apps)}")
     args = apps[0].setdefault("args", {})
-    for key, value in (overrides or {}).items():
-        args[key] = {**args.get(key, {}), **value} if isinstance(value, dict) else value
+    merge_into(args, overrides or {})
     if port is not None:
         args.setdefault("router", {})["port"] = port
     return doc
+
+
+def merge_into(base: dict, overrides: dict) -> None:
+    """Overrides win key by key, at any depth: {"router": {"policy": {"k_max": 16}}} changes one field."""
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_into(base[key], value)
+        else:
+            base[key] = value
 
 
 def start_cluster(address: str | None, metrics_port: int | None = None) -> bool:

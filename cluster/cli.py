@@ -174,9 +174,30 @@ def _add_bench_command(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--load-requests", type=int, default=d.load_requests,
                        help="requests per load level and mode (default: %(default)s)")
     bench.add_argument("--no-peer", action="store_true", help="skip Hugging Face assisted generation")
+    bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                       help="override a field of the embedded service's config (deploy/serve_config.yaml args), "
+                            "e.g. router.policy.k_max=16 (repeatable; VALUE is YAML)")
     bench.add_argument("--rerender", type=Path, metavar="RUN_DIR",
                        help="measure nothing: derive a past run's figures, plots and report again from its results.json")
     bench.set_defaults(run=_run_bench)
+
+
+def _dotted_overrides(items: list[str]) -> dict:
+    """["router.policy.k_max=16"] -> {"router": {"policy": {"k_max": 16}}}; the service's config
+    validation then refuses unknown keys and bad values with its usual message."""
+    import yaml
+
+    overrides: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        *parents, leaf = key.split(".")
+        node = overrides
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return overrides
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -435,7 +456,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     settings = BenchSettings(zoo=args.zoo, out=args.out, prompts=args.prompts, repeats=args.repeats,
                              warm_up=args.warm_up, max_tokens=args.max_tokens, k=args.k, temperatures=args.temperatures,
                              sampled_prompts=args.sampled_prompts, concurrency=args.concurrency,
-                             load_requests=args.load_requests, address=args.address, peer=not args.no_peer)
+                             load_requests=args.load_requests, address=args.address, peer=not args.no_peer,
+                             service_overrides=_dotted_overrides(args.overrides))
+    if args.address and args.overrides:
+        raise ValueError("--set configures the embedded service; a running one (--address) keeps its own config")
     if not args.verbose:  # the progress bar and the summary are the output
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     run_bench(settings)

@@ -79,6 +79,14 @@ class StepTimes:
     verify_device: float = 0.0
     plain_device: float = 0.0
 
+    def record(self, drafted: bool, wait: float, device: float) -> None:
+        if drafted:
+            self.verify_steps.append(wait)
+            self.verify_device += device
+        else:
+            self.plain_steps.append(wait)
+            self.plain_device += device
+
 
 class Session:
     """A request in flight. Iterate ``run()`` for chunks as they are committed.
@@ -167,7 +175,14 @@ class Session:
             await self.drafter.call.write(pb.DraftRequest(open=opened))
 
     async def _propose(self, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
-        """The next proposal: the lookahead's when it guessed the verdict, else a fresh draft."""
+        """The next proposal: the lookahead's when it guessed the verdict, else a fresh draft.
+
+        Drafting ahead, the first step proposes nothing: the target's prefill answers the first
+        token alone, as fast as target-only decoding would, while the draft prefills and drafts
+        ahead of it; otherwise the first token would wait for the draft's prefill and k tokens.
+        """
+        if self.verdict is None and self.lookahead and self.drafter:
+            return EMPTY_PROPOSAL
         waited = time.perf_counter()
         drafted = await ahead if ahead is not None else None
         if drafted is not None:
@@ -197,7 +212,7 @@ class Session:
         after_all_accepted = self.output.remaining - len(proposal.ids) - 1
         next_k = self.length.next_k(len(proposal.ids), len(proposal.ids))
         k = min(next_k, after_all_accepted - 1) + 1  # one more: its guess of the target's token
-        if not (self.lookahead and self.drafter and proposal.ids and k >= 2):
+        if not (self.lookahead and self.drafter and (proposal.ids or self.verdict is None) and k >= 2):
             return None
         self.stats.lookaheads += 1
         keep = self.draft_committed + self.draft_offset + len(proposal.ids)
@@ -212,13 +227,8 @@ class Session:
     async def _verify(self, proposal: pb.Proposal) -> pb.Verdict:
         waited = time.perf_counter()
         reply = await self.target.ask(pb.VerifyRequest(step=proposal))
-        wait = time.perf_counter() - waited
-        if proposal.ids:
-            self.times.verify_steps.append(wait)
-            self.times.verify_device += reply.seconds
-        else:
-            self.times.plain_steps.append(wait)
-            self.times.plain_device += reply.seconds
+        if self.verdict is not None:  # the prefill is no decode step: the cost model leaves it out
+            self.times.record(bool(proposal.ids), time.perf_counter() - waited, reply.seconds)
         self.stats.verify_seconds += reply.seconds
         self.stats.record_step(len(proposal.ids), reply.verdict.num_accepted)
         return reply.verdict

@@ -16,7 +16,7 @@ import pytest
 
 from specserve.bench import figures as F
 from specserve.bench.report import render_report
-from specserve.bench.samples import AUTO, GREEDY_PATHS, OFF, TASK, Sample
+from specserve.bench.samples import AUTO, ENGINE_OFF, ENGINE_TASK, GREEDY_PATHS, OFF, TASK, Sample
 from specserve.cluster.cli import main
 
 PROMPTS, CONCURRENCY, LOAD_REQUESTS = 2, (1, 2), 4
@@ -108,14 +108,20 @@ def test_derived_figures_on_known_samples():
     def run(path: str, prompt: int, seconds: float, **kw) -> Sample:
         return Sample("greedy", "sql", path, prompt, tokens=100, seconds=seconds, **kw)
 
+    drafted = dict(proposed=40, accepted=30, rejections=10, target_passes=25)
     samples = [run(OFF, 0, 2.0, target_passes=100, verify_seconds=1.0), run(OFF, 1, 3.0, target_passes=100, verify_seconds=1.0),
-               run(TASK, 0, 1.0, proposed=40, accepted=30, rejections=10, target_passes=25, draft_seconds=0.2),
-               run(TASK, 1, 1.0, proposed=40, accepted=30, rejections=10, target_passes=25, draft_seconds=0.2)]
+               run(TASK, 0, 1.0, verify_seconds=0.375, **drafted), run(TASK, 1, 1.0, verify_seconds=0.375, **drafted),
+               run(ENGINE_OFF, 0, 1.0, target_passes=100, verify_seconds=1.0),
+               run(ENGINE_TASK, 0, 1.0, draft_seconds=0.2, verify_seconds=0.4, **drafted)]
     row = F.derive({"tasks": ["sql"], "k": 4}, samples, [])["tasks"]["sql"]
     assert row["alpha"] == 0.75 and row["tokens_per_pass"] == 4.0
-    assert row["c"] == pytest.approx((0.4 / 80) / (2.0 / 200))  # 0.5
+    assert row["c"] == pytest.approx((0.2 / 40) / (1.0 / 100))  # 0.5, from the engine's paths
+    assert row["w"] == pytest.approx((0.015 / 0.01 - 1) / 4)  # a 5-token verify pass costs 1.5 target-only passes
     assert row["speedup"]["median"] == 2.5 and row["speedup"]["min"] == 2.0 and row["speedup"]["max"] == 3.0
-    assert row["bound"] == pytest.approx((1 - 0.75 ** 5) / (0.25 * (4 * 0.5 + 1)))
+    expected = (1 - 0.75 ** 5) / 0.25
+    assert row["bound"] == pytest.approx(expected / (1 + 4 * 0.5))
+    assert row["bound_with_w"] == pytest.approx(expected / (1 + 4 * 0.5 + 4 * 0.125))
+    assert row["of_bound"] == pytest.approx(2.5 / row["bound"])
     assert F.spread([]) is None and F.spread([float("nan")]) is None
 
 

@@ -80,6 +80,8 @@ def test_stream_chunks_concatenate_to_the_unary_result(client, tiny_zoo):
     assert chunks[-1].finish_reason == whole.finish_reason != pb.FINISH_REASON_UNSPECIFIED
     assert chunks[-1].stats.target_passes == whole.stats.target_passes
     assert len(chunks) == whole.stats.target_passes  # one message per committed step
+    # Drafting ahead, the first token is the target prefill's alone: it does not wait for a proposal.
+    assert len(chunks[0].token_ids) == 1 and whole.stats.lookaheads > 0
 
 
 def test_four_concurrent_clients_get_the_sequential_results(client, tiny_zoo):
