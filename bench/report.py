@@ -120,6 +120,11 @@ def render_report(results: dict, plots: list[str]) -> str:
         *_matrix(f["alpha_matrix"]),
         "",
         *_image(plots, "alpha_heatmap.png", "alpha heatmap"),
+        "The routing policy's view at the end of the run (`GetStats`): per task its decision, per allowed draft "
+        "its estimates (c and w here are the router's: its wait per draft token, which drafting ahead hides).",
+        "",
+        *_policy(results.get("policy")),
+        "",
         "## 5. Load: concurrent clients, mixed tasks",
         "",
         f"{settings['load_requests']} streamed requests per level and mode, the prompt alone, tasks interleaved; "
@@ -181,6 +186,14 @@ def _matrix(matrix: dict[str, dict[str, float]]) -> list[str]:
         return ["(not measured)"]
     drafts = sorted({d for row in matrix.values() for d in row})
     return table(["task", *drafts], [[t, *(num(row.get(d)) for d in drafts)] for t, row in matrix.items()])
+
+
+def _policy(rows: list[dict] | None) -> list[str]:
+    if not rows:
+        return ["(not recorded in this run)"]
+    return table(["task", "draft", "alpha", "c", "k", "expected speedup", "decision", "reason"],
+                 [[r["task"], r["draft"], num(r["alpha"]), num(r["c"], 3), str(r["k"]), x(r["expected_speedup"]),
+                   r["decision"], r["reason"]] for r in rows])
 
 
 def _image(plots: list[str], name: str, alt: str) -> list[str]:

@@ -183,13 +183,15 @@ def run_bench(settings: BenchSettings) -> Path:
         bench.sampling()
         bench.load()
         memory = resident_memory(own_cluster=service is not None)
+        policy = policy_rows(client.stats())
     finally:
         bench.bar.close()
         client.close()
         if service:
             service.stop()
     meta = _meta(settings, zoo, held_out, started)
-    write_results(out, {"meta": meta, "samples": [s.record() for s in bench.samples], "memory": memory})
+    write_results(out, {"meta": meta, "samples": [s.record() for s in bench.samples], "memory": memory,
+                        "policy": policy})
     return out
 
 
@@ -206,7 +208,14 @@ def write_results(out: Path, results: dict) -> None:
 def rerender(run_dir: Path) -> None:
     """A past run's figures, plots and report again from its saved samples (after a report change)."""
     results = json.loads((run_dir / "results.json").read_text())
-    write_results(run_dir, {k: results[k] for k in ("meta", "samples", "memory")})
+    write_results(run_dir, {k: results[k] for k in ("meta", "samples", "memory", "policy") if k in results})
+
+
+def policy_rows(stats) -> list[dict]:
+    """The routing policy's view at the end of the run (GetStats): what it learnt from the traffic."""
+    return [{"task": t.task, "draft": t.draft, "alpha": t.alpha, "c": t.cost_ratio, "k": t.k,
+             "expected_speedup": t.expected_speedup, "decision": t.decision, "reason": t.reason,
+             "scored_tokens": t.scored_tokens} for t in stats.tasks]
 
 
 def _meta(settings: BenchSettings, zoo: Zoo, held_out, started: datetime) -> dict:

@@ -54,7 +54,8 @@ def test_the_run_writes_a_report_its_results_and_three_plots(run_dir, results):
         data = (run_dir / plot).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, plot
         assert f"]({plot})" in report
-    assert set(results) == {"meta", "samples", "memory", "figures"}
+    assert set(results) == {"meta", "samples", "memory", "policy", "figures"}
+    assert {r["task"] for r in results["policy"]} >= set(results["meta"]["tasks"])
     for goal in results["figures"]["goals"]:  # printed beside the figures
         assert goal["name"] in report and goal["threshold"] in report
 
