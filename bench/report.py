@@ -120,8 +120,8 @@ def render_report(results: dict, plots: list[str]) -> str:
         *_matrix(f["alpha_matrix"]),
         "",
         *_image(plots, "alpha_heatmap.png", "alpha heatmap"),
-        "The routing policy's view at the end of the run (`GetStats`): per task its decision, per allowed draft "
-        "its estimates (c and w here are the router's: its wait per draft token, which drafting ahead hides).",
+        "The routing policy's view after the greedy section (`GetStats`): per task its decision, per allowed "
+        "draft its estimates (its c is the router's wait per draft token, which drafting ahead partly hides).",
         "",
         *_policy(results.get("policy")),
         "",

@@ -179,11 +179,11 @@ def run_bench(settings: BenchSettings) -> Path:
     try:
         bench.warm_up()
         bench.greedy()
+        policy = policy_rows(client.stats())  # the view that routed the measured requests, before load
         bench.score()
         bench.sampling()
         bench.load()
         memory = resident_memory(own_cluster=service is not None)
-        policy = policy_rows(client.stats())
     finally:
         bench.bar.close()
         client.close()

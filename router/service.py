@@ -156,6 +156,7 @@ class SpecServeService:
         """Per task, a row for the task (draft "": its decision, and its target-only totals), then
         one per draft allowed for it (the policy's estimates, and the totals it served)."""
         rows = []
+        self.policy.pressure = self.directory.target_pressure()  # judged on the targets as they are now
         for task in sorted(self.policy.tasks):
             view = self.policy.view(task)
             row = self.totals.message(task, "")

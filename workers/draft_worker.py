@@ -8,7 +8,6 @@ is bookkeeping) and drafts from there.
 
 from __future__ import annotations
 
-import time
 
 import grpc
 
@@ -57,9 +56,9 @@ class DrafterServicer(rpc.DrafterServicer):
                 async for request in requests:
                     step = request.step
                     session.resync(last, step.keep, list(step.append))
-                    start = time.perf_counter()
-                    last = await host.device.run(session.propose, step.k, step.min_confidence, max(step.min_tokens, 1))
-                    yield proposal_message(last, sampling.greedy, time.perf_counter() - start)
+                    last, seconds = await host.device.run_timed(session.propose, step.k, step.min_confidence,
+                                                                max(step.min_tokens, 1))
+                    yield proposal_message(last, sampling.greedy, seconds)
         except SessionLimit as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except ValueError as exc:  # a step that does not fit this session: it ends, the worker carries on
@@ -70,13 +69,12 @@ class DrafterServicer(rpc.DrafterServicer):
         if model is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"this worker has no draft {request.model!r}; it has {', '.join(self.worker.models)}")
-        start = time.perf_counter()
         try:
-            positions, matches = await self.worker.host.device.run(score_continuation, model, list(request.ids),
-                                                                  request.start)
+            (positions, matches), seconds = await self.worker.host.device.run_timed(
+                score_continuation, model, list(request.ids), request.start)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return pb.ScoreReply(positions=positions, matches=matches, seconds=time.perf_counter() - start)
+        return pb.ScoreReply(positions=positions, matches=matches, seconds=seconds)
 
     async def Inspect(self, request, context) -> pb.WorkerState:
         return self.worker.host.state()

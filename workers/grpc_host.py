@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -41,6 +42,16 @@ class Device:
 
     async def run(self, fn: Callable[..., T], *args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def run_timed(self, fn: Callable[..., T], *args) -> tuple[T, float]:
+        """As ``run``, with the seconds ``fn`` itself took on the device. Timed on the device
+        thread: a call queued behind other sessions' work must not report the wait as compute,
+        or every cost measured from device times inflates with load."""
+        def timed() -> tuple[T, float]:
+            start = time.perf_counter()
+            result = fn(*args)
+            return result, time.perf_counter() - start
+        return await self.run(timed)
 
 
 def usable_cpus(wanted: tuple[int, ...]) -> set[int]:
