@@ -40,6 +40,14 @@ def ratio(a: Sample | None, b: Sample | None) -> float:
     return rate(a) / rate(b) if a and b and rate(b) > 0 else math.nan
 
 
+def by_run(samples: list[Sample]) -> list[dict[str, Sample]]:
+    """The decodes of one prompt and pass, by path: the back-to-back runs a ratio compares."""
+    runs: dict[tuple[int, int], dict[str, Sample]] = defaultdict(dict)
+    for s in samples:
+        runs[(s.prompt, s.repeat)][s.path] = s
+    return list(runs.values())
+
+
 def alpha(samples: list[Sample]) -> float | None:
     """Per-token acceptance: accepted / (accepted + rejections), over the samples that drafted."""
     accepted = sum(s.accepted for s in samples)
@@ -101,11 +109,9 @@ def derive(meta: dict, samples: list[Sample], memory: list[dict]) -> dict:
 
 def _greedy_task(task: str, samples: list[Sample], k: int) -> dict:
     paths: dict[str, list[Sample]] = defaultdict(list)
-    runs: dict[tuple[int, int], dict[str, Sample]] = defaultdict(dict)  # (prompt, repeat) -> path -> sample
     for s in samples:
         paths[s.path].append(s)
-        runs[(s.prompt, s.repeat)][s.path] = s
-    per_run = list(runs.values())
+    per_run = by_run(samples)
 
     def ratios(a: str, b: str) -> dict | None:
         return spread([ratio(r.get(a), r.get(b)) for r in per_run])
@@ -171,14 +177,11 @@ def _sampling(samples: list[Sample], tasks: list[str]) -> dict[str, dict[str, di
         grouped[(s.task, s.temperature)].append(s)
     out: dict[str, dict[str, dict]] = defaultdict(dict)
     for (task, temperature), group in sorted(grouped.items(), key=lambda item: (tasks.index(item[0][0]), item[0][1])):
-        runs: dict[tuple[int, int], dict[str, Sample]] = defaultdict(dict)
-        for s in group:
-            runs[(s.prompt, s.repeat)][s.path] = s
         drafted = [s for s in group if s.path == TASK]
         out[task][f"{temperature:g}"] = {
             "alpha": alpha(drafted),
             "tokens_per_pass": tokens_per_pass(drafted),
-            "speedup": spread([ratio(r.get(TASK), r.get(OFF)) for r in runs.values()]),
+            "speedup": spread([ratio(r.get(TASK), r.get(OFF)) for r in by_run(group)]),
         }
     return dict(out)
 
