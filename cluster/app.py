@@ -15,7 +15,7 @@ from specserve.workers.target_replica import TargetReplica
 
 from .config import ServiceConfig
 from .models import resolve_models
-from .placement import actor_options, cluster_gpus
+from .placement import actor_options, cluster_gpus, router_options
 
 TARGET_DEPLOYMENT = "target"
 ROUTER_DEPLOYMENT = "router"
@@ -30,6 +30,6 @@ def build_app(args: dict) -> Application:
         max_ongoing_requests=config.target.max_sessions, health_check_period_s=5,
     )
     router = serve.deployment(Router, name=ROUTER_DEPLOYMENT).options(
-        num_replicas=1, ray_actor_options={"num_cpus": 0}, health_check_period_s=5,
+        num_replicas=1, ray_actor_options=router_options(config.router), health_check_period_s=5,
     )
     return router.bind(plain, models, target.bind(plain, models.target))

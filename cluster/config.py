@@ -17,6 +17,7 @@ from specserve.workers.zoo.presets import GENERAL_DRAFT
 NAMESPACE = "specserve"  # the Ray namespace of the registry and the draft pool
 TARGET_DEVICE = "specserve_target_device"  # custom resources standing in for devices without GPUs
 DRAFT_DEVICE = "specserve_draft_device"
+ROUTER_NODE = "specserve_router_node"  # custom resource of the node the router runs on (clients reach it)
 DEFAULT_PORT = 50051  # the client API (gRPC's customary port)
 DEFAULT_METRICS_PORT = 8080  # Prometheus scrapes each node here (KubeRay's convention for Ray metrics)
 
@@ -47,7 +48,9 @@ class ModelsConfig(_Config):
 class WorkerConfig(_Config):
     """How a model process runs: its device, its threads and (on CPU) its cores."""
 
-    # "auto": one GPU each when the cluster has GPUs, else one unit of `device_resource`.
+    # Every process takes one unit of `device_resource` (only nodes of its kind advertise it), and
+    # on GPUs its GPU too. "auto": on GPUs when the cluster has any; "gpu": always; "resource": the
+    # custom resource alone (CPU, e.g. drafts on cheaper CPU nodes of a GPU cluster).
     device: str = Field("auto", pattern="^(auto|gpu|resource)$")
     device_resource: str
     gpus: float = Field(1.0, gt=0)  # per process when on GPUs (fractions share a GPU)
@@ -122,6 +125,9 @@ class PolicyConfig(_Config):
 class RouterConfig(_Config):
     host: str = "0.0.0.0"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)  # 0: any free port (tests)
+    # The router runs on a node advertising this custom resource: the one clients reach (KubeRay:
+    # the head pod, behind the Service). None: wherever Ray puts it.
+    node_resource: str | None = ROUTER_NODE
     max_concurrent_requests: int = Field(32, ge=1)  # beyond it: RESOURCE_EXHAUSTED
     default_task: str = GENERAL_DRAFT  # for requests that name no task
     # Greedy requests: draft the next proposal while the target verifies this one (router/session.py).

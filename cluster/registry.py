@@ -28,6 +28,7 @@ class Endpoint:
     address: str  # host:port
     models: tuple[str, ...] = ()
     live_sessions: int = 0
+    node_id: str = ""  # the Ray node it runs on
     renewed: float = field(default=0.0, compare=False)
 
 
@@ -53,10 +54,15 @@ class Registry:
 
 
 def start_registry(namespace: str, heartbeat_seconds: float) -> ray.actor.ActorHandle:
-    """Create the registry, or find the one already running in ``namespace``."""
+    """Create the registry on the caller's node (the router's), or find the one already running in
+    ``namespace``. Left to Ray it could land on a draft node, and losing that node would take the
+    table of endpoints with it; soft, so a restart can go elsewhere if this node is gone."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     actor = ray.remote(num_cpus=0, max_restarts=-1)(Registry)
-    return actor.options(name=REGISTRY_NAME, namespace=namespace, get_if_exists=True).remote(
-        heartbeat_seconds * TTL_HEARTBEATS)
+    return actor.options(name=REGISTRY_NAME, namespace=namespace, get_if_exists=True, scheduling_strategy=here
+                         ).remote(heartbeat_seconds * TTL_HEARTBEATS)
 
 
 class Heartbeat:

@@ -95,7 +95,7 @@ class Route:
 
     draft: str | None  # None: target-only
     k: int  # draft tokens per step to start with (0 when target-only)
-    reason: str  # requested, best, explore, probe, fallback, off
+    reason: str  # requested, best, explore, probe, fallback, off (a session adds unavailable, lost)
 
 
 @dataclass(frozen=True)

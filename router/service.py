@@ -147,7 +147,7 @@ class SpecServeService:
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServiceStats:
         workers = [pb.WorkerInfo(kind=e.kind, worker_id=e.worker_id, address=e.address, models=e.models,
-                                 live_sessions=e.live_sessions)
+                                 live_sessions=e.live_sessions, node_id=e.node_id)
                    for e in await self.directory.refresh(force=True) if e.kind != "router"]
         return pb.ServiceStats(tasks=self._task_rows(), workers=workers, requests_in_flight=self.in_flight,
                                requests_rejected=self.rejected)

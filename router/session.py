@@ -9,6 +9,7 @@ worker on its next step request, so a step costs one round trip to each worker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,13 +24,17 @@ from specserve.workers.stats import SpecStats
 from specserve.workers.stopping import Chunk, OutputAssembler
 from specserve.workers.wire import sampling_message
 
-from .directory import WorkerDirectory
+from .directory import NoWorker, WorkerDirectory
 from .draft_length import DraftLength
 from .policy import Observation, Route
 from .tasks import ResolvedTask
 from .validation import ValidRequest
 
 EMPTY_PROPOSAL = pb.Proposal()
+log = logging.getLogger("specserve.router")
+# Route reasons a session sets itself when its draft is not there: none could be opened, or it
+# failed mid-request. The request goes on target-only: the target alone decides every token.
+DRAFT_UNAVAILABLE, DRAFT_LOST = "unavailable", "lost"
 
 
 class WorkerStreamEnded(Exception):
@@ -143,7 +148,8 @@ class Session:
             finished = True
             if ahead is not None and not ahead.done():  # drafted past the end: drop it with the session
                 ahead.cancel()
-                self.drafter.cancel()
+                if self.drafter is not None:
+                    self.drafter.cancel()
             for stream in streams:
                 await stream.close()
         finally:
@@ -160,21 +166,52 @@ class Session:
         opened = pb.SessionOpen(session_id=self.session_id, prompt_ids=self.request.prompt_ids,
                                 sampling=sampling_message(self.params.sampling, self.stats.seed))
         target = await self.directory.pick("target")
-        draft = self.route.draft
-        draft_worker = await self.directory.pick("draft", draft) if draft else None
-        self.placement = Placement(target.worker_id, draft_worker.worker_id if draft_worker else None)
+        self.placement = Placement(target.worker_id, None)
         self.directory.load[target.worker_id] += 1
         self.target = SessionStream(rpc.VerifierStub(self.directory.channel(target)).Verify())
         streams.append(self.target)
         await self.target.call.write(pb.VerifyRequest(open=opened))
-        if draft_worker:
-            self.directory.load[draft_worker.worker_id] += 1
-            self.drafter = SessionStream(rpc.DrafterStub(self.directory.channel(draft_worker)).Draft())
-            streams.append(self.drafter)
-            opened.model = draft
+        if self.route.draft:
+            await self._open_draft(opened, streams)
+
+    async def _open_draft(self, opened: pb.SessionOpen, streams: list[SessionStream]) -> None:
+        try:
+            worker = await self.directory.pick("draft", self.route.draft)
+        except NoWorker as exc:
+            self._lose_draft(str(exc))
+            return
+        self.placement = Placement(self.placement.target_id, worker.worker_id)
+        self.directory.load[worker.worker_id] += 1
+        self.drafter = SessionStream(rpc.DrafterStub(self.directory.channel(worker)).Draft())
+        streams.append(self.drafter)
+        opened.model = self.route.draft
+        try:
             await self.drafter.call.write(pb.DraftRequest(open=opened))
+        except DRAFT_FAILURES as exc:
+            self._lose_draft(f"{worker.worker_id} at {worker.address} failed: {_describe(exc)}")
+
+    def _lose_draft(self, why: str) -> None:
+        """Go on target-only: the output does not depend on the draft, only the speed does."""
+        log.warning("request %s continues target-only: draft %s %s", self.session_id, self.route.draft, why)
+        if self.drafter is not None:
+            self.drafter.cancel()
+            self.drafter = None
+        if self.placement and self.placement.draft_worker_id:
+            self.directory.load[self.placement.draft_worker_id] -= 1
+            self.placement = Placement(self.placement.target_id, None)
+        drafted = self.stats.proposed > 0
+        self.route = Route(self.route.draft if drafted else None, self.route.k if drafted else 0,
+                           DRAFT_LOST if drafted else DRAFT_UNAVAILABLE)
 
     async def _propose(self, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
+        """The next proposal, or none (a target-only step) once the draft worker has failed."""
+        try:
+            return await self._draft(verified, ahead)
+        except DRAFT_FAILURES as exc:
+            self._lose_draft(f"failed mid-request: {_describe(exc)}")
+            return EMPTY_PROPOSAL
+
+    async def _draft(self, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
         """The next proposal: the lookahead's when it guessed the verdict, else a fresh draft.
 
         Drafting ahead, the first step proposes nothing: the target's prefill answers the first
@@ -250,3 +287,14 @@ class Session:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+
+# How a draft worker's failure surfaces on its stream: an RPC error, the stream ended, or a write
+# after the call already finished.
+DRAFT_FAILURES = (grpc.aio.AioRpcError, grpc.aio.UsageError, WorkerStreamEnded)
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__

@@ -50,11 +50,14 @@ def test_zoo_models_resolve_with_a_general_task(tiny_zoo):
     assert models.tasks["sql"][0] == "sql" and models.tasks["general"] == ("general",)
 
 
-def test_placement_uses_gpus_when_the_cluster_has_them():
+def test_placement_uses_gpus_when_the_cluster_has_them_and_always_the_kind_of_device():
     config = ServiceConfig()
     assert actor_options(config.target, gpus_in_cluster=0) == {"num_cpus": 0, "resources": {"specserve_target_device": 1}}
-    assert actor_options(config.target, gpus_in_cluster=4) == {"num_cpus": 0, "num_gpus": 1.0}
+    assert actor_options(config.target, gpus_in_cluster=4) == {
+        "num_cpus": 0, "num_gpus": 1.0, "resources": {"specserve_target_device": 1}}
     assert actor_options(config.draft_pool, gpus_in_cluster=0)["resources"] == {"specserve_draft_device": 1}
+    cpu_drafts = ServiceConfig.model_validate({"draft_pool": {"device": "resource"}}).draft_pool
+    assert actor_options(cpu_drafts, gpus_in_cluster=4) == {"num_cpus": 0, "resources": {"specserve_draft_device": 1}}
 
 
 def test_a_cluster_without_the_devices_is_refused_before_deploying():
@@ -66,4 +69,11 @@ def test_a_cluster_without_the_devices_is_refused_before_deploying():
         check_devices(config, {"specserve_target_device": 1, "specserve_draft_device": 1})
     with pytest.raises(ValueError, match="target.replicas=1 needs 1 'specserve_target_device' but the cluster has 0"):
         check_devices(config, {"CPU": 8})
-    check_devices(config, {"GPU": 3})  # one target and two draft workers, one GPU each
+    gpu_nodes = {"specserve_target_device": 1, "specserve_draft_device": 2, "specserve_router_node": 1}
+    check_devices(config, gpu_nodes | {"GPU": 3})  # one target and two draft workers, one GPU each
+    with pytest.raises(ValueError, match="draft_pool.workers=2 needs 2 'GPU' but the cluster has 1 left: start nodes with GPUs"):
+        check_devices(config, gpu_nodes | {"GPU": 2})
+    with pytest.raises(ValueError, match="the router needs a node with the custom resource 'specserve_router_node'"):
+        check_devices(config, {"specserve_target_device": 1, "specserve_draft_device": 2})
+    anywhere = ServiceConfig.model_validate({"router": {"node_resource": None}})
+    check_devices(anywhere, {"specserve_target_device": 1, "specserve_draft_device": 2})

@@ -36,12 +36,13 @@ class ModelHost:
         self.server = BackgroundServer(add_servicer, name=f"{kind}-grpc")
         self.address = f"{advertised_host()}:{self.server.port}"
         self.resources = _assigned_resources()
+        self.node_id = _node_id()
         self.heartbeat = Heartbeat(namespace, heartbeat_seconds, self.endpoint)
         log.info("%s %s serving %s at %s (cores %s)", kind, worker_id, ", ".join(models), self.address,
                  sorted(self.device.cpus) or "unpinned")
 
     def endpoint(self) -> Endpoint:
-        return Endpoint(self.kind, self.worker_id, self.address, self.models, self.live_sessions)
+        return Endpoint(self.kind, self.worker_id, self.address, self.models, self.live_sessions, self.node_id)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -61,6 +62,12 @@ class ModelHost:
     def shutdown(self) -> None:
         self.heartbeat.stop()
         self.server.stop()
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
 def _assigned_resources() -> dict[str, float]:
