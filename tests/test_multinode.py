@@ -1,0 +1,113 @@
+"""Several nodes on one machine: targets on the head, drafts on a node of their own, and the draft
+node going away under a running service.
+
+A two-node cluster (tests/two_nodes.py) in its own process, and `specserve serve --address` in
+another, exactly as an operator attaches the service to a cluster that is already running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specserve.cluster.client import SpecServeClient
+from specserve.proto.v1 import specserve_pb2 as pb
+
+pytestmark = pytest.mark.timeout(600)
+REGISTRY_EXPIRY_SECONDS = 30  # an entry lives 3 heartbeats (6 s by default); generous on a busy machine
+PROMPT = pb.GenerateRequest(prompt="SELECT name FROM", task="sql", max_tokens=24)
+
+
+class TwoNodes:
+    """The cluster program's process: its node ids, and a command to lose the draft node."""
+
+    def __init__(self, env: dict, log: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("two_nodes.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"),
+                                     text=True, env=env)
+        line = self.proc.stdout.readline()
+        assert line, f"the two-node cluster did not start:\n{log.read_text()[-3000:]}"
+        facts = json.loads(line)
+        self.address, self.head, self.draft = facts["address"], facts["head"], facts["draft"]
+
+    def remove_draft_node(self) -> None:
+        self.proc.stdin.write("remove-draft-node\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "removed"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def two_nodes(specserve_home, tmp_path_factory):
+    # The cluster's own environment: not the test session's cluster (RAY_ADDRESS), the test's home.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"SPECSERVE_HOME": specserve_home}
+    logs = tmp_path_factory.mktemp("two-nodes")
+    nodes = TwoNodes(env, logs / "cluster.log")
+    yield nodes, env, logs
+    nodes.stop()
+
+
+@pytest.fixture(scope="module")
+def attached_service(two_nodes, tiny_zoo):
+    nodes, env, logs = two_nodes
+    log = logs / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "specserve.cluster.cli", "serve", "--address", nodes.address,
+                             "--zoo", str(tiny_zoo.root), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
+    line = proc.stdout.readline()  # blocks until the service is ready (or the process dies)
+    assert line.startswith("specserve listening on "), f"{line!r}\n{log.read_text()[-3000:]}"
+    client = SpecServeClient(line.split()[3])
+    yield client, log
+    client.close()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_targets_run_on_the_head_and_drafts_on_the_draft_node(two_nodes, attached_service):
+    nodes, _, _ = two_nodes
+    client, _ = attached_service
+    placed = {(w.kind, w.node_id) for w in client.stats().workers}
+    assert placed == {("target", nodes.head), ("draft", nodes.draft)}, placed
+
+
+def test_generation_crosses_nodes_and_survives_losing_the_draft_node(two_nodes, attached_service):
+    nodes, _, _ = two_nodes
+    client, log = attached_service
+    target_only = client.generate(pb.GenerateRequest(prompt=PROMPT.prompt, task="sql", max_tokens=PROMPT.max_tokens,
+                                                     speculation=pb.SPECULATION_OFF))
+    speculated = client.generate(pb.GenerateRequest(prompt=PROMPT.prompt, task="sql", max_tokens=PROMPT.max_tokens,
+                                                    speculation=pb.SPECULATION_ON, draft="sql", k=4))
+    assert speculated.stats.proposed_tokens > 0, "the draft on the other node proposed nothing"
+    assert list(speculated.token_ids) == list(target_only.token_ids)
+
+    nodes.remove_draft_node()
+    # At once: the registry still lists the dead workers, so the session finds its draft gone when
+    # it opens the stream, and goes on target-only.
+    right_after = client.generate(PROMPT, timeout=120)
+    assert list(right_after.token_ids) == list(target_only.token_ids)
+    assert right_after.stats.route in ("unavailable", "lost") and right_after.stats.proposed_tokens == 0
+
+    deadline = time.monotonic() + REGISTRY_EXPIRY_SECONDS
+    while any(w.kind == "draft" for w in client.stats().workers):  # their entries expire unrenewed
+        assert time.monotonic() < deadline, "the lost draft workers were never dropped from the registry"
+        time.sleep(1)
+    later = client.generate(PROMPT, timeout=120)
+    assert list(later.token_ids) == list(target_only.token_ids)
+    assert later.stats.route == "unavailable" and later.stats.draft == ""
