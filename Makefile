@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench serve proto
+.PHONY: demo test test-slow bench serve proto manifests image
 
 $(INSTALLED): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,15 @@ serve: $(INSTALLED)
 # Regenerate the gRPC stubs after editing proto/v1/*.proto (a test fails while they differ).
 proto: $(INSTALLED)
 	$(BIN)/python -m specserve.proto.generate
+
+# Copy deploy/serve_config.yaml into the KubeRay RayService's serveConfigV2 (a test fails while they
+# differ). With CRD=path/to/ray.io_rayservices.yaml, also re-extract the schema the tests check it with.
+manifests: $(INSTALLED)
+	$(BIN)/python -m specserve.cluster.kuberay $(if $(CRD),--crd $(CRD))
+
+# The container image the manifest names (needs a Docker engine; GPU nodes: see deploy/Dockerfile).
+image:
+	docker build -f deploy/Dockerfile -t specserve:$$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) .
 
 # Long suites (more sampling settings, bigger budgets): see "Tests" in the README.
 test-slow: $(INSTALLED)

@@ -22,7 +22,8 @@ LATENCY_BOUNDARIES = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 
 class RouterMetrics:
     def __init__(self) -> None:
-        self.requests = metrics.Counter("specserve_requests", "Finished requests by task and gRPC status",
+        self.requests = metrics.Counter("specserve_requests", "Finished requests by task and gRPC status (task "
+                                        "empty: refused before it was resolved)",
                                         tag_keys=("task", "status"))
         self.drafts = metrics.Counter("specserve_drafts", "Verify steps that checked a draft proposal", tag_keys=ARM)
         self.draft_tokens = metrics.Counter("specserve_draft_tokens", "Draft tokens proposed for verification",
@@ -54,6 +55,10 @@ class RouterMetrics:
                                               "arm at its best k", tag_keys=ARM)
         self.alpha = metrics.Gauge("specserve_acceptance_alpha", "Per-token acceptance estimate", tag_keys=ARM)
         self.in_flight = metrics.Gauge("specserve_requests_in_flight", "Requests the router is serving")
+
+    def record_refused(self, status: str) -> None:
+        """A request refused at the edge (invalid, or over the limit): counted with no task yet."""
+        self.requests.inc(1, {"task": "", "status": status})
 
     def record(self, session: Session, view: TaskView, status: str = "OK") -> None:
         task, draft = session.task.task, session.route.draft or ""

@@ -103,6 +103,7 @@ class SpecServeService:
             request = validate(raw, self.tokenizer, self.limits)
             self._admit()
         except (InvalidRequest, Overloaded) as exc:
+            self.metrics.record_refused(_status_of(exc).name)
             await _abort(context, exc)
         session, status = None, grpc.StatusCode.OK
         try:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
-from specserve.workers.grpc_host import Device
+from specserve.workers.grpc_host import PINNING_ENV, Device, usable_cpus
 
 BUSY, WORK = 0.3, 0.05
 
@@ -27,3 +28,10 @@ def test_device_time_excludes_the_wait_behind_other_calls():
     seconds, waited = asyncio.run(main())
     assert waited >= BUSY  # it did queue
     assert WORK <= seconds < BUSY / 2  # and reports only its own work
+
+
+def test_cores_are_pinned_unless_the_deployment_turns_pinning_off(monkeypatch):
+    mine = sorted(os.sched_getaffinity(0))
+    assert usable_cpus((mine[0], 4096)) == {mine[0]}  # a core this process cannot have is skipped
+    monkeypatch.setenv(PINNING_ENV, "off")  # what the KubeRay manifest sets: pods have their own share
+    assert usable_cpus((mine[0],)) == set()

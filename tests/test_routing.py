@@ -139,13 +139,15 @@ REQUIRED_METRICS = [
 
 
 def scrape(port: int) -> dict[str, float]:
-    """Sum of each metric's samples over its label sets."""
+    """Sum of each metric's samples over its label sets; a key per refused request's status too."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     totals: Counter[str] = Counter()
     for line in body.splitlines():
         if line.startswith("ray_specserve_"):
             name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
             totals[name] += value
+            if name == "ray_specserve_requests_total" and 'task=""' in line:
+                totals["refused " + line.split('status="')[1].split('"')[0]] += value
     return totals
 
 
@@ -154,10 +156,12 @@ def test_the_metrics_endpoint_exposes_routing_and_speculation_metrics(client, ti
     for task in tiny_zoo.tasks:
         client.generate(request(tiny_zoo.prompts(task)[0], task=task, draft=task, speculation=pb.SPECULATION_ON))
         client.generate(request(tiny_zoo.prompts(task)[1]))
+    with pytest.raises(grpc.RpcError):  # refused at the edge: counted, with no task
+        client.generate(request(tiny_zoo.prompts("sql")[0], temperature=-1.0))
     deadline = time.monotonic() + METRICS_WAIT_SECONDS
     while True:
         totals = scrape(metrics_port)
-        missing = [name for name in REQUIRED_METRICS if not totals.get(name)]
+        missing = [name for name in [*REQUIRED_METRICS, "refused INVALID_ARGUMENT"] if not totals.get(name)]
         if not missing:
             break
         assert time.monotonic() < deadline, f"no non-zero values for {missing} at :{metrics_port}/metrics"

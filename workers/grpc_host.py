@@ -54,8 +54,16 @@ class Device:
         return await self.run(timed)
 
 
+# Pinning shares one machine's cores out among processes that stand for separate devices. Where a
+# scheduler already gives each process its own share (Kubernetes pods), the KubeRay manifest turns
+# it off: a fixed core number there means one core of a shared node.
+PINNING_ENV = "SPECSERVE_CPU_PINNING"
+
+
 def usable_cpus(wanted: tuple[int, ...]) -> set[int]:
     """The configured cores this process may run on; a missing core is logged and skipped."""
+    if os.environ.get(PINNING_ENV, "on") == "off":
+        return set()
     available = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     missing = set(wanted) - available
     if missing:

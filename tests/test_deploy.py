@@ -1,0 +1,215 @@
+"""The Kubernetes deployment files: valid for KubeRay and Kubernetes, in step with the Serve config
+`specserve serve` deploys, and consistent with each other and with the code's placement.
+
+Everything checked is in the repository (the RayService schema was extracted from the CRD by
+`make manifests CRD=...`), so this runs on a fresh clone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from importlib.metadata import version
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from specserve.cluster.config import DEFAULT_METRICS_PORT, DRAFT_DEVICE, ROUTER_NODE, TARGET_DEVICE, ServiceConfig
+from specserve.cluster.kuberay import (RAYSERVICE, RAYSERVICE_SCHEMA, SERVE_CONFIG, crd_schema, embed_serve_config,
+                                       unknown_fields)
+
+DEPLOY = SERVE_CONFIG.parent
+REPO = DEPLOY.parent
+SHARED_CRD = REPO.parent / "shared" / "kuberay" / "ray.io_rayservices.yaml"  # beside the work folder
+KUBERNETES_VERSION = "1.33.0"  # the schemas kubernetes-validate checks core objects against
+GROUPS = ("router", "targets", "drafts")  # the worker groups, by what they run
+
+
+@pytest.fixture(scope="module")
+def rayservice() -> dict:
+    return yaml.safe_load(RAYSERVICE.read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster_spec(rayservice) -> dict:
+    return rayservice["spec"]["rayClusterConfig"]
+
+
+@pytest.fixture(scope="module")
+def serve_config() -> dict:
+    return yaml.safe_load(SERVE_CONFIG.read_text())
+
+
+def groups(cluster_spec: dict) -> dict[str, dict]:
+    """Every pod group by name, the head included."""
+    return {"head": cluster_spec["headGroupSpec"]} | {g["groupName"]: g for g in cluster_spec["workerGroupSpecs"]}
+
+
+def container(group: dict) -> dict:
+    (only,) = group["template"]["spec"]["containers"]
+    return only
+
+
+def custom_resources(group: dict) -> dict[str, float]:
+    """rayStartParams' resources. KubeRay pastes the value into the `ray start` command line, so it
+    is a JSON object quoted for the shell: read it as the shell would."""
+    raw = group["rayStartParams"].get("resources")
+    return json.loads(shlex.split(raw)[0]) if raw else {}
+
+
+def ports(group: dict) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container(group).get("ports", [])}
+
+
+def selects(selector: dict[str, str], group: dict) -> bool:
+    labels = group["template"]["metadata"]["labels"]
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+# --- one source of truth ---------------------------------------------------------------------
+
+def test_serve_config_v2_is_the_serve_config_file_verbatim(rayservice, serve_config):
+    text = SERVE_CONFIG.read_text()
+    assert rayservice["spec"]["serveConfigV2"] == text, "run `make manifests` after editing deploy/serve_config.yaml"
+    assert yaml.safe_load(rayservice["spec"]["serveConfigV2"]) == serve_config
+    assert embed_serve_config(RAYSERVICE.read_text(), text) == RAYSERVICE.read_text()  # in step: nothing to do
+
+
+def test_embedding_replaces_only_the_block():
+    manifest = "a: 1\nspec:\n  serveConfigV2: |\n    old: 1\n\n    older: 2\n  next: 3\n"
+    assert embed_serve_config(manifest, "new: 1\n\nnewer: [2]\n") == (
+        "a: 1\nspec:\n  serveConfigV2: |\n    new: 1\n\n    newer: [2]\n  next: 3\n")
+    with pytest.raises(ValueError, match="exactly one line"):
+        embed_serve_config("spec: {}\n", "x: 1\n")
+
+
+def test_serve_config_v2_parses_with_ray_serves_schema_and_ours(rayservice):
+    from ray.serve.schema import ServeDeploySchema
+
+    parsed = ServeDeploySchema.model_validate(yaml.safe_load(rayservice["spec"]["serveConfigV2"]))
+    (app,) = parsed.applications
+    assert app.import_path == "specserve.cluster.app:build_app"
+    ServiceConfig.model_validate(app.args)  # and the args are a ServiceConfig, unknown keys refused
+
+
+# --- valid for KubeRay and Kubernetes ---------------------------------------------------------
+
+def test_the_rayservice_validates_against_the_crd_schema(rayservice):
+    schema = json.loads(RAYSERVICE_SCHEMA.read_text())
+    assert rayservice["apiVersion"] == "ray.io/v1" and rayservice["kind"] == "RayService"
+    jsonschema.validate(rayservice, schema)
+    assert unknown_fields(rayservice, schema) == []
+
+
+def test_the_validation_catches_mistakes(rayservice):
+    schema = json.loads(RAYSERVICE_SCHEMA.read_text())
+    wrong_type = json.loads(json.dumps(rayservice))
+    wrong_type["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["rayStartParams"]["num-cpus"] = 1  # not a string
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(wrong_type, schema)
+    misspelt = json.loads(json.dumps(rayservice))
+    misspelt["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["rayStartParam"] = {}
+    assert unknown_fields(misspelt, schema) == ["spec.rayClusterConfig.workerGroupSpecs[0].rayStartParam"]
+
+
+@pytest.mark.skipif(not SHARED_CRD.exists(), reason="the KubeRay CRDs are not beside this clone")
+def test_the_schema_in_the_repository_is_the_crds():
+    assert json.loads(RAYSERVICE_SCHEMA.read_text()) == crd_schema(yaml.safe_load(SHARED_CRD.read_text()))
+
+
+def test_the_service_and_every_pod_template_validate_against_kubernetes(cluster_spec):
+    service = yaml.safe_load((DEPLOY / "kuberay" / "service.yaml").read_text())
+    kubernetes_validate.validate(service, KUBERNETES_VERSION, strict=True)
+    for name, group in groups(cluster_spec).items():
+        template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": group["template"]}
+        kubernetes_validate.validate(template, KUBERNETES_VERSION, strict=True)
+
+
+# --- consistent with the code and with each other ---------------------------------------------
+
+def test_each_group_advertises_the_resource_its_processes_ask_for(cluster_spec, serve_config):
+    config = ServiceConfig.model_validate(serve_config["applications"][0]["args"])
+    by_name = groups(cluster_spec)
+    assert custom_resources(by_name["head"]) == {} and by_name["head"]["rayStartParams"]["num-cpus"] == "0"
+    assert set(custom_resources(by_name["router"])) == {config.router.node_resource} == {ROUTER_NODE}
+    assert set(custom_resources(by_name["targets"])) == {config.target.device_resource} == {TARGET_DEVICE}
+    assert set(custom_resources(by_name["drafts"])) == {config.draft_pool.device_resource} == {DRAFT_DEVICE}
+    most = {name: g["maxReplicas"] * sum(custom_resources(g).values()) for name, g in by_name.items() if name != "head"}
+    assert most["targets"] >= config.target.replicas and most["drafts"] >= config.draft_pool.workers
+    assert by_name["drafts"]["replicas"] * custom_resources(by_name["drafts"])[DRAFT_DEVICE] >= config.draft_pool.workers
+
+
+def test_only_the_target_group_has_gpus(cluster_spec, serve_config):
+    args = serve_config["applications"][0]["args"]
+    assert args["draft_pool"]["device"] == "resource"  # drafts stay on their CPU nodes in a GPU cluster
+    for name, group in groups(cluster_spec).items():
+        gpus = container(group)["resources"]["limits"].get("nvidia.com/gpu")
+        assert (gpus is not None) == (name == "targets"), name
+    assert container(groups(cluster_spec)["targets"])["resources"]["limits"]["nvidia.com/gpu"] == str(
+        int(custom_resources(groups(cluster_spec)["targets"])[TARGET_DEVICE]))  # a device per GPU
+
+
+def test_the_service_reaches_the_router_and_only_when_it_is_serving(cluster_spec, serve_config):
+    service = yaml.safe_load((DEPLOY / "kuberay" / "service.yaml").read_text())
+    selector = service["spec"]["selector"]
+    by_name = groups(cluster_spec)
+    assert [name for name, group in by_name.items() if selects(selector, group)] == ["router"]
+    router_port = serve_config["applications"][0]["args"]["router"]["port"]
+    named = {p["name"]: p for p in service["spec"]["ports"]}
+    assert named["grpc"]["port"] == router_port and ports(by_name["router"])["grpc"] == router_port
+    assert named["metrics"]["port"] == DEFAULT_METRICS_PORT == ports(by_name["router"])["metrics"]
+    assert all(p["targetPort"] in ports(by_name["router"]) for p in service["spec"]["ports"])
+    probe = container(by_name["router"])["readinessProbe"]["grpc"]
+    assert probe == {"port": router_port, "service": "specserve.v1.SpecServe"}
+
+
+def test_every_pod_exports_metrics_where_the_pod_monitor_scrapes(cluster_spec):
+    monitor = yaml.safe_load((DEPLOY / "kuberay" / "podmonitor.yaml").read_text())
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    for name, group in groups(cluster_spec).items():
+        assert selects(monitor["spec"]["selector"]["matchLabels"], group), name
+        assert ports(group)[endpoint["port"]] == DEFAULT_METRICS_PORT, name
+        assert group["rayStartParams"]["metrics-export-port"] == str(DEFAULT_METRICS_PORT), name
+
+
+def test_every_pod_runs_this_version_without_pinning_cores(cluster_spec):
+    from specserve.workers.grpc_host import PINNING_ENV
+
+    assert cluster_spec["rayVersion"] == version("ray")
+    for name, group in groups(cluster_spec).items():
+        assert container(group)["image"] == f"specserve:{version('specserve')}", name
+        assert {"name": PINNING_ENV, "value": "off"} in container(group)["env"], name
+
+
+def test_the_dockerfile_copies_what_exists_and_the_build_context_sends_it():
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    sources = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")]
+    assert {"cluster", "workers", "router", "proto", "pyproject.toml"} <= set(sources)
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    for source in sources:
+        assert (REPO / source).exists(), source
+        top = source.split("/")[0]
+        assert f"!{top}" in ignore or f"!{top}/" in ignore, f"{source} is not sent in the build context"
+    assert re.search(r"specserve zoo build --preset \"\$ZOO_PRESET\"", dockerfile)  # the demo zoo is baked in
+
+
+def test_the_dashboard_charts_every_router_metric_and_nothing_else():
+    from specserve.router.metrics import RouterMetrics
+
+    suffixes = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_sum", "_count")}
+    defined = {name: type(metric).__name__ for name, metric in
+               ((m._name, m) for m in vars(RouterMetrics()).values() if hasattr(m, "_name"))}
+    exported = {f"ray_{name}{suffix}" for name, kind in defined.items() for suffix in suffixes[kind]}
+    dashboard = json.loads((DEPLOY / "kuberay" / "grafana-dashboard.json").read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    used = {name for query in queries for name in re.findall(r"ray_specserve_\w+", query)}
+    assert used <= exported, used - exported
+    charted = {name for name in defined if any(f"ray_{name}{s}" in used for s in suffixes[defined[name]])}
+    assert charted == set(defined), set(defined) - charted
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
