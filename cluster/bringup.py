@@ -14,11 +14,10 @@ import ray
 from ray import serve
 
 from .client import SpecServeClient
-from .config import NAMESPACE, ServiceConfig, load_yaml
+from .config import DEFAULT_CONFIG_FILE, NAMESPACE, ServiceConfig, load_yaml
 from .placement import check_devices, local_resources
 
 log = logging.getLogger("specserve.cluster")
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "serve_config.yaml"
 READY_TIMEOUT_SECONDS = 600.0  # model loading on a cold machine; a GPU node pulling weights takes longer
 # Small for an embedded cluster: the service moves tokens over gRPC, not objects through the store.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
@@ -28,10 +27,10 @@ LOCAL_METRICS_REPORT_MS = 2000
 
 def default_config_path() -> Path:
     """deploy/serve_config.yaml of the source checkout this package runs from."""
-    if not DEFAULT_CONFIG.exists():
-        raise ValueError(f"no --config given and {DEFAULT_CONFIG} does not exist (specserve is installed without "
-                         f"its source tree): pass --config FILE")
-    return DEFAULT_CONFIG
+    if not DEFAULT_CONFIG_FILE.exists():
+        raise ValueError(f"no --config given and {DEFAULT_CONFIG_FILE} does not exist (specserve is installed "
+                         f"without its source tree): pass --config FILE")
+    return DEFAULT_CONFIG_FILE
 
 
 @dataclass

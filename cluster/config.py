@@ -20,6 +20,8 @@ DRAFT_DEVICE = "specserve_draft_device"
 ROUTER_NODE = "specserve_router_node"  # custom resource of the node the router runs on (clients reach it)
 DEFAULT_PORT = 50051  # the client API (gRPC's customary port)
 DEFAULT_METRICS_PORT = 8080  # Prometheus scrapes each node here (KubeRay's convention for Ray metrics)
+# The Serve config `specserve serve` deploys and the KubeRay manifest embeds (in a source checkout).
+DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "deploy" / "serve_config.yaml"
 
 
 class _Config(BaseModel):

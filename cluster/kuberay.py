@@ -14,8 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-SERVE_CONFIG = DEPLOY / "serve_config.yaml"
+from .config import DEFAULT_CONFIG_FILE as SERVE_CONFIG
+
+DEPLOY = SERVE_CONFIG.parent
 RAYSERVICE = DEPLOY / "kuberay" / "rayservice.yaml"
 RAYSERVICE_SCHEMA = DEPLOY / "kuberay" / "rayservice.schema.json"
 SERVE_CONFIG_KEY = "serveConfigV2: |"

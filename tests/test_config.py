@@ -77,3 +77,17 @@ def test_a_cluster_without_the_devices_is_refused_before_deploying():
         check_devices(config, {"specserve_target_device": 1, "specserve_draft_device": 2})
     anywhere = ServiceConfig.model_validate({"router": {"node_resource": None}})
     check_devices(anywhere, {"specserve_target_device": 1, "specserve_draft_device": 2})
+
+
+def test_hub_ids_reach_the_loader_as_given():
+    """Production sources are hub ids or mounted directories; a hub id is not mistaken for a path, so
+    the loader may fetch it (a directory never goes to the hub). test_multinode serves a directory."""
+    from specserve.workers.loading import _is_local
+
+    config = ServiceConfig.model_validate({"models": {"zoo": None, "target": "acme/target-8b",
+                                                      "drafts": {"code": "acme/draft-code"}},
+                                           "router": {"default_task": "code"}})
+    models = resolve_models(config.models, config.router)
+    assert (models.target, models.drafts, models.tasks) == ("acme/target-8b", {"code": "acme/draft-code"},
+                                                            {"code": ("code",)})
+    assert not _is_local(models.target)

@@ -1,5 +1,5 @@
-"""Several nodes on one machine: targets on the head, drafts on a node of their own, and the draft
-node going away under a running service.
+"""Several nodes on one machine: targets on the head, drafts on a node of their own, models from a
+directory as a mounted volume gives them, and the draft node going away under a running service.
 
 A two-node cluster (tests/two_nodes.py) in its own process, and `specserve serve --address` in
 another, exactly as an operator attaches the service to a cluster that is already running.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,13 +17,17 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from specserve.cluster.bringup import serve_config
 from specserve.cluster.client import SpecServeClient
+from specserve.cluster.kuberay import SERVE_CONFIG
 from specserve.proto.v1 import specserve_pb2 as pb
 
 pytestmark = pytest.mark.timeout(600)
 REGISTRY_EXPIRY_SECONDS = 30  # an entry lives 3 heartbeats (6 s by default); generous on a busy machine
 PROMPT = pb.GenerateRequest(prompt="SELECT name FROM", task="sql", max_tokens=24)
+VOLUME_DRAFTS = ("sql", "general")
 
 
 class TwoNodes:
@@ -62,11 +67,28 @@ def two_nodes(specserve_home, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def attached_service(two_nodes, tiny_zoo):
+def volume_config(tiny_zoo, tmp_path_factory) -> Path:
+    """The Serve config an operator would write for models on a mounted volume (no zoo): the tiny
+    zoo's target and two drafts copied to a directory of their own, named by path."""
+    volume = tmp_path_factory.mktemp("models")
+    shutil.copytree(tiny_zoo.target_dir, volume / "target")
+    for name in VOLUME_DRAFTS:
+        shutil.copytree(tiny_zoo.draft_dir(name), volume / f"draft-{name}")
+    models = {"zoo": None, "target": str(volume / "target"),
+              "drafts": {name: str(volume / f"draft-{name}") for name in VOLUME_DRAFTS}}
+    doc = serve_config(SERVE_CONFIG, overrides={"models": models,
+                                                "router": {"tasks": {name: [name] for name in VOLUME_DRAFTS}}})
+    path = volume / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture(scope="module")
+def attached_service(two_nodes, volume_config):
     nodes, env, logs = two_nodes
     log = logs / "serve.log"
     proc = subprocess.Popen([sys.executable, "-m", "specserve.cluster.cli", "serve", "--address", nodes.address,
-                             "--zoo", str(tiny_zoo.root), "--port", "0"],
+                             "--config", str(volume_config), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
     line = proc.stdout.readline()  # blocks until the service is ready (or the process dies)
     assert line.startswith("specserve listening on "), f"{line!r}\n{log.read_text()[-3000:]}"
@@ -83,8 +105,9 @@ def attached_service(two_nodes, tiny_zoo):
 def test_targets_run_on_the_head_and_drafts_on_the_draft_node(two_nodes, attached_service):
     nodes, _, _ = two_nodes
     client, _ = attached_service
-    placed = {(w.kind, w.node_id) for w in client.stats().workers}
-    assert placed == {("target", nodes.head), ("draft", nodes.draft)}, placed
+    workers = client.stats().workers
+    assert {(w.kind, w.node_id) for w in workers} == {("target", nodes.head), ("draft", nodes.draft)}, workers
+    assert all(set(w.models) == set(VOLUME_DRAFTS) for w in workers if w.kind == "draft"), workers  # the volume's
 
 
 def test_generation_crosses_nodes_and_survives_losing_the_draft_node(two_nodes, attached_service):
