@@ -22,6 +22,7 @@ from specserve.cluster.registry import Endpoint, Heartbeat, start_registry
 from specserve.proto.v1 import specserve_pb2
 from specserve.workers.grpc_host import BackgroundServer, advertised_host
 from specserve.workers.loading import load_tokenizer
+from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 
 from .directory import WorkerDirectory
 from .service import SERVICE_NAME, SpecServeService
@@ -39,9 +40,10 @@ class Router:
         cfg = ServiceConfig.model_validate(config)
         self.config = cfg
         self.models = models
+        tokenizer = load_tokenizer(models.target)
+        _check_draft_tokenizers(tokenizer, models)  # before any worker loads a model
         registry = start_registry(cfg.namespace, cfg.router.heartbeat_seconds)
         self.pool = start_draft_pool(cfg, models)
-        tokenizer = load_tokenizer(models.target)
         limits = Limits(tasks=models.tasks, drafts=tuple(models.drafts), context_window=_context_window(models.target))
         self.directory = WorkerDirectory(registry)
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models))
@@ -88,6 +90,15 @@ class Router:
                 obj.stop()
         for worker in getattr(self, "pool", ()):
             ray.kill(worker)
+
+
+def _check_draft_tokenizers(tokenizer, models: ModelSet) -> None:
+    """Token ids cross between the models: refuse to start with a draft of another vocabulary."""
+    for name, source in models.drafts.items():
+        try:
+            check_compatible(tokenizer, load_tokenizer(source))
+        except TokenizerMismatch as exc:
+            raise TokenizerMismatch(f"draft {name!r} ({source}) cannot serve target {models.target}: {exc}") from None
 
 
 def _task_resolver(cfg: ServiceConfig, models: ModelSet) -> TaskResolver:
