@@ -15,7 +15,7 @@ from specserve.workers.target_replica import TargetReplica
 
 from .config import ServiceConfig
 from .models import resolve_models
-from .placement import actor_options, cluster_gpus, router_options
+from .placement import place, router_options
 
 TARGET_DEPLOYMENT = "target"
 ROUTER_DEPLOYMENT = "router"
@@ -26,7 +26,7 @@ def build_app(args: dict) -> Application:
     models = resolve_models(config.models, config.router)
     plain = config.model_dump(mode="json")  # what crosses to the replicas: plain data, checked again there
     target = serve.deployment(TargetReplica, name=TARGET_DEPLOYMENT).options(
-        num_replicas=config.target.replicas, ray_actor_options=actor_options(config.target, cluster_gpus()),
+        num_replicas=config.target.replicas, ray_actor_options=place(config.target),
         max_ongoing_requests=config.target.max_sessions, health_check_period_s=5,
     )
     router = serve.deployment(Router, name=ROUTER_DEPLOYMENT).options(

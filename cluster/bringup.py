@@ -97,7 +97,7 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
     owns = start_cluster(address, metrics_port)
     app_doc = doc["applications"][0]
     try:
-        check_devices(ServiceConfig.model_validate(app_doc["args"]), ray.cluster_resources())
+        check_devices(ServiceConfig.model_validate(app_doc["args"]), ray.nodes())
         serve.start(proxy_location=doc.get("proxy_location", "Disabled"))
         app = import_attr(app_doc["import_path"])(copy.deepcopy(app_doc["args"]))
         handle = serve.run(app, name=app_doc["name"], route_prefix=app_doc.get("route_prefix"))

@@ -345,9 +345,9 @@ def _run_stats(args: argparse.Namespace) -> int:
         print(f"{t.task:<8} {t.draft or '-':<8} {t.requests:>8} {t.proposed_tokens:>9} {t.accepted_tokens:>9} "
               f"{t.tokens_per_pass:>8.2f} {t.alpha:>6.2f} {t.cost_ratio:>5.2f} {t.k:>2} {t.expected_speedup:>7.2f} "
               f"{t.scored_tokens:>7} {decision}")
-    print(f"{'worker':<18} {'kind':<6} {'address':<22} {'node':<12} {'sessions':>8} models")
+    print(f"{'worker':<22} {'kind':<6} {'address':<22} {'node':<12} {'sessions':>8} models")
     for w in stats.workers:
-        print(f"{w.worker_id:<18} {w.kind:<6} {w.address:<22} {w.node_id[:12]:<12} {w.live_sessions:>8} "
+        print(f"{w.worker_id:<22} {w.kind:<6} {w.address:<22} {w.node_id[:12]:<12} {w.live_sessions:>8} "
               f"{', '.join(w.models)}")
     return 0
 

@@ -51,8 +51,8 @@ class WorkerConfig(_Config):
     """How a model process runs: its device, its threads and (on CPU) its cores."""
 
     # Every process takes one unit of `device_resource` (only nodes of its kind advertise it), and
-    # on GPUs its GPU too. "auto": on GPUs when the cluster has any; "gpu": always; "resource": the
-    # custom resource alone (CPU, e.g. drafts on cheaper CPU nodes of a GPU cluster).
+    # on GPUs its GPU too. "auto": on GPUs when the nodes of its kind have them (so CPU draft nodes
+    # in a GPU cluster keep drafts on CPU); "gpu": always; "resource": the custom resource alone.
     device: str = Field("auto", pattern="^(auto|gpu|resource)$")
     device_resource: str
     gpus: float = Field(1.0, gt=0)  # per process when on GPUs (fractions share a GPU)

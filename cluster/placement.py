@@ -6,30 +6,66 @@ nodes advertise target devices and only draft nodes draft devices, so a draft wo
 a target's node even when both kinds of node have GPUs (DESIGN.md invariant 5). On CPU-only
 machines the custom resources alone stand in for devices and exercise the same logic. The router
 asks for a sliver of the router node's resource: it runs where clients can reach it (on KubeRay,
-the head pod, behind the Service).
+the router group's pod, behind the Service).
 """
 
 from __future__ import annotations
+
+import logging
+import time
 
 import ray
 
 from .config import DRAFT_DEVICE, ROUTER_NODE, TARGET_DEVICE, RouterConfig, ServiceConfig, WorkerConfig
 
+log = logging.getLogger("specserve.placement")
 # A fraction, so a Serve rollout can start the new router replica before the old one stops.
 ROUTER_SHARE = 0.01
+NODE_WAIT_SECONDS = 900.0  # for a node of a kind to join (KubeRay: a GPU pod pulling its image)
+NODE_POLL_SECONDS = 5.0
 
 
-def cluster_gpus() -> float:
-    return float(ray.cluster_resources().get("GPU", 0))
+def kind_has_gpus(resource: str, nodes: list[dict]) -> bool | None:
+    """Whether the live nodes advertising ``resource`` have GPUs; None while none has joined.
+    ``nodes`` as ``ray.nodes()`` lists them."""
+    kind = [n for n in nodes if n.get("Alive") and n["Resources"].get(resource, 0) > 0]
+    if not kind:
+        return None
+    return any(n["Resources"].get("GPU", 0) > 0 for n in kind)
 
 
-def actor_options(config: WorkerConfig, gpus_in_cluster: float) -> dict:
+def on_gpu(config: WorkerConfig, nodes: list[dict]) -> bool:
+    """`auto` follows the nodes of the process's kind, not the cluster: draft nodes without GPUs in
+    a cluster whose target nodes have them keep their drafts on CPU."""
+    if config.device != "auto":
+        return config.device == "gpu"
+    return bool(kind_has_gpus(config.device_resource, nodes))
+
+
+def actor_options(config: WorkerConfig, gpu: bool) -> dict:
     """``ray_actor_options`` for one model process of this kind."""
     # num_cpus 0: the device is what the process needs; on CPU its cores are pinned by config instead.
     options = {"num_cpus": 0, "resources": {config.device_resource: 1}}
-    if config.device == "gpu" or (config.device == "auto" and gpus_in_cluster > 0):
+    if gpu:
         options["num_gpus"] = config.gpus
     return options
+
+
+def place(config: WorkerConfig, timeout: float = NODE_WAIT_SECONDS) -> dict:
+    """``actor_options`` in the running cluster. For `auto`, waits until a node of this kind has
+    joined: deciding before (KubeRay deploys as soon as the head is up, often before the GPU pods
+    have pulled their image) would put a target on a GPU node without its GPU."""
+    nodes, deadline, told = ray.nodes(), time.monotonic() + timeout, 0.0
+    while config.device == "auto" and kind_has_gpus(config.device_resource, nodes) is None:
+        if time.monotonic() > deadline:
+            raise ValueError(f"no node advertising {config.device_resource!r} joined within {timeout:.0f} s: start "
+                             f"one with --resources '{{\"{config.device_resource}\": N}}', or set the device")
+        if time.monotonic() - told > 60:
+            log.info("waiting for a node with %r to join (device auto follows its GPUs)", config.device_resource)
+            told = time.monotonic()
+        time.sleep(NODE_POLL_SECONDS)
+        nodes = ray.nodes()
+    return actor_options(config, on_gpu(config, nodes))
 
 
 def router_options(config: RouterConfig) -> dict:
@@ -37,13 +73,18 @@ def router_options(config: RouterConfig) -> dict:
     return {"num_cpus": 0, "resources": resources}
 
 
-def check_devices(config: ServiceConfig, resources: dict[str, float]) -> None:
+def check_devices(config: ServiceConfig, nodes: list[dict]) -> None:
     """Refuse a cluster where the model processes could never be placed (they would wait forever),
-    saying which resource is missing and how to provide it."""
-    gpus, taken = resources.get("GPU", 0), {}  # what the kinds checked so far take (GPUs are shared)
+    saying which resource is missing and how to provide it. ``nodes`` as ``ray.nodes()``."""
+    resources: dict[str, float] = {}
+    for node in nodes:
+        if node.get("Alive"):
+            for name, amount in node["Resources"].items():
+                resources[name] = resources.get(name, 0) + amount
+    taken: dict[str, float] = {}  # what the kinds checked so far take (GPUs are shared)
     for key, worker, count in (("target.replicas", config.target, config.target.replicas),
                                ("draft_pool.workers", config.draft_pool, config.draft_pool.workers)):
-        options = actor_options(worker, gpus)
+        options = actor_options(worker, on_gpu(worker, nodes))
         needs = {name: amount * count for name, amount in options["resources"].items()}
         if "num_gpus" in options:
             needs["GPU"] = options["num_gpus"] * count

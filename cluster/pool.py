@@ -1,12 +1,15 @@
 """The draft-worker pool: named Ray actors (not Serve deployments) on the draft devices.
 
 The router creates the pool when it starts and owns it: the workers live as long as the router
-replica, and a restarted router finds the ones still running by name.
+replica. Their names carry a generation of their own, so a router started while the old one is
+still stopping (a Serve rolling update) starts its own pool instead of adopting the old router's,
+which goes with it.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 
 import ray
 
@@ -14,7 +17,7 @@ from specserve.workers.draft_worker import DraftWorker
 
 from .config import ServiceConfig
 from .models import ModelSet
-from .placement import actor_options, cluster_gpus
+from .placement import place
 
 log = logging.getLogger("specserve.pool")
 
@@ -26,13 +29,12 @@ def start_draft_pool(config: ServiceConfig, models: ModelSet) -> list[ray.actor.
     if unknown:
         raise ValueError(f"draft_pool.drafts names unknown drafts {unknown}; known: {', '.join(models.drafts)}")
     specs = {name: models.spec(models.drafts[name], pool.threads) for name in names}
-    options = actor_options(pool, cluster_gpus())
+    options = place(pool)
     actor = ray.remote(DraftWorker)
-    workers = []
+    workers, generation = [], uuid.uuid4().hex[:6]
     for i in range(pool.workers):
-        worker_id = f"draft-worker-{i}"
-        workers.append(actor.options(name=worker_id, namespace=config.namespace, get_if_exists=True,
-                                     max_concurrency=4, **options)
+        worker_id = f"draft-worker-{i}-{generation}"
+        workers.append(actor.options(name=worker_id, namespace=config.namespace, max_concurrency=4, **options)
                        .remote(worker_id, specs, pool, config.namespace, config.router.heartbeat_seconds))
     log.info("draft pool: %d workers serving %s, each with %s", pool.workers, ", ".join(names), options)
     return workers

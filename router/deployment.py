@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from specserve.cluster.config import ServiceConfig
 from specserve.cluster.models import ModelSet
 from specserve.cluster.pool import start_draft_pool
-from specserve.cluster.registry import Endpoint, Heartbeat, start_registry
+from specserve.cluster.registry import TTL_HEARTBEATS, Endpoint, Heartbeat, start_registry
 from specserve.proto.v1 import specserve_pb2
 from specserve.workers.grpc_host import BackgroundServer, advertised_host
 from specserve.workers.loading import load_tokenizer
@@ -45,7 +45,7 @@ class Router:
         registry = start_registry(cfg.namespace, cfg.router.heartbeat_seconds)
         self.pool = start_draft_pool(cfg, models)
         limits = Limits(tasks=models.tasks, drafts=tuple(models.drafts), context_window=_context_window(models.target))
-        self.directory = WorkerDirectory(registry)
+        self.directory = WorkerDirectory(registry, cfg.router.heartbeat_seconds * TTL_HEARTBEATS)
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models))
         self.health = health_aio.HealthServicer()
         self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc")

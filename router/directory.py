@@ -25,11 +25,15 @@ class NoWorker(Exception):
 
 
 class WorkerDirectory:
-    def __init__(self, registry) -> None:
+    def __init__(self, registry, failed_cooldown: float) -> None:
         self.registry = registry  # the Registry actor's handle
         self.endpoints: list[Endpoint] = []
         self.refreshed = 0.0
         self.load: Counter[str] = Counter()  # worker_id -> this router's open sessions on it
+        # A worker that failed a session is passed over this long (the registry's TTL, by which a
+        # dead one is gone); without it, least-loaded picking would prefer the dead, idle worker.
+        self.failed_cooldown = failed_cooldown
+        self.failed: dict[str, float] = {}  # worker_id -> when it failed
         self.channels: dict[str, grpc.aio.Channel] = {}
         self._lock = asyncio.Lock()
 
@@ -41,11 +45,16 @@ class WorkerDirectory:
         return self.endpoints
 
     async def pick(self, kind: str, model: str | None = None) -> Endpoint:
-        candidates = [e for e in await self.refresh() if e.kind == kind and (model is None or model in e.models)]
+        now = time.monotonic()
+        candidates = [e for e in await self.refresh() if e.kind == kind and (model is None or model in e.models)
+                      and now - self.failed.get(e.worker_id, -self.failed_cooldown) >= self.failed_cooldown]
         if not candidates:
             what = f"{kind} worker serving {model!r}" if model else f"{kind} replica"
             raise NoWorker(f"no {what} is registered yet; retry shortly")
         return min(candidates, key=lambda e: (self.load[e.worker_id], e.worker_id))
+
+    def mark_failed(self, worker_id: str) -> None:
+        self.failed[worker_id] = time.monotonic()
 
     def target_pressure(self) -> float:
         """This router's sessions per registered target replica: how busy the targets are."""

@@ -175,39 +175,55 @@ class Session:
             await self._open_draft(opened, streams)
 
     async def _open_draft(self, opened: pb.SessionOpen, streams: list[SessionStream]) -> None:
-        try:
-            worker = await self.directory.pick("draft", self.route.draft)
-        except NoWorker as exc:
-            self._lose_draft(str(exc))
-            return
-        self.placement = Placement(self.placement.target_id, worker.worker_id)
-        self.directory.load[worker.worker_id] += 1
-        self.drafter = SessionStream(rpc.DrafterStub(self.directory.channel(worker)).Draft())
-        streams.append(self.drafter)
+        """A draft session on a worker serving the route's draft: a second worker if the first has
+        failed, else none (target-only)."""
         opened.model = self.route.draft
-        try:
-            await self.drafter.call.write(pb.DraftRequest(open=opened))
-        except DRAFT_FAILURES as exc:
-            self._lose_draft(f"{worker.worker_id} at {worker.address} failed: {_describe(exc)}")
+        why = ""
+        for _ in range(OPEN_ATTEMPTS):
+            try:
+                worker = await self.directory.pick("draft", self.route.draft)
+            except NoWorker as exc:
+                why = str(exc)
+                break
+            self.placement = Placement(self.placement.target_id, worker.worker_id)
+            self.directory.load[worker.worker_id] += 1
+            self.drafter = SessionStream(rpc.DrafterStub(self.directory.channel(worker)).Draft())
+            streams.append(self.drafter)
+            try:
+                await self.drafter.call.write(pb.DraftRequest(open=opened))
+                return
+            except DRAFT_FAILURES as exc:
+                if not _draft_lost(exc):
+                    raise
+                why = f"{worker.worker_id} at {worker.address} failed: {_describe(exc)}"
+                self._drop_drafter()
+        self._lose_draft(why)
 
     def _lose_draft(self, why: str) -> None:
         """Go on target-only: the output does not depend on the draft, only the speed does."""
         log.warning("request %s continues target-only: draft %s %s", self.session_id, self.route.draft, why)
+        self._drop_drafter()
+        drafted = self.stats.proposed > 0
+        self.route = Route(self.route.draft if drafted else None, self.route.k if drafted else 0,
+                           DRAFT_LOST if drafted else DRAFT_UNAVAILABLE)
+
+    def _drop_drafter(self) -> None:
+        """End the draft session; its worker is passed over by new requests for a while."""
         if self.drafter is not None:
             self.drafter.cancel()
             self.drafter = None
         if self.placement and self.placement.draft_worker_id:
             self.directory.load[self.placement.draft_worker_id] -= 1
+            self.directory.mark_failed(self.placement.draft_worker_id)
             self.placement = Placement(self.placement.target_id, None)
-        drafted = self.stats.proposed > 0
-        self.route = Route(self.route.draft if drafted else None, self.route.k if drafted else 0,
-                           DRAFT_LOST if drafted else DRAFT_UNAVAILABLE)
 
     async def _propose(self, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
         """The next proposal, or none (a target-only step) once the draft worker has failed."""
         try:
             return await self._draft(verified, ahead)
         except DRAFT_FAILURES as exc:
+            if not _draft_lost(exc):
+                raise
             self._lose_draft(f"failed mid-request: {_describe(exc)}")
             return EMPTY_PROPOSAL
 
@@ -255,7 +271,11 @@ class Session:
         keep = self.draft_committed + self.draft_offset + len(proposal.ids)
         # At least the guess and one token after it, or a hit would have nothing to propose.
         step = pb.DraftStep(keep=keep, k=k, min_confidence=self.length.min_confidence, min_tokens=2)
-        return asyncio.create_task(self.drafter.ask(pb.DraftRequest(step=step)))
+        task = asyncio.create_task(self.drafter.ask(pb.DraftRequest(step=step)))
+        # A lookahead may fail unawaited (the session ends first); mark its error as seen, or asyncio
+        # logs "exception never retrieved". One that is awaited raises there as usual.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
 
     def _count_draft(self, proposal: pb.Proposal) -> None:
         self.stats.draft_seconds += proposal.seconds
@@ -289,9 +309,16 @@ class Session:
         return time.perf_counter() - self.started
 
 
-# How a draft worker's failure surfaces on its stream: an RPC error, the stream ended, or a write
-# after the call already finished.
-DRAFT_FAILURES = (grpc.aio.AioRpcError, grpc.aio.UsageError, WorkerStreamEnded)
+OPEN_ATTEMPTS = 2  # draft workers tried before a request goes target-only
+# How a draft worker's failure surfaces on its stream: an RPC error or the stream ended. Only those
+# below mean the worker is gone, stuck or full; any other status is a bug and fails the request.
+DRAFT_FAILURES = (grpc.aio.AioRpcError, WorkerStreamEnded)
+LOST_STATUSES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                           grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+def _draft_lost(exc: Exception) -> bool:
+    return not isinstance(exc, grpc.aio.AioRpcError) or exc.code() in LOST_STATUSES
 
 
 def _describe(exc: Exception) -> str:

@@ -50,33 +50,56 @@ def test_zoo_models_resolve_with_a_general_task(tiny_zoo):
     assert models.tasks["sql"][0] == "sql" and models.tasks["general"] == ("general",)
 
 
-def test_placement_uses_gpus_when_the_cluster_has_them_and_always_the_kind_of_device():
+def node(alive: bool = True, **resources: float) -> dict:
+    """A node as ray.nodes() lists it."""
+    return {"Alive": alive, "Resources": resources}
+
+
+def test_each_process_takes_its_kinds_device_and_a_gpu_when_the_nodes_of_its_kind_have_them():
+    from specserve.cluster.placement import on_gpu
+
     config = ServiceConfig()
-    assert actor_options(config.target, gpus_in_cluster=0) == {"num_cpus": 0, "resources": {"specserve_target_device": 1}}
-    assert actor_options(config.target, gpus_in_cluster=4) == {
+    assert actor_options(config.target, gpu=False) == {"num_cpus": 0, "resources": {"specserve_target_device": 1}}
+    assert actor_options(config.target, gpu=True) == {
         "num_cpus": 0, "num_gpus": 1.0, "resources": {"specserve_target_device": 1}}
-    assert actor_options(config.draft_pool, gpus_in_cluster=0)["resources"] == {"specserve_draft_device": 1}
-    cpu_drafts = ServiceConfig.model_validate({"draft_pool": {"device": "resource"}}).draft_pool
-    assert actor_options(cpu_drafts, gpus_in_cluster=4) == {"num_cpus": 0, "resources": {"specserve_draft_device": 1}}
+    gpu_targets_cpu_drafts = [node(specserve_target_device=1, GPU=1), node(specserve_draft_device=2, CPU=4)]
+    assert on_gpu(config.target, gpu_targets_cpu_drafts) and not on_gpu(config.draft_pool, gpu_targets_cpu_drafts)
+    assert not on_gpu(config.target, [node(alive=False, specserve_target_device=1, GPU=1)])  # a dead node
+    assert on_gpu(ServiceConfig.model_validate({"draft_pool": {"device": "gpu"}}).draft_pool, [])
+
+
+def test_auto_waits_for_a_node_of_its_kind_before_deciding(monkeypatch):
+    from specserve.cluster import placement
+
+    joined = iter([[node(specserve_router_node=1)], [node(specserve_router_node=1)],
+                   [node(specserve_router_node=1), node(specserve_target_device=1, GPU=1)]])
+    monkeypatch.setattr(placement.ray, "nodes", lambda: next(joined))
+    monkeypatch.setattr(placement, "NODE_POLL_SECONDS", 0.0)
+    assert placement.place(ServiceConfig().target)["num_gpus"] == 1.0  # the GPU node joined third
+    monkeypatch.setattr(placement.ray, "nodes", lambda: [node(specserve_router_node=1)])
+    with pytest.raises(ValueError, match="no node advertising 'specserve_target_device' joined within 0 s"):
+        placement.place(ServiceConfig().target, timeout=0.0)
 
 
 def test_a_cluster_without_the_devices_is_refused_before_deploying():
     from specserve.cluster.placement import check_devices, local_resources
 
     config = ServiceConfig()
-    check_devices(config, local_resources())  # the embedded cluster's: fits
+    check_devices(config, [node(**local_resources())])  # the embedded cluster's: fits
     with pytest.raises(ValueError, match="draft_pool.workers=2 needs 2 'specserve_draft_device' but the cluster has 1"):
-        check_devices(config, {"specserve_target_device": 1, "specserve_draft_device": 1})
+        check_devices(config, [node(specserve_target_device=1, specserve_draft_device=1)])
     with pytest.raises(ValueError, match="target.replicas=1 needs 1 'specserve_target_device' but the cluster has 0"):
-        check_devices(config, {"CPU": 8})
-    gpu_nodes = {"specserve_target_device": 1, "specserve_draft_device": 2, "specserve_router_node": 1}
-    check_devices(config, gpu_nodes | {"GPU": 3})  # one target and two draft workers, one GPU each
-    with pytest.raises(ValueError, match="draft_pool.workers=2 needs 2 'GPU' but the cluster has 1 left: start nodes with GPUs"):
-        check_devices(config, gpu_nodes | {"GPU": 2})
+        check_devices(config, [node(CPU=8)])
+    head = node(specserve_target_device=1, specserve_router_node=1, GPU=1)
+    check_devices(config, [head, node(specserve_draft_device=2, GPU=2)])  # one target and two drafts, a GPU each
+    check_devices(config, [head, node(specserve_draft_device=2)])  # drafts on a CPU node
+    with pytest.raises(ValueError, match="draft_pool.workers=2 needs 2 'GPU' but the cluster has 1 left: start nodes "
+                                         "with GPUs"):
+        check_devices(config, [head, node(specserve_draft_device=2, GPU=1)])
     with pytest.raises(ValueError, match="the router needs a node with the custom resource 'specserve_router_node'"):
-        check_devices(config, {"specserve_target_device": 1, "specserve_draft_device": 2})
+        check_devices(config, [node(specserve_target_device=1, specserve_draft_device=2)])
     anywhere = ServiceConfig.model_validate({"router": {"node_resource": None}})
-    check_devices(anywhere, {"specserve_target_device": 1, "specserve_draft_device": 2})
+    check_devices(anywhere, [node(specserve_target_device=1, specserve_draft_device=2)])
 
 
 def test_hub_ids_reach_the_loader_as_given():

@@ -143,9 +143,7 @@ def test_each_group_advertises_the_resource_its_processes_ask_for(cluster_spec, 
     assert by_name["drafts"]["replicas"] * custom_resources(by_name["drafts"])[DRAFT_DEVICE] >= config.draft_pool.workers
 
 
-def test_only_the_target_group_has_gpus(cluster_spec, serve_config):
-    args = serve_config["applications"][0]["args"]
-    assert args["draft_pool"]["device"] == "resource"  # drafts stay on their CPU nodes in a GPU cluster
+def test_only_the_target_group_has_gpus(cluster_spec):
     for name, group in groups(cluster_spec).items():
         gpus = container(group)["resources"]["limits"].get("nvidia.com/gpu")
         assert (gpus is not None) == (name == "targets"), name

@@ -26,7 +26,6 @@ from specserve.proto.v1 import specserve_pb2 as pb
 
 pytestmark = pytest.mark.timeout(600)
 REGISTRY_EXPIRY_SECONDS = 30  # an entry lives 3 heartbeats (6 s by default); generous on a busy machine
-PROMPT = pb.GenerateRequest(prompt="SELECT name FROM", task="sql", max_tokens=24)
 VOLUME_DRAFTS = ("sql", "general")
 
 
@@ -112,25 +111,39 @@ def test_targets_run_on_the_head_and_drafts_on_the_draft_node(two_nodes, attache
 
 def test_generation_crosses_nodes_and_survives_losing_the_draft_node(two_nodes, attached_service):
     nodes, _, _ = two_nodes
-    client, log = attached_service
-    target_only = client.generate(pb.GenerateRequest(prompt=PROMPT.prompt, task="sql", max_tokens=PROMPT.max_tokens,
-                                                     speculation=pb.SPECULATION_OFF))
-    speculated = client.generate(pb.GenerateRequest(prompt=PROMPT.prompt, task="sql", max_tokens=PROMPT.max_tokens,
-                                                    speculation=pb.SPECULATION_ON, draft="sql", k=4))
+    client, _ = attached_service
+    target_only = client.generate(request(speculation=pb.SPECULATION_OFF))
+    speculated = client.generate(request(speculation=pb.SPECULATION_ON, draft="sql", k=1))
     assert speculated.stats.proposed_tokens > 0, "the draft on the other node proposed nothing"
     assert list(speculated.token_ids) == list(target_only.token_ids)
 
+    # Mid-request: the draft node is lost once the draft is seen working (a chunk of more than one
+    # token holds an accepted proposal). k=1 makes the request a long run of small steps, so it is
+    # still drafting when the node goes.
+    stream = client.stream(request(speculation=pb.SPECULATION_ON, draft="sql", k=1), timeout=120)
+    chunks = [next(stream)]
+    while len(chunks[-1].token_ids) < 2:
+        chunks.append(next(stream))
     nodes.remove_draft_node()
-    # At once: the registry still lists the dead workers, so the session finds its draft gone when
-    # it opens the stream, and goes on target-only.
-    right_after = client.generate(PROMPT, timeout=120)
+    chunks += list(stream)
+    assert [t for chunk in chunks for t in chunk.token_ids] == list(target_only.token_ids)
+    assert chunks[-1].stats.route == "lost" and chunks[-1].stats.proposed_tokens > 0, chunks[-1].stats
+
+    # Right after: the registry still lists the dead workers, so the session finds its draft gone
+    # when it opens the stream (trying each worker once), and goes on target-only.
+    right_after = client.generate(request(), timeout=120)
     assert list(right_after.token_ids) == list(target_only.token_ids)
-    assert right_after.stats.route in ("unavailable", "lost") and right_after.stats.proposed_tokens == 0
+    assert right_after.stats.route == "unavailable" and right_after.stats.proposed_tokens == 0
 
     deadline = time.monotonic() + REGISTRY_EXPIRY_SECONDS
     while any(w.kind == "draft" for w in client.stats().workers):  # their entries expire unrenewed
         assert time.monotonic() < deadline, "the lost draft workers were never dropped from the registry"
         time.sleep(1)
-    later = client.generate(PROMPT, timeout=120)
+    later = client.generate(request(), timeout=120)
     assert list(later.token_ids) == list(target_only.token_ids)
     assert later.stats.route == "unavailable" and later.stats.draft == ""
+
+
+def request(**fields) -> pb.GenerateRequest:
+    """The sql prompt, long enough that a request takes many steps (the tiny zoo's window is 256)."""
+    return pb.GenerateRequest(prompt="SELECT name FROM", task="sql", max_tokens=200, **fields)
