@@ -74,23 +74,35 @@ def unknown_fields(document, schema: dict, path: str = "") -> list[str]:
     return found
 
 
+def manifest_problems(manifest: dict, schema: dict) -> list[str]:
+    """What the API server would refuse in ``manifest``: schema violations and undefined fields."""
+    import jsonschema
+
+    problems = [f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
+                for e in jsonschema.Draft7Validator(schema).iter_errors(manifest)]
+    return problems + [f"{path}: not a field of the RayService" for path in unknown_fields(manifest, schema)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specserve.cluster.kuberay", description=(
-        "Copy deploy/serve_config.yaml into the RayService manifest's serveConfigV2; with --crd, also "
-        "extract the RayService CRD's schema the tests check the manifest against."))
+        "Copy deploy/serve_config.yaml into the RayService manifest's serveConfigV2 and check the "
+        "manifest against the RayService CRD's schema; with --crd, first extract that schema from the CRD."))
     parser.add_argument("--crd", type=Path, help="the RayService CRD (ray.io_rayservices.yaml from KubeRay)")
     args = parser.parse_args(argv)
     manifest = RAYSERVICE.read_text()
     synced = embed_serve_config(manifest, SERVE_CONFIG.read_text())
     RAYSERVICE.write_text(synced)
     print(f"{RAYSERVICE}: serveConfigV2 {'updated' if synced != manifest else 'already in step'}")
-    if args.crd:
-        import yaml
+    import yaml
 
+    if args.crd:
         schema = crd_schema(yaml.safe_load(args.crd.read_text()))
         RAYSERVICE_SCHEMA.write_text(json.dumps(schema, sort_keys=True, separators=(",", ":")) + "\n")
         print(f"{RAYSERVICE_SCHEMA}: the {CRD_VERSION} schema of {args.crd}")
-    return 0
+    problems = manifest_problems(yaml.safe_load(synced), json.loads(RAYSERVICE_SCHEMA.read_text()))
+    for problem in problems:
+        print(f"{RAYSERVICE}: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
