@@ -3,6 +3,13 @@ distillation), in a temporary SPECSERVE_HOME so tests never touch the user's cac
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from specserve.workers.zoo.build import build_zoo
@@ -33,13 +40,42 @@ def tiny_engine(tiny_zoo):
     return zoo_engine(tiny_zoo, tiny_zoo.draft_names)
 
 
-@pytest.fixture(scope="session")
-def metrics_port() -> int:
-    import socket
-
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def metrics_port() -> int:
+    return free_port()
+
+
+@contextlib.contextmanager
+def serve_in_subprocess(args: list[str], env: dict, log: Path | None = None):
+    """`specserve serve ARGS` as a user runs it, in a process of its own; yields (client, process)
+    once it prints its ready line, and stops it with SIGTERM at the end unless the test did."""
+    from specserve.cluster.client import SpecServeClient
+
+    stderr = log.open("w") if log else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-m", "specserve.cluster.cli", "serve", *args],
+                            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    try:
+        line = proc.stdout.readline()  # blocks until the service is ready (or the process dies)
+        assert line.startswith("specserve listening on "), (
+            f"{line!r}, exit {proc.poll()}\n{log.read_text()[-3000:] if log else ''}")
+        client = SpecServeClient(line.split()[3])
+        try:
+            yield client, proc
+        finally:
+            client.close()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @pytest.fixture(scope="session")

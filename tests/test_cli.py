@@ -2,13 +2,14 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from specserve.cluster.cli import main
+
+from conftest import free_port, serve_in_subprocess
 
 
 def run_cli(*args: str, home: str) -> subprocess.CompletedProcess:
@@ -100,30 +101,18 @@ def test_service_errors_are_one_line_with_the_status(service, capsys):
     assert code == 2 and err.strip() == "specserve: error: INVALID_ARGUMENT: top_p must be in (0, 1], got 1.5"
 
 
-def test_serve_prints_its_address_then_stops_on_sigterm(tiny_zoo, specserve_home):
+def test_serve_prints_its_address_then_stops_on_sigterm(tiny_zoo, specserve_home, tmp_path):
     """`specserve serve` as a user runs it: its own embedded cluster, ready line, SIGTERM, clean exit."""
     import signal
 
-    from specserve.cluster.client import SpecServeClient
     from specserve.proto.v1 import specserve_pb2 as pb
 
     env = dict(os.environ, SPECSERVE_HOME=specserve_home)
-    with socket.socket() as s:  # its own cluster exports metrics on a port of its own
-        s.bind(("127.0.0.1", 0))
-        own_metrics_port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "specserve.cluster.cli", "serve", "--zoo", str(tiny_zoo.root),
-                             "--port", "0", "--metrics-port", str(own_metrics_port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        line = proc.stdout.readline()  # blocks until the service is ready (or the process dies)
-        assert line.startswith("specserve listening on "), (line, proc.poll(), proc.stderr.read() if proc.poll() else "")
-        address = line.split()[3]
-        client = SpecServeClient(address)
+    log = tmp_path / "serve.log"
+    # Its own cluster exports metrics on a port of its own.
+    args = ["--zoo", str(tiny_zoo.root), "--port", "0", "--metrics-port", str(free_port())]
+    with serve_in_subprocess(args, env, log) as (client, proc):
         assert client.generate(pb.GenerateRequest(prompt="SELECT", max_tokens=4)).token_ids
-        client.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
-        assert "shutting down" in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    assert "shutting down" in log.read_text()

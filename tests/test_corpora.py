@@ -151,7 +151,7 @@ def test_no_held_out_text_is_trained_on_by_another_task(large):
     def folded(texts):
         return "\x00".join(" ".join(t.split()) for t in texts)
 
-    code_train, prose_train = folded(code.train), folded(prose.train)
+    code_train = folded(code.train)
     leaked_prose = [d for d in prose.held_out if " ".join(d.split()) in code_train]
     assert not leaked_prose, f"{len(leaked_prose)} held-out prose documents are in the code training set"
     code_held_out = folded(code.held_out)  # and the other way round: trained prose inside held-out code

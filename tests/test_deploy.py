@@ -11,7 +11,6 @@ import json
 import re
 import shlex
 from importlib.metadata import version
-from pathlib import Path
 
 import jsonschema
 import kubernetes_validate

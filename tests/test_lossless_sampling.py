@@ -12,7 +12,6 @@ Fixed seeds make the test deterministic; the tolerances say how far a correct sa
 """
 
 import math
-from itertools import product
 
 import pytest
 import torch

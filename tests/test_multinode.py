@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,9 +19,10 @@ import pytest
 import yaml
 
 from specserve.cluster.bringup import serve_config
-from specserve.cluster.client import SpecServeClient
-from specserve.cluster.kuberay import SERVE_CONFIG
+from specserve.cluster.config import DEFAULT_CONFIG_FILE as SERVE_CONFIG
 from specserve.proto.v1 import specserve_pb2 as pb
+
+from conftest import serve_in_subprocess
 
 pytestmark = pytest.mark.timeout(600)
 REGISTRY_EXPIRY_SECONDS = 30  # an entry lives 3 heartbeats (6 s by default); generous on a busy machine
@@ -85,25 +85,14 @@ def volume_config(tiny_zoo, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def attached_service(two_nodes, volume_config):
     nodes, env, logs = two_nodes
-    log = logs / "serve.log"
-    proc = subprocess.Popen([sys.executable, "-m", "specserve.cluster.cli", "serve", "--address", nodes.address,
-                             "--config", str(volume_config), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
-    line = proc.stdout.readline()  # blocks until the service is ready (or the process dies)
-    assert line.startswith("specserve listening on "), f"{line!r}\n{log.read_text()[-3000:]}"
-    client = SpecServeClient(line.split()[3])
-    yield client, log
-    client.close()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    args = ["--address", nodes.address, "--config", str(volume_config), "--port", "0"]
+    with serve_in_subprocess(args, env, logs / "serve.log") as (client, _):
+        yield client
 
 
 def test_targets_run_on_the_head_and_drafts_on_the_draft_node(two_nodes, attached_service):
     nodes, _, _ = two_nodes
-    client, _ = attached_service
+    client = attached_service
     workers = client.stats().workers
     assert {(w.kind, w.node_id) for w in workers} == {("target", nodes.head), ("draft", nodes.draft)}, workers
     assert all(set(w.models) == set(VOLUME_DRAFTS) for w in workers if w.kind == "draft"), workers  # the volume's
@@ -111,7 +100,7 @@ def test_targets_run_on_the_head_and_drafts_on_the_draft_node(two_nodes, attache
 
 def test_generation_crosses_nodes_and_survives_losing_the_draft_node(two_nodes, attached_service):
     nodes, _, _ = two_nodes
-    client, _ = attached_service
+    client = attached_service
     target_only = client.generate(request(speculation=pb.SPECULATION_OFF))
     speculated = client.generate(request(speculation=pb.SPECULATION_ON, draft="sql", k=1))
     assert speculated.stats.proposed_tokens > 0, "the draft on the other node proposed nothing"

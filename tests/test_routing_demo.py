@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from specserve.proto.v1 import specserve_pb2 as pb
+
+from conftest import free_port, serve_in_subprocess
 
 pytestmark = pytest.mark.slow
 WARM_UP_PER_TASK = 6
@@ -31,26 +29,9 @@ def demo_zoo(specserve_home):
 
 @pytest.fixture(scope="module")
 def demo_client(demo_zoo, specserve_home):
-    from specserve.cluster.client import SpecServeClient
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        metrics_port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "specserve.cluster.cli", "serve", "--zoo", str(demo_zoo.root),
-                             "--port", "0", "--metrics-port", str(metrics_port)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, SPECSERVE_HOME=specserve_home))
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("specserve listening on "), (line, proc.poll())
-        client = SpecServeClient(line.split()[3])
+    args = ["--zoo", str(demo_zoo.root), "--port", "0", "--metrics-port", str(free_port())]
+    with serve_in_subprocess(args, dict(os.environ, SPECSERVE_HOME=specserve_home)) as (client, _):
         yield client
-        client.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_prompts_without_a_task_are_served_by_their_tasks_draft(demo_client, demo_zoo):
