@@ -53,16 +53,17 @@ class Registry:
         return [e for e in self.entries.values() if kind is None or e.kind == kind]
 
 
-def start_registry(namespace: str, heartbeat_seconds: float) -> ray.actor.ActorHandle:
-    """Create the registry on the caller's node (the router's), or find the one already running in
-    ``namespace``. Left to Ray it could land on a draft node, and losing that node would take the
-    table of endpoints with it; soft, so a restart can go elsewhere if this node is gone."""
+def start_registry(namespace: str, heartbeat_seconds: float, resources: dict[str, float]) -> ray.actor.ActorHandle:
+    """Create the registry beside the router (``resources``: the router node's; soft affinity to
+    this node where there are none), or find the one already running in ``namespace``. Left to Ray
+    it can land on a draft node (seen: it did, with soft affinity alone), and losing that node
+    would take the table of endpoints with it."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     actor = ray.remote(num_cpus=0, max_restarts=-1)(Registry)
-    return actor.options(name=REGISTRY_NAME, namespace=namespace, get_if_exists=True, scheduling_strategy=here
-                         ).remote(heartbeat_seconds * TTL_HEARTBEATS)
+    return actor.options(name=REGISTRY_NAME, namespace=namespace, get_if_exists=True, resources=resources,
+                         scheduling_strategy=here).remote(heartbeat_seconds * TTL_HEARTBEATS)
 
 
 class Heartbeat:

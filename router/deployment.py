@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from specserve.cluster.config import ServiceConfig
 from specserve.cluster.models import ModelSet
+from specserve.cluster.placement import router_options
 from specserve.cluster.pool import start_draft_pool
 from specserve.cluster.registry import TTL_HEARTBEATS, Endpoint, Heartbeat, start_registry
 from specserve.proto.v1 import specserve_pb2
@@ -42,7 +43,8 @@ class Router:
         self.models = models
         tokenizer = load_tokenizer(models.target)
         _check_draft_tokenizers(tokenizer, models)  # before any worker loads a model
-        registry = start_registry(cfg.namespace, cfg.router.heartbeat_seconds)
+        beside_router = router_options(cfg.router)["resources"]
+        registry = start_registry(cfg.namespace, cfg.router.heartbeat_seconds, beside_router)
         self.pool = start_draft_pool(cfg, models)
         limits = Limits(tasks=models.tasks, drafts=tuple(models.drafts), context_window=_context_window(models.target))
         self.directory = WorkerDirectory(registry, cfg.router.heartbeat_seconds * TTL_HEARTBEATS)

@@ -120,7 +120,8 @@ def test_generation_crosses_nodes_and_survives_losing_the_draft_node(two_nodes, 
 
     # Right after: the registry still lists the dead workers, so the session finds its draft gone
     # when it opens the stream (trying each worker once), and goes on target-only.
-    right_after = client.generate(request(), timeout=120)
+    asks_for_the_draft = request(speculation=pb.SPECULATION_ON, draft="sql")  # not the policy's choice
+    right_after = client.generate(asks_for_the_draft, timeout=120)
     assert list(right_after.token_ids) == list(target_only.token_ids)
     assert right_after.stats.route == "unavailable" and right_after.stats.proposed_tokens == 0
 
@@ -128,7 +129,7 @@ def test_generation_crosses_nodes_and_survives_losing_the_draft_node(two_nodes, 
     while any(w.kind == "draft" for w in client.stats().workers):  # their entries expire unrenewed
         assert time.monotonic() < deadline, "the lost draft workers were never dropped from the registry"
         time.sleep(1)
-    later = client.generate(request(), timeout=120)
+    later = client.generate(asks_for_the_draft, timeout=120)
     assert list(later.token_ids) == list(target_only.token_ids)
     assert later.stats.route == "unavailable" and later.stats.draft == ""
 
