@@ -2,7 +2,8 @@
 
 It starts the registry and the draft pool, loads the tokenizer (the only model file it needs) and
 serves the client API, the standard health service and server reflection from one grpc.aio server.
-Health turns SERVING once a target replica and a draft worker for every task have registered.
+Health turns SERVING once a target replica and the whole draft pool (so a worker for every draft)
+have registered.
 """
 
 from __future__ import annotations
@@ -64,14 +65,17 @@ class Router:
         reflection.enable_server_reflection(names, server, pool=specserve_pb2.DESCRIPTOR.pool)
 
     async def _mark_serving_when_ready(self) -> None:
-        """NOT_SERVING until a target and a worker for every draft in the task table are registered."""
+        """NOT_SERVING until a target, the whole draft pool, and so a worker for every draft in the
+        task table, are registered: ready means the configured capacity is up, not just some of it."""
         needed = {name for names in self.models.tasks.values() for name in names}
         for status in ("", SERVICE_NAME):
             await self.health.set(status, health_pb2.HealthCheckResponse.NOT_SERVING)
         while True:
             endpoints = await self.directory.refresh(force=True)
-            served = {m for e in endpoints if e.kind == "draft" for m in e.models}
-            if any(e.kind == "target" for e in endpoints) and needed <= served:
+            drafts = [e for e in endpoints if e.kind == "draft"]
+            served = {m for e in drafts for m in e.models}
+            if (any(e.kind == "target" for e in endpoints) and needed <= served
+                    and len(drafts) >= self.config.draft_pool.workers):
                 break
             await asyncio.sleep(READY_POLL_SECONDS)
         for status in ("", SERVICE_NAME):
