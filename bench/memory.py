@@ -9,16 +9,21 @@ another cluster's on the same machine.
 
 from __future__ import annotations
 
+import re
+
 import psutil
 
 from specserve.cluster.app import ROUTER_DEPLOYMENT, TARGET_DEPLOYMENT
 
+# A replica's title is ray::ServeReplica:<app>:<deployment>, with ".<method>" appended while a call
+# runs (a health check, say): the deployment name ends at the first character a name cannot hold.
+SERVE_REPLICA = re.compile(r"ray::ServeReplica:[^:\s]+:([\w-]+)")
+
+
 def component_of(title: str) -> str | None:
-    if not title.startswith("ray::"):
-        return None
-    if title.startswith("ray::ServeReplica:"):
-        deployment = title.split()[0].rsplit(":", 1)[-1]
-        return {TARGET_DEPLOYMENT: "target replica", ROUTER_DEPLOYMENT: "router"}.get(deployment)
+    replica = SERVE_REPLICA.match(title)
+    if replica:
+        return {TARGET_DEPLOYMENT: "target replica", ROUTER_DEPLOYMENT: "router"}.get(replica.group(1))
     return "draft worker" if title.startswith("ray::DraftWorker") else None
 
 

@@ -131,3 +131,13 @@ def test_bench_refuses_bad_settings_before_starting_anything(capsys):
     assert "prompts must be at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "--concurrency", "1,x"])
+
+
+def test_components_are_found_by_process_title_even_mid_call():
+    from specserve.bench.memory import component_of
+
+    assert component_of("ray::ServeReplica:specserve:router") == "router"
+    assert component_of("ray::ServeReplica:specserve:router.check_health") == "router"  # the flake CI could hit
+    assert component_of("ray::ServeReplica:specserve:target.Verify()") == "target replica"
+    assert component_of("ray::DraftWorker.__init__") == "draft worker"
+    assert component_of("ray::ServeController") is None and component_of("python -m pytest") is None

@@ -8,7 +8,6 @@ is bookkeeping) and drafts from there.
 
 from __future__ import annotations
 
-
 import grpc
 
 from specserve.cluster.config import DraftPoolConfig
