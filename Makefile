@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench serve proto manifests image
+.PHONY: demo test test-slow bench soak serve proto manifests image
 
 $(INSTALLED): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ manifests: $(INSTALLED)
 # The container image the manifest names (needs a Docker engine; GPU nodes: see deploy/Dockerfile).
 image:
 	docker build -f deploy/Dockerfile -t specserve:$$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) .
+
+# Minutes of mixed load while workers are killed and frozen at random; reports requests by status,
+# tokens lost (must be 0) and memory over time. Not part of `make test`. MINUTES=n to change.
+soak: $(INSTALLED)
+	$(BIN)/python -m specserve.bench.soak $(if $(MINUTES),--minutes $(MINUTES))
 
 # Long suites (more sampling settings, bigger budgets): see "Tests" in the README.
 test-slow: $(INSTALLED)

@@ -16,6 +16,7 @@ from ray import serve
 from .client import SpecServeClient
 from .config import DEFAULT_CONFIG_FILE, NAMESPACE, ServiceConfig, load_yaml
 from .placement import check_devices, local_resources
+from .security import SecuritySettings
 
 log = logging.getLogger("specserve.cluster")
 READY_TIMEOUT_SECONDS = 600.0  # model loading on a cold machine; a GPU node pulling weights takes longer
@@ -94,7 +95,10 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
     from ray.serve._private.utils import import_attr
 
     doc = serve_config(config_path or default_config_path(), port, overrides)
+    security = SecuritySettings.from_env()  # a bad variable fails here, before any cluster starts
     owns = start_cluster(address, metrics_port)
+    if owns:  # an embedded cluster's processes inherit this environment (the router warns if it is open)
+        log.info("security: %s", security.describe())
     app_doc = doc["applications"][0]
     try:
         check_devices(ServiceConfig.model_validate(app_doc["args"]), ray.nodes())

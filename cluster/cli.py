@@ -18,6 +18,8 @@ import grpc
 from transformers.utils import logging as hf_logging
 
 from specserve.cluster.config import DEFAULT_METRICS_PORT
+from specserve.cluster.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_FILE_ENV,
+                                        TLS_DIR_ENV)
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.loading import ModelLoadError
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS
@@ -28,6 +30,13 @@ EXIT_FAILURE = 1  # the service failed or is unreachable
 EXIT_INTERRUPTED = 130
 SAMPLING_DEFAULTS = SamplingParams()  # the CLI's defaults are the request's, defined once there
 DEFAULT_ZOO = "demo"  # what --zoo means when not given
+SECURITY_EPILOG = (  # argparse rewraps it
+    f"Security comes from the environment, never from flags or the Serve config: {API_TOKEN_ENV} (or "
+    f"{API_TOKEN_FILE_ENV}, a file holding it) is the client API's bearer token, required by `serve` and sent by "
+    f"the commands that call a service; {INTERNAL_TOKEN_ENV} (or {INTERNAL_TOKEN_FILE_ENV}) is the token the "
+    f"router presents to the workers; {TLS_DIR_ENV} is a directory with tls.crt, tls.key and ca.crt, turning on "
+    f"TLS for the client API and mutual TLS between router and workers (a client needs only ca.crt). "
+    f"README, \"Security\".")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,12 +63,14 @@ def main(argv: list[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specserve", description="Distributed speculative decoding on Ray: task-aligned drafts, target replicas, a gRPC router.",
+        epilog=SECURITY_EPILOG,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (INFO level)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     generate = commands.add_parser("generate", help="generate text from a prompt",
-                                   description="Generate text, with speculative decoding unless --speculation off.")
+                                   description="Generate text, with speculative decoding unless --speculation off.",
+                                   epilog=SECURITY_EPILOG)
     where = generate.add_mutually_exclusive_group()
     where.add_argument("--address", metavar="HOST:PORT", help="send the request to a running `specserve serve`")
     where.add_argument("--local", action="store_true",
@@ -113,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="run the service: an embedded Ray cluster (or an existing one) with the Serve app",
         description="Start an embedded local Ray cluster (one target device and two draft devices as custom "
                     "resources) or attach to one with --address, deploy the Serve config, print the address "
-                    "clients use once the service is ready, and run until Ctrl-C or SIGTERM.")
+                    "clients use once the service is ready, and run until Ctrl-C or SIGTERM.",
+        epilog=SECURITY_EPILOG)
     serve_cmd.add_argument("--config", type=Path, help="Serve config file (default: deploy/serve_config.yaml)")
     serve_cmd.add_argument("--address", help="an existing Ray cluster (e.g. ray://host:10001 or auto); default: embedded")
     serve_cmd.add_argument("--port", type=int, help="the client API's gRPC port (default: the config's router.port)")
@@ -123,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "as ray_specserve_*) (default: %(default)s)")
     serve_cmd.set_defaults(run=_run_serve)
 
-    stats = commands.add_parser("stats", help="print a running service's statistics (GetStats)")
+    stats = commands.add_parser("stats", help="print a running service's statistics (GetStats)", epilog=SECURITY_EPILOG)
     stats.add_argument("--address", required=True, metavar="HOST:PORT", help="the service's client address")
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
     stats.set_defaults(run=_run_stats)
@@ -336,7 +348,8 @@ def _run_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(MessageToDict(stats, preserving_proto_field_name=True)))
         return 0
-    print(f"requests in flight {stats.requests_in_flight}; rejected (over the limit) {stats.requests_rejected}")
+    print(f"requests in flight {stats.requests_in_flight}; queued {stats.requests_queued}; "
+          f"rejected (over the limit) {stats.requests_rejected}")
     print("Per task, its decision (draft '-': the task, and its target-only requests), then each allowed draft:")
     print(f"{'task':<8} {'draft':<8} {'requests':>8} {'proposed':>9} {'accepted':>9} {'tok/pass':>8} {'alpha':>6} "
           f"{'c':>5} {'k':>2} {'speedup':>7} {'scored':>7} decision")

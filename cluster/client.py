@@ -1,4 +1,9 @@
-"""A small client of the SpecServe API, for the command line, the demo and the tests."""
+"""A small client of the SpecServe API, for the command line, the demo and the tests.
+
+Security comes from the environment, as the service's does (cluster/security.py): the API token from
+SPECSERVE_API_TOKEN(_FILE) goes with every call, and with SPECSERVE_TLS_DIR set the channel is TLS,
+verifying the router against that directory's ca.crt (the only file a client needs there).
+"""
 
 from __future__ import annotations
 
@@ -11,14 +16,28 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.proto.v1 import specserve_pb2_grpc as rpc
 
+from .security import TARGET_NAME_OVERRIDE, BearerToken, SecuritySettings
+
 FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
                 pb.FINISH_REASON_UNSPECIFIED: ""}
 
 
 class SpecServeClient:
-    def __init__(self, address: str) -> None:
+    """``token`` and ``root_certificates`` (PEM) default to the environment's; ``server_name`` is the
+    name to verify the router's certificate under when it differs from ``address``'s host."""
+
+    def __init__(self, address: str, token: str | None = None, root_certificates: bytes | None = None,
+                 server_name: str | None = None) -> None:
         self.address = address
-        self.channel = grpc.insecure_channel(address)
+        env = SecuritySettings.from_env()
+        token = token or env.api_token
+        root_certificates = root_certificates or (env.tls.ca if env.tls else None)
+        if root_certificates:
+            options = [(TARGET_NAME_OVERRIDE, server_name)] if server_name else []
+            channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options=options)
+        else:
+            channel = grpc.insecure_channel(address)
+        self.channel = grpc.intercept_channel(channel, BearerToken(token)) if token else channel
         self.stub = rpc.SpecServeStub(self.channel)
 
     def generate(self, request: pb.GenerateRequest, timeout: float | None = None) -> pb.GenerateResponse:
@@ -30,9 +49,10 @@ class SpecServeClient:
     def stats(self, timeout: float | None = 10.0) -> pb.ServiceStats:
         return self.stub.GetStats(pb.GetStatsRequest(), timeout=timeout)
 
-    def health(self, timeout: float = 5.0) -> int:
+    def health(self, timeout: float = 5.0, service: str = "") -> int:
+        """The standard health check ("": the whole server); needs no token."""
         check = health_pb2_grpc.HealthStub(self.channel).Check
-        return check(health_pb2.HealthCheckRequest(service=""), timeout=timeout).status
+        return check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
 
     def wait_ready(self, timeout: float) -> None:
         """Poll the health service until SERVING; TimeoutError names the last state seen."""
@@ -44,8 +64,8 @@ class SpecServeClient:
                 if status == health_pb2.HealthCheckResponse.SERVING:
                     return
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
-            except grpc.RpcError as exc:
-                last = exc.code().name
+            except grpc.RpcError as exc:  # the details name a TLS problem (an address the certificate lacks)
+                last = f"{exc.code().name}: {exc.details()}"
             time.sleep(0.5)
         raise TimeoutError(f"specserve at {self.address} not SERVING after {timeout:.0f} s (last: {last})")
 

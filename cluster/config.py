@@ -61,6 +61,14 @@ class WorkerConfig(_Config):
     # stand for separate devices do not fight over the same cores. Empty: no pinning.
     cpus: tuple[int, ...] = ()
     max_sessions: int = Field(64, ge=1)  # concurrent sessions (streams) this process accepts
+    # KV cache memory this process may hold over all its sessions. A session reserves what its
+    # longest possible sequence needs when it opens; one that does not fit is refused
+    # (RESOURCE_EXHAUSTED), so memory is bounded however requests arrive.
+    kv_cache_mib: float = Field(4096, gt=0)
+    # A session whose router sent nothing for this long is evicted, its cache freed: the router
+    # died without closing the stream, or hangs. Routers wait at most a target step or a target
+    # wait (router.timeouts) between steps, well under this.
+    session_idle_seconds: float = Field(120.0, gt=0)
 
 
 class TargetConfig(WorkerConfig):
@@ -124,13 +132,28 @@ class PolicyConfig(_Config):
         return self
 
 
+class TimeoutsConfig(_Config):
+    """How long the router waits on workers before it takes one as lost (router/streams.py)."""
+
+    # A draft step is k small-model tokens: milliseconds. A draft this late is dropped from the
+    # request, which goes on with another draft worker or target-only (the output is the same).
+    draft_step_seconds: float = Field(2.0, gt=0)
+    # A target step is one pass, but may queue behind other sessions' passes or be a long prompt's
+    # prefill on a busy replica. Beyond it the request resumes on another replica.
+    target_step_seconds: float = Field(30.0, gt=0)
+    # A request whose replica failed waits this long (within its own deadline) for a replica to
+    # resume on, re-prefilled from the committed tokens; then the client gets UNAVAILABLE.
+    target_wait_seconds: float = Field(30.0, gt=0)
+
+
 class RouterConfig(_Config):
     host: str = "0.0.0.0"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)  # 0: any free port (tests)
     # The router runs on a node advertising this custom resource: the one clients reach (KubeRay:
     # the head pod, behind the Service). None: wherever Ray puts it.
     node_resource: str | None = ROUTER_NODE
-    max_concurrent_requests: int = Field(32, ge=1)  # beyond it: RESOURCE_EXHAUSTED
+    max_concurrent_requests: int = Field(32, ge=1)  # run at once; beyond it, requests queue
+    max_queued_requests: int = Field(32, ge=0)  # wait for a turn; beyond it: RESOURCE_EXHAUSTED
     default_task: str = GENERAL_DRAFT  # for requests that name no task
     # Greedy requests: draft the next proposal while the target verifies this one (router/session.py).
     lookahead: bool = True
@@ -138,6 +161,7 @@ class RouterConfig(_Config):
     tasks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     # How often workers re-register and how long an entry lives without that.
     heartbeat_seconds: float = Field(2.0, gt=0)
+    timeouts: TimeoutsConfig = TimeoutsConfig()
     policy: PolicyConfig = PolicyConfig()
 
 

@@ -4,14 +4,21 @@ The router creates the pool when it starts and owns it: the workers live as long
 replica. Their names carry a generation of their own, so a router started while the old one is
 still stopping (a Serve rolling update) starts its own pool instead of adopting the old router's,
 which goes with it.
+
+The pool keeps its size. A worker whose process dies is restarted by Ray (``max_restarts``) with
+its models and its name; one that is gone for good (killed without restart, its restarts used up)
+is replaced by a new worker, found by the router's ``supervise`` loop. Requests that were drafting
+on it carry on meanwhile (router/session.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 
 import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from specserve.workers.draft_worker import DraftWorker
 
@@ -20,21 +27,54 @@ from .models import ModelSet
 from .placement import place
 
 log = logging.getLogger("specserve.pool")
+SUPERVISE_SECONDS = 2.0  # how often the pool checks that its workers are alive
+PING_TIMEOUT_SECONDS = 10.0  # a busy worker answers a ping within this; a stuck one is the router's problem
 
 
-def start_draft_pool(config: ServiceConfig, models: ModelSet) -> list[ray.actor.ActorHandle]:
-    pool = config.draft_pool
-    names = pool.drafts or tuple(models.drafts)
-    unknown = [name for name in names if name not in models.drafts]
-    if unknown:
-        raise ValueError(f"draft_pool.drafts names unknown drafts {unknown}; known: {', '.join(models.drafts)}")
-    specs = {name: models.spec(models.drafts[name], pool.threads) for name in names}
-    options = place(pool)
-    actor = ray.remote(DraftWorker)
-    workers, generation = [], uuid.uuid4().hex[:6]
-    for i in range(pool.workers):
-        worker_id = f"draft-worker-{i}-{generation}"
-        workers.append(actor.options(name=worker_id, namespace=config.namespace, max_concurrency=4, **options)
-                       .remote(worker_id, specs, pool, config.namespace, config.router.heartbeat_seconds))
-    log.info("draft pool: %d workers serving %s, each with %s", pool.workers, ", ".join(names), options)
-    return workers
+class DraftPool:
+    def __init__(self, config: ServiceConfig, models: ModelSet) -> None:
+        pool = config.draft_pool
+        names = pool.drafts or tuple(models.drafts)
+        unknown = [name for name in names if name not in models.drafts]
+        if unknown:
+            raise ValueError(f"draft_pool.drafts names unknown drafts {unknown}; known: {', '.join(models.drafts)}")
+        self.config = config
+        self.specs = {name: models.spec(models.drafts[name], pool.threads) for name in names}
+        self.options = place(pool)
+        self.generation = uuid.uuid4().hex[:6]
+        self.workers = [self._start(i) for i in range(pool.workers)]
+        self.replaced = 0
+        log.info("draft pool: %d workers serving %s, each with %s", pool.workers, ", ".join(names), self.options)
+
+    def _start(self, slot: int, replacement: bool = False) -> ray.actor.ActorHandle:
+        worker_id = f"draft-worker-{slot}-{self.generation}"
+        if replacement:  # a name of its own: routers pass over the failed one's for a while
+            worker_id += f"-{uuid.uuid4().hex[:4]}"
+        actor = ray.remote(DraftWorker).options(name=worker_id, namespace=self.config.namespace, max_concurrency=4,
+                                                max_restarts=-1, **self.options)
+        return actor.remote(worker_id, self.specs, self.config.draft_pool, self.config.namespace,
+                            self.config.router.heartbeat_seconds)
+
+    async def supervise(self) -> None:
+        """Forever: replace each worker that is gone for good."""
+        while True:
+            await asyncio.sleep(SUPERVISE_SECONDS)
+            for slot, worker in enumerate(self.workers):
+                if await _gone(worker):
+                    self.workers[slot] = self._start(slot, replacement=True)
+                    self.replaced += 1
+                    log.warning("draft pool: worker in slot %d is gone; started a replacement", slot)
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker)
+
+
+async def _gone(worker: ray.actor.ActorHandle) -> bool:
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(worker.ping.remote().future()), PING_TIMEOUT_SECONDS)
+    except ActorDiedError:
+        return True
+    except (ActorUnavailableError, asyncio.TimeoutError):  # restarting, or busy loading its models
+        pass
+    return False

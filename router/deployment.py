@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import ray
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -19,8 +18,9 @@ from grpc_reflection.v1alpha import reflection
 from specserve.cluster.config import ServiceConfig
 from specserve.cluster.models import ModelSet
 from specserve.cluster.placement import router_options
-from specserve.cluster.pool import start_draft_pool
+from specserve.cluster.pool import DraftPool
 from specserve.cluster.registry import TTL_HEARTBEATS, Endpoint, Heartbeat, start_registry
+from specserve.cluster.security import SecuritySettings
 from specserve.proto.v1 import specserve_pb2
 from specserve.workers.grpc_host import BackgroundServer, advertised_host
 from specserve.workers.loading import load_tokenizer
@@ -40,22 +40,27 @@ class Router:
         # target_deployment: the bound target deployment's handle; binding it is what makes Serve
         # deploy the replicas. Per-step traffic never goes through it.
         cfg = ServiceConfig.model_validate(config)
+        security = SecuritySettings.from_env()  # tokens and TLS: the environment's, never the Serve config's
+        security.log_startup(log)
         self.config = cfg
         self.models = models
         tokenizer = load_tokenizer(models.target)
         _check_draft_tokenizers(tokenizer, models)  # before any worker loads a model
         beside_router = router_options(cfg.router)["resources"]
         registry = start_registry(cfg.namespace, cfg.router.heartbeat_seconds, beside_router)
-        self.pool = start_draft_pool(cfg, models)
+        self.pool = DraftPool(cfg, models)
         limits = Limits(tasks=models.tasks, drafts=tuple(models.drafts), context_window=_context_window(models.target))
-        self.directory = WorkerDirectory(registry, cfg.router.heartbeat_seconds * TTL_HEARTBEATS)
+        self.directory = WorkerDirectory(registry, cfg.router.heartbeat_seconds * TTL_HEARTBEATS, security)
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models))
         self.health = health_aio.HealthServicer()
-        self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc")
+        self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc",
+                                       credentials=security.api_server_credentials(),
+                                       interceptors=security.api_interceptors())
         self.address = f"{advertised_host()}:{self.server.port}"
         self.heartbeat = Heartbeat(cfg.namespace, cfg.router.heartbeat_seconds,
                                    lambda: Endpoint("router", "router", self.address))
         asyncio.run_coroutine_threadsafe(self._mark_serving_when_ready(), self.server.loop)
+        asyncio.run_coroutine_threadsafe(self.pool.supervise(), self.server.loop)
         log.info("router listening on %s", self.address)
 
     def _add_servicers(self, server) -> None:
@@ -94,8 +99,9 @@ class Router:
             obj = getattr(self, part, None)
             if obj is not None:
                 obj.stop()
-        for worker in getattr(self, "pool", ()):
-            ray.kill(worker)
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.stop()
 
 
 def _check_draft_tokenizers(tokenizer, models: ModelSet) -> None:

@@ -14,7 +14,8 @@ from collections import Counter
 import grpc
 
 from specserve.cluster.registry import Endpoint
-from specserve.workers.grpc_host import MAX_MESSAGE_BYTES
+from specserve.cluster.security import SecuritySettings, internal_aio_channel
+from specserve.workers.grpc_host import CHANNEL_OPTIONS
 
 log = logging.getLogger("specserve.router")
 REFRESH_SECONDS = 1.0  # how stale the router's copy of the registry may get
@@ -25,15 +26,18 @@ class NoWorker(Exception):
 
 
 class WorkerDirectory:
-    def __init__(self, registry, failed_cooldown: float) -> None:
+    def __init__(self, registry, failed_cooldown: float, security: SecuritySettings = SecuritySettings()) -> None:
         self.registry = registry  # the Registry actor's handle
+        self.security = security  # how channels to workers authenticate (mTLS, the internal token)
         self.endpoints: list[Endpoint] = []
         self.refreshed = 0.0
         self.load: Counter[str] = Counter()  # worker_id -> this router's open sessions on it
         # A worker that failed a session is passed over this long (the registry's TTL, by which a
         # dead one is gone); without it, least-loaded picking would prefer the dead, idle worker.
         self.failed_cooldown = failed_cooldown
-        self.failed: dict[str, float] = {}  # worker_id -> when it failed
+        # worker_id -> (its address then, when it failed). A worker back at another address is a
+        # restarted process, not the failed one, and is not passed over.
+        self.failed: dict[str, tuple[str, float]] = {}
         self.channels: dict[str, grpc.aio.Channel] = {}
         self._lock = asyncio.Lock()
 
@@ -45,16 +49,21 @@ class WorkerDirectory:
         return self.endpoints
 
     async def pick(self, kind: str, model: str | None = None) -> Endpoint:
-        now = time.monotonic()
         candidates = [e for e in await self.refresh() if e.kind == kind and (model is None or model in e.models)
-                      and now - self.failed.get(e.worker_id, -self.failed_cooldown) >= self.failed_cooldown]
+                      and not self._passed_over(e)]
         if not candidates:
             what = f"{kind} worker serving {model!r}" if model else f"{kind} replica"
             raise NoWorker(f"no {what} is registered yet; retry shortly")
         return min(candidates, key=lambda e: (self.load[e.worker_id], e.worker_id))
 
-    def mark_failed(self, worker_id: str) -> None:
-        self.failed[worker_id] = time.monotonic()
+    def mark_failed(self, worker: Endpoint) -> None:
+        now = time.monotonic()
+        self.failed = {k: v for k, v in self.failed.items() if now - v[1] < self.failed_cooldown}  # forget old ones
+        self.failed[worker.worker_id] = (worker.address, now)
+
+    def _passed_over(self, worker: Endpoint) -> bool:
+        address, when = self.failed.get(worker.worker_id, ("", -self.failed_cooldown))
+        return address == worker.address and time.monotonic() - when < self.failed_cooldown
 
     def target_pressure(self) -> float:
         """This router's sessions per registered target replica: how busy the targets are."""
@@ -64,6 +73,6 @@ class WorkerDirectory:
     def channel(self, endpoint: Endpoint) -> grpc.aio.Channel:
         """One persistent channel (HTTP/2 connection) per worker; each session is a stream on it."""
         if endpoint.address not in self.channels:
-            self.channels[endpoint.address] = grpc.aio.insecure_channel(
-                endpoint.address, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+            self.channels[endpoint.address] = internal_aio_channel(
+                endpoint.address, self.security, options=CHANNEL_OPTIONS)
         return self.channels[endpoint.address]

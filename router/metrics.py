@@ -55,6 +55,11 @@ class RouterMetrics:
                                               "arm at its best k", tag_keys=ARM)
         self.alpha = metrics.Gauge("specserve_acceptance_alpha", "Per-token acceptance estimate", tag_keys=ARM)
         self.in_flight = metrics.Gauge("specserve_requests_in_flight", "Requests the router is serving")
+        self.queued = metrics.Gauge("specserve_requests_queued", "Requests waiting for a turn (beyond the "
+                                    "router's concurrency limit)")
+        self.failovers = metrics.Counter("specserve_failovers", "Workers that failed a request mid-way and were "
+                                         "replaced, re-prefilled from its committed tokens (kind: target or draft)",
+                                         tag_keys=("kind",))
 
     def record_refused(self, status: str) -> None:
         """A request refused at the edge (invalid, or over the limit): counted with no task yet."""
@@ -66,6 +71,8 @@ class RouterMetrics:
         s, t = session.stats, session.times
         self.requests.inc(1, {"task": task, "status": status})
         self.routes.inc(1, arm | {"reason": session.route.reason, "task_source": session.task.source})
+        _add(self.failovers, session.target_resumes, {"kind": "target"})
+        _add(self.failovers, session.draft_reopens, {"kind": "draft"})
         if session.route.reason == "fallback":
             self.fallbacks.inc(1, {"task": task, "reason": view.cause or "low_speedup"})
         if status != "OK":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
@@ -20,22 +21,20 @@ from specserve.cluster.config import RouterConfig
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.stats import SpecStats
 
+from .admission import Admission, Overloaded
 from .directory import NoWorker, WorkerDirectory
 from .draft_length import DraftLength
 from .metrics import RouterMetrics
 from .policy import Policy
 from .scoring import ContinuationScorer
-from .session import Session, WorkerStreamEnded
+from .session import Session
+from .streams import WorkerFailed
 from .tasks import TaskResolver
 from .validation import InvalidRequest, Limits, ValidRequest, parse_request, validate
 
 log = logging.getLogger("specserve.router")
 SERVICE_NAME = "specserve.v1.SpecServe"
 FINISH_REASONS = {"eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
-
-
-class Overloaded(Exception):
-    """The router holds its configured maximum of requests."""
 
 
 class TaskTotals:
@@ -75,8 +74,7 @@ class SpecServeService:
         self.policy = Policy(config.policy, limits.tasks, rng)
         self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng)
         self.metrics = RouterMetrics()
-        self.in_flight = 0
-        self.rejected = 0
+        self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
         self.totals = TaskTotals()
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -101,13 +99,13 @@ class SpecServeService:
         try:
             raw = parse_request(data)
             request = validate(raw, self.tokenizer, self.limits)
-            self._admit()
+            await self.admission.enter()
         except (InvalidRequest, Overloaded) as exc:
             self.metrics.record_refused(_status_of(exc).name)
             await _abort(context, exc)
         session, status = None, grpc.StatusCode.OK
         try:
-            session = self._session(request, raw.prompt)
+            session = self._session(request, raw.prompt, _deadline(context))
             async for chunk in session.run():
                 message = pb.GenerateChunk(text=chunk.text, token_ids=chunk.token_ids)
                 if chunk.finish_reason:
@@ -115,7 +113,7 @@ class SpecServeService:
                     message.stats.CopyFrom(_stats_message(session))
                 yield message
             self._learn(session)
-        except (NoWorker, WorkerStreamEnded, grpc.aio.AioRpcError) as exc:
+        except (NoWorker, WorkerFailed, grpc.aio.AioRpcError) as exc:
             status = _status_of(exc)
             log.warning("request %s failed: %s", session.session_id, exc)
             await _abort(context, exc)
@@ -123,20 +121,20 @@ class SpecServeService:
             status = grpc.StatusCode.CANCELLED
             raise
         finally:
-            self.in_flight -= 1
-            self.metrics.in_flight.set(self.in_flight)
+            self.admission.leave()
             if session is not None:
                 view = self.policy.view(session.task.task)
                 self.metrics.record(session, view, status.name)
                 self.metrics.record_view(view)
 
-    def _session(self, request: ValidRequest, prompt: str) -> Session:
+    def _session(self, request: ValidRequest, prompt: str, deadline: float | None) -> Session:
         task = self.resolver.resolve(request.task, prompt)
         route = self.policy.route(task.task, request.mode, request.draft, request.k, self.directory.target_pressure())
         policy = self.config.policy
         schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
         length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
-        return Session(request, task, route, length, self.tokenizer, self.directory, self.config.lookahead)
+        return Session(request, task, route, length, self.tokenizer, self.directory, self.config.timeouts,
+                       self.config.lookahead, deadline)
 
     def _learn(self, session: Session) -> None:
         """A finished request: into the totals and the policy; maybe scored by the other drafts."""
@@ -150,8 +148,8 @@ class SpecServeService:
         workers = [pb.WorkerInfo(kind=e.kind, worker_id=e.worker_id, address=e.address, models=e.models,
                                  live_sessions=e.live_sessions, node_id=e.node_id)
                    for e in await self.directory.refresh(force=True) if e.kind != "router"]
-        return pb.ServiceStats(tasks=self._task_rows(), workers=workers, requests_in_flight=self.in_flight,
-                               requests_rejected=self.rejected)
+        return pb.ServiceStats(tasks=self._task_rows(), workers=workers, requests_in_flight=self.admission.running,
+                               requests_rejected=self.admission.refused, requests_queued=self.admission.waiting)
 
     def _task_rows(self) -> list[pb.TaskStats]:
         """Per task, a row for the task (draft "": its decision, and its target-only totals), then
@@ -174,12 +172,9 @@ class SpecServeService:
                 rows.append(row)
         return rows
 
-    def _admit(self) -> None:
-        if self.in_flight >= self.config.max_concurrent_requests:
-            self.rejected += 1
-            raise Overloaded(f"the router is serving its limit of {self.config.max_concurrent_requests} concurrent "
-                             f"requests; retry with backoff")
-        self.in_flight += 1
+    def _record_admission(self, admission: Admission) -> None:
+        self.metrics.in_flight.set(admission.running)
+        self.metrics.queued.set(admission.waiting)
 
 
 def _stats_message(session: Session) -> pb.GenerateStats:
@@ -190,7 +185,14 @@ def _stats_message(session: Session) -> pb.GenerateStats:
                             total_seconds=session.elapsed(), first_token_seconds=session.first_token_seconds,
                             lookaheads=s.lookaheads, lookahead_hits=s.lookahead_hits,
                             task_source=session.task.source, task_confidence=session.task.confidence,
-                            route=session.route.reason, k=session.route.k)
+                            route=session.route.reason, k=session.route.k, target_resumes=session.target_resumes,
+                            draft_reopens=session.draft_reopens)
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The client's deadline on this process's monotonic clock (None: it set none)."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
 
 
 def _status_of(exc: Exception) -> grpc.StatusCode:
@@ -198,11 +200,13 @@ def _status_of(exc: Exception) -> grpc.StatusCode:
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, Overloaded):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return grpc.StatusCode.RESOURCE_EXHAUSTED  # a worker at its session limit
-    return grpc.StatusCode.UNAVAILABLE  # no worker, or a worker failed mid-request: retryable
+    if isinstance(exc, WorkerFailed) and exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED  # every target replica at its session limit
+    if isinstance(exc, grpc.aio.AioRpcError):  # a worker refused a step it should have taken: a bug
+        return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.UNAVAILABLE  # no worker could serve or resume the request: retryable
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    details = f"a worker answered {exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
     await context.abort(_status_of(exc), details)

@@ -4,6 +4,11 @@ The router owns the truth (DESIGN.md invariant 2): the committed tokens live her
 assembler; the workers' KV caches are derived from them. A proposal travels from the draft worker
 to the target replica as the same protobuf message, untouched; the verdict rides back to the draft
 worker on its next step request, so a step costs one round trip to each worker.
+
+Because the truth is here, a worker that fails mid-request loses nothing: a target replica is
+replaced by another (or the restarted one) re-prefilled from the committed tokens, and the failed
+step is verified again there; a draft worker is replaced the same way, or dropped (target-only).
+Either way the client's stream neither loses nor repeats a token.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 from transformers import PreTrainedTokenizerBase
 
+from specserve.cluster.config import TimeoutsConfig
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 from specserve.workers.stats import SpecStats
@@ -27,6 +33,7 @@ from specserve.workers.wire import sampling_message
 from .directory import NoWorker, WorkerDirectory
 from .draft_length import DraftLength
 from .policy import Observation, Route
+from .streams import SessionStream, WorkerFailed
 from .tasks import ResolvedTask
 from .validation import ValidRequest
 
@@ -35,43 +42,19 @@ log = logging.getLogger("specserve.router")
 # Route reasons a session sets itself when its draft is not there: none could be opened, or it
 # failed mid-request. The request goes on target-only: the target alone decides every token.
 DRAFT_UNAVAILABLE, DRAFT_LOST = "unavailable", "lost"
+OPEN_ATTEMPTS = 2  # draft workers tried per opening before a request goes target-only
+# Per request. A request that keeps killing replicas (say, one whose prefill exhausts memory) must
+# not take the whole fleet down with it, one resume at a time.
+MAX_TARGET_RESUMES = 2
+MAX_DRAFT_REOPENS = 2
+TARGET_POLL_SECONDS = 0.25  # while waiting for a target replica to resume on
+# The router gives up waiting this long before the client's deadline, so the client hears why
+# (UNAVAILABLE, with the reason) rather than a bare DEADLINE_EXCEEDED.
+DEADLINE_MARGIN_SECONDS = 0.25
 
 
-class WorkerStreamEnded(Exception):
-    """A worker closed its stream mid-session."""
-
-
-class SessionStream:
-    """One bidirectional session stream to a worker: write a request, read its answer."""
-
-    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
-        self.call = call
-
-    async def ask(self, request):
-        await self.call.write(request)
-        reply = await self.call.read()
-        if reply is grpc.aio.EOF:
-            raise WorkerStreamEnded("a worker ended its session stream unexpectedly")
-        return reply
-
-    async def close(self) -> None:
-        """Half-close: the worker's handler ends and frees the session's cache."""
-        if not self.call.done():
-            try:
-                await self.call.done_writing()
-            except grpc.aio.UsageError:  # already finished
-                pass
-
-    def cancel(self) -> None:
-        self.call.cancel()  # the worker sees the cancellation and frees the session too
-
-
-@dataclass(frozen=True)
-class Placement:
-    """The workers one request runs on."""
-
-    target_id: str
-    draft_worker_id: str | None
+class TargetUnavailable(NoWorker):
+    """No target replica could take (or take back) the request in time: the client gets UNAVAILABLE."""
 
 
 @dataclass
@@ -101,16 +84,21 @@ class Session:
     target's own token). When the verdict agrees, the next proposal is ready at once; when it does
     not, the draft is rewound by a length and drafts again. Greedy output does not depend on what
     was proposed, so this changes speed only.
+
+    ``deadline`` (time.monotonic(), None: none) is the client's: waits for a replica end before it.
     """
 
     def __init__(self, request: ValidRequest, task: ResolvedTask, route: Route, length: DraftLength,
-                 tokenizer: PreTrainedTokenizerBase, directory: WorkerDirectory, lookahead: bool = False) -> None:
+                 tokenizer: PreTrainedTokenizerBase, directory: WorkerDirectory, timeouts: TimeoutsConfig,
+                 lookahead: bool = False, deadline: float | None = None) -> None:
         self.request = request
         self.task = task
         self.route = route
         self.length = length  # k per step
         self.params = request.params
         self.directory = directory
+        self.timeouts = timeouts
+        self.deadline = deadline
         self.lookahead = lookahead and request.params.sampling.greedy
         self.stats = SpecStats(seed=request.params.resolved_seed())
         self.times = StepTimes()
@@ -118,22 +106,26 @@ class Session:
         self.session_id = uuid.uuid4().hex[:12]
         self.target: SessionStream | None = None
         self.drafter: SessionStream | None = None
-        self.placement: Placement | None = None
+        self.target_resumes = 0  # target replicas replaced mid-request
+        self.draft_reopens = 0  # draft workers replaced mid-request
         # The router's mirror of the draft session, in absolute lengths (see DraftStep): the tokens
         # it has committed, and where the proposal under verification starts in its last proposal.
+        # A draft session opened mid-request holds every committed token and no verdict to apply yet.
         self.draft_committed = len(request.prompt_ids)
         self.draft_offset = 0
+        self.draft_fresh = False
         self.verdict: pb.Verdict | None = None
         self.started = time.perf_counter()
         self.first_token_seconds = 0.0
         self.first_chunk_tokens = 0
 
     async def run(self) -> AsyncIterator[Chunk]:
-        streams: list[SessionStream] = []
         ahead: asyncio.Task | None = None
         finished = False
         try:
-            await self._open(streams)
+            await self._open_target()
+            if self.route.draft:
+                await self._open_draft()
             proposal = EMPTY_PROPOSAL
             while not self.output.finish_reason:
                 proposal = await self._propose(proposal, ahead)
@@ -150,34 +142,59 @@ class Session:
                 ahead.cancel()
                 if self.drafter is not None:
                     self.drafter.cancel()
-            for stream in streams:
+            for stream in self._streams():
                 await stream.close()
         finally:
             if not finished:  # cancelled or failed mid-way: free the sessions on the workers now
                 if ahead is not None:
                     ahead.cancel()
-                for stream in streams:
+                for stream in self._streams():
                     stream.cancel()
-            placed = (self.placement.target_id, self.placement.draft_worker_id) if self.placement else ()
-            for worker_id in filter(None, placed):
-                self.directory.load[worker_id] -= 1
 
-    async def _open(self, streams: list[SessionStream]) -> None:
-        opened = pb.SessionOpen(session_id=self.session_id, prompt_ids=self.request.prompt_ids,
-                                sampling=sampling_message(self.params.sampling, self.stats.seed))
-        target = await self.directory.pick("target")
-        self.placement = Placement(target.worker_id, None)
-        self.directory.load[target.worker_id] += 1
-        self.target = SessionStream(rpc.VerifierStub(self.directory.channel(target)).Verify())
-        streams.append(self.target)
-        await self.target.call.write(pb.VerifyRequest(open=opened))
-        if self.route.draft:
-            await self._open_draft(opened, streams)
+    def _streams(self) -> list[SessionStream]:
+        return [s for s in (self.target, self.drafter) if s is not None]
 
-    async def _open_draft(self, opened: pb.SessionOpen, streams: list[SessionStream]) -> None:
-        """A draft session on a worker serving the route's draft: a second worker if the first has
-        failed, else none (target-only)."""
-        opened.model = self.route.draft
+    def committed_ids(self) -> list[int]:
+        """The prompt and every token committed so far: what a replacement worker prefills."""
+        return list(self.request.prompt_ids) + self.output.token_ids
+
+    def _opening(self, model: str = "") -> pb.SessionOpen:
+        """The open message of a session holding every committed token. A target resumed mid-request
+        draws its acceptance uniforms from a seed of its own: fresh draws keep the target's
+        distribution, and a replay with the same seed and the same fault gives the same output."""
+        resumed = self.target_resumes if not model else 0
+        seed = (self.stats.seed + resumed) % 2**64
+        return pb.SessionOpen(session_id=self.session_id, prompt_ids=self.committed_ids(), model=model,
+                              sampling=sampling_message(self.params.sampling, seed), max_new_tokens=self.output.remaining)
+
+    async def _open_target(self, after: WorkerFailed | None = None) -> None:
+        """A session on a target replica, waiting for one to be registered (a replica restarting
+        after a failure) until the target wait or the client's deadline, whichever is first."""
+        give_up = time.monotonic() + self.timeouts.target_wait_seconds
+        if self.deadline is not None:
+            give_up = min(give_up, self.deadline - DEADLINE_MARGIN_SECONDS)
+        while True:
+            try:
+                target = await self.directory.pick("target")
+                stream = SessionStream(target, rpc.VerifierStub(self.directory.channel(target)).Verify(),
+                                       self.timeouts.target_step_seconds, self.directory.load)
+                self.target = stream
+                await stream.send(pb.VerifyRequest(open=self._opening()))
+                return
+            except (NoWorker, WorkerFailed) as exc:
+                if isinstance(exc, WorkerFailed):
+                    self._drop(exc)
+                if time.monotonic() + TARGET_POLL_SECONDS >= give_up:
+                    last = after or exc
+                    raise TargetUnavailable(f"no target replica could serve request {self.session_id} "
+                                            f"within {self.timeouts.target_wait_seconds:g} s or its deadline, "
+                                            f"after {len(self.output.token_ids)} tokens ({last}); retry") from None
+                await asyncio.sleep(TARGET_POLL_SECONDS)
+                await self.directory.refresh(force=True)  # a restarted replica registers anew
+
+    async def _open_draft(self) -> None:
+        """A draft session on a worker serving the route's draft (a second worker if the first
+        fails), holding every committed token; else none, and the request goes on target-only."""
         why = ""
         for _ in range(OPEN_ATTEMPTS):
             try:
@@ -185,46 +202,59 @@ class Session:
             except NoWorker as exc:
                 why = str(exc)
                 break
-            self.placement = Placement(self.placement.target_id, worker.worker_id)
-            self.directory.load[worker.worker_id] += 1
-            self.drafter = SessionStream(rpc.DrafterStub(self.directory.channel(worker)).Draft())
-            streams.append(self.drafter)
+            self.drafter = SessionStream(worker, rpc.DrafterStub(self.directory.channel(worker)).Draft(),
+                                         self.timeouts.draft_step_seconds, self.directory.load)
             try:
-                await self.drafter.call.write(pb.DraftRequest(open=opened))
+                await self.drafter.send(pb.DraftRequest(open=self._opening(self.route.draft)))
+                self.draft_committed, self.draft_offset = len(self.committed_ids()), 0
+                self.draft_fresh = self.verdict is not None
                 return
-            except DRAFT_FAILURES as exc:
-                if not _draft_lost(exc):
-                    raise
-                why = f"{worker.worker_id} at {worker.address} failed: {_describe(exc)}"
-                self._drop_drafter()
+            except WorkerFailed as exc:
+                why = str(exc)
+                self._drop(exc)
         self._lose_draft(why)
+
+    def _drop(self, failure: WorkerFailed) -> None:
+        """End the session on a failed worker; new requests pass it over for a while."""
+        stream = self.target if failure.worker.kind == "target" else self.drafter
+        if stream is not None and stream.worker.worker_id == failure.worker.worker_id:
+            stream.cancel()
+            if stream is self.target:
+                self.target = None
+            else:
+                self.drafter = None
+        if failure.broken:
+            self.directory.mark_failed(failure.worker)
 
     def _lose_draft(self, why: str) -> None:
         """Go on target-only: the output does not depend on the draft, only the speed does."""
-        log.warning("request %s continues target-only: draft %s %s", self.session_id, self.route.draft, why)
-        self._drop_drafter()
+        log.warning("request %s continues target-only: draft %s: %s", self.session_id, self.route.draft, why)
+        if self.drafter is not None:
+            self.drafter.cancel()
+            self.drafter = None
         drafted = self.stats.proposed > 0
         self.route = Route(self.route.draft if drafted else None, self.route.k if drafted else 0,
                            DRAFT_LOST if drafted else DRAFT_UNAVAILABLE)
 
-    def _drop_drafter(self) -> None:
-        """End the draft session; its worker is passed over by new requests for a while."""
-        if self.drafter is not None:
-            self.drafter.cancel()
-            self.drafter = None
-        if self.placement and self.placement.draft_worker_id:
-            self.directory.load[self.placement.draft_worker_id] -= 1
-            self.directory.mark_failed(self.placement.draft_worker_id)
-            self.placement = Placement(self.placement.target_id, None)
-
     async def _propose(self, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
-        """The next proposal, or none (a target-only step) once the draft worker has failed."""
+        """The next proposal; after a draft worker fails, from another one opened where the request
+        stands, or none (a target-only step) when there is none to open."""
         try:
             return await self._draft(verified, ahead)
-        except DRAFT_FAILURES as exc:
-            if not _draft_lost(exc):
-                raise
-            self._lose_draft(f"failed mid-request: {_describe(exc)}")
+        except WorkerFailed as exc:
+            self._drop(exc)
+            if self.draft_reopens >= MAX_DRAFT_REOPENS:
+                self._lose_draft(f"failed mid-request, {self.draft_reopens} times already: {exc}")
+                return EMPTY_PROPOSAL
+            self.draft_reopens += 1
+            log.warning("request %s: draft %s failed mid-request; reopening it elsewhere: %s",
+                        self.session_id, self.route.draft, exc)
+            await self._open_draft()
+        try:
+            return await self._draft(verified, None)
+        except WorkerFailed as exc:
+            self._drop(exc)
+            self._lose_draft(f"failed again mid-request: {exc}")
             return EMPTY_PROPOSAL
 
     async def _draft(self, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
@@ -245,7 +275,9 @@ class Session:
         if not self.drafter or k < 1:
             return EMPTY_PROPOSAL
         keep, append = self.draft_committed, []
-        if self.verdict is not None:  # keep what the verdict accepted, then the target's token
+        if self.draft_fresh:  # opened mid-request: bring it up to what is committed now
+            append = self.committed_ids()[keep:]
+        elif self.verdict is not None:  # keep what the verdict accepted, then the target's token
             keep, append = self.draft_committed + self.draft_offset + self.verdict.num_accepted, [self.verdict.token]
             if (drafted is not None and len(drafted.ids) > 1 and self.verdict.num_accepted == len(verified.ids)
                     and drafted.ids[0] == self.verdict.token):
@@ -256,7 +288,7 @@ class Session:
         step = pb.DraftStep(keep=keep, append=append, k=k, min_confidence=self.length.min_confidence)
         proposal = await self.drafter.ask(pb.DraftRequest(step=step))
         self.times.draft_steps.append(time.perf_counter() - waited)
-        self.draft_committed, self.draft_offset = keep + len(append), 0
+        self.draft_committed, self.draft_offset, self.draft_fresh = keep + len(append), 0, False
         self._count_draft(proposal)
         return proposal
 
@@ -282,13 +314,33 @@ class Session:
         self.stats.draft_passes += len(proposal.ids)
 
     async def _verify(self, proposal: pb.Proposal) -> pb.Verdict:
+        """The target's verdict on the proposal. If its replica fails, the request moves to another
+        (or the restarted one), re-prefilled from the committed tokens, and the step is asked again."""
         waited = time.perf_counter()
-        reply = await self.target.ask(pb.VerifyRequest(step=proposal))
-        if self.verdict is not None:  # the prefill is no decode step: the cost model leaves it out
+        reply = None
+        while reply is None:
+            try:
+                reply = await self.target.ask(pb.VerifyRequest(step=proposal))
+            except WorkerFailed as exc:
+                await self._resume_target(exc)
+                waited = None  # this step's wait includes a prefill: no cost sample
+        if self.verdict is not None and waited is not None:  # the prefill is no decode step: left out
             self.times.record(bool(proposal.ids), time.perf_counter() - waited, reply.seconds)
         self.stats.verify_seconds += reply.seconds
         self.stats.record_step(len(proposal.ids), reply.verdict.num_accepted)
         return reply.verdict
+
+    async def _resume_target(self, failure: WorkerFailed) -> None:
+        self._drop(failure)
+        if failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not self.output.token_ids:
+            raise failure  # every replica is full: the client backs off (RESOURCE_EXHAUSTED)
+        if self.target_resumes >= MAX_TARGET_RESUMES:
+            raise TargetUnavailable(f"request {self.session_id} lost its target replica "
+                                    f"{self.target_resumes + 1} times; giving up ({failure}); retry") from None
+        self.target_resumes += 1
+        log.warning("request %s resumes after %d tokens on another target replica: %s", self.session_id,
+                    len(self.output.token_ids), failure)
+        await self._open_target(after=failure)
 
     def _commit(self, proposal: pb.Proposal, verdict: pb.Verdict) -> list[int]:
         self.verdict = verdict  # the draft worker learns it with its next step
@@ -309,19 +361,3 @@ class Session:
         return time.perf_counter() - self.started
 
 
-OPEN_ATTEMPTS = 2  # draft workers tried before a request goes target-only
-# How a draft worker's failure surfaces on its stream: an RPC error or the stream ended. Only those
-# below mean the worker is gone, stuck or full; any other status is a bug and fails the request.
-DRAFT_FAILURES = (grpc.aio.AioRpcError, WorkerStreamEnded)
-LOST_STATUSES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                           grpc.StatusCode.RESOURCE_EXHAUSTED})
-
-
-def _draft_lost(exc: Exception) -> bool:
-    return not isinstance(exc, grpc.aio.AioRpcError) or exc.code() in LOST_STATUSES
-
-
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
-    return str(exc) or type(exc).__name__

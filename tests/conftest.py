@@ -82,7 +82,7 @@ def serve_in_subprocess(args: list[str], env: dict, log: Path | None = None):
 def service(tiny_zoo, metrics_port):
     """The service on a real embedded Ray cluster, serving the tiny zoo; one per test session.
 
-    The concurrency limit is low so the RESOURCE_EXHAUSTED test can reach it. Besides the zoo's
+    The concurrency limit and queue are small so the RESOURCE_EXHAUSTED test can reach them. Besides the zoo's
     tasks there is POOR_TASK, served only by the tiny zoo's worst draft, for the fallback tests;
     the policy judges after fewer trials than by default so they need little traffic.
     """
@@ -90,14 +90,24 @@ def service(tiny_zoo, metrics_port):
 
     tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
     tasks |= {"general": ["general"], POOR_TASK: [worst_draft(tiny_zoo)]}
-    router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "tasks": tasks, "policy": {"min_trials": 32}}
-    running = start_service(port=0, overrides={"models": {"zoo": str(tiny_zoo.root)}, "router": router},
+    router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
+              "policy": {"min_trials": 32},
+              "timeouts": SERVICE_TIMEOUTS}
+    idle = {"session_idle_seconds": SESSION_IDLE_SECONDS}
+    running = start_service(port=0, overrides={"models": {"zoo": str(tiny_zoo.root)}, "router": router,
+                                               "target": idle, "draft_pool": idle},
                             metrics_port=metrics_port)
     yield running
     running.stop()
 
 
 SERVICE_CONCURRENCY = 6
+SERVICE_QUEUE = 2
+# Steps: short enough for the fault tests to wait out, long enough on a loaded 2-core machine. A
+# replacement replica takes ~20 s to start here (a new process importing torch and Ray Serve).
+SERVICE_TIMEOUTS = {"draft_step_seconds": 2.0, "target_step_seconds": 4.0, "target_wait_seconds": 90.0}
+# Workers evict a session idle this long; above the longest wait a fault test puts a draft through.
+SESSION_IDLE_SECONDS = 12.0
 POOR_TASK = "poor"
 
 

@@ -161,8 +161,9 @@ def test_the_service_reaches_the_router_and_only_when_it_is_serving(cluster_spec
     assert named["grpc"]["port"] == router_port and ports(by_name["router"])["grpc"] == router_port
     assert named["metrics"]["port"] == DEFAULT_METRICS_PORT == ports(by_name["router"])["metrics"]
     assert all(p["targetPort"] in ports(by_name["router"]) for p in service["spec"]["ports"])
-    probe = container(by_name["router"])["readinessProbe"]["grpc"]
-    assert probe == {"port": router_port, "service": "specserve.v1.SpecServe"}
+    # An exec probe: Kubernetes' native gRPC probe cannot speak the TLS the client API serves.
+    probe = container(by_name["router"])["readinessProbe"]["exec"]["command"]
+    assert probe == ["python", "-m", "specserve.cluster.probe", f"localhost:{router_port}", "specserve.v1.SpecServe"]
 
 
 def test_every_pod_exports_metrics_where_the_pod_monitor_scrapes(cluster_spec):
@@ -211,3 +212,49 @@ def test_the_dashboard_charts_every_router_metric_and_nothing_else():
     assert charted == set(defined), set(defined) - charted
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+# --- secrets: from mounted files, never in the manifests ---------------------------------------
+
+SECRETS = DEPLOY / "kuberay" / "secrets.example.yaml"
+
+
+def test_the_example_secrets_validate_against_kubernetes():
+    for secret in yaml.safe_load_all(SECRETS.read_text()):
+        assert secret["kind"] == "Secret", secret["metadata"]["name"]
+        kubernetes_validate.validate(secret, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_placeholder_tokens_would_be_refused_at_startup(tmp_path):
+    from specserve.cluster.security import API_TOKEN_ENV, SecuritySettings
+
+    auth = next(s for s in yaml.safe_load_all(SECRETS.read_text()) if s["metadata"]["name"] == "specserve-auth")
+    for placeholder in auth["stringData"].values():
+        with pytest.raises(ValueError, match="printable ASCII without spaces"):
+            SecuritySettings.from_env({API_TOKEN_ENV: placeholder})
+
+
+def test_every_pod_reads_tokens_and_certificates_from_the_secrets(cluster_spec):
+    """Each variable names a file in a read-only mount of the Secret holding that key; no token is a
+    value in the manifest, and nothing about security is in the Serve config."""
+    from specserve.cluster.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_TOKEN_ENV,
+                                            INTERNAL_TOKEN_FILE_ENV, TLS_CA, TLS_CERT, TLS_DIR_ENV, TLS_KEY)
+
+    secrets = {s["metadata"]["name"]: s for s in yaml.safe_load_all(SECRETS.read_text())}
+    for name, group in groups(cluster_spec).items():
+        env = {e["name"]: e.get("value") for e in container(group)["env"]}
+        assert API_TOKEN_ENV not in env and INTERNAL_TOKEN_ENV not in env, name
+        mounts = {m["mountPath"]: m for m in container(group)["volumeMounts"]}
+        volumes = {v["name"]: v for v in group["template"]["spec"]["volumes"]}
+
+        def secret_at(directory: str) -> dict:
+            mount = mounts[directory]
+            assert mount["readOnly"], (name, directory)
+            return secrets[volumes[mount["name"]]["secret"]["secretName"]]
+
+        for variable in (API_TOKEN_FILE_ENV, INTERNAL_TOKEN_FILE_ENV):
+            directory, _, key = env[variable].rpartition("/")
+            assert key in secret_at(directory)["stringData"], (name, variable)
+        tls = secret_at(env[TLS_DIR_ENV])
+        assert tls["type"] == "kubernetes.io/tls" and set(tls["stringData"]) == {TLS_CERT, TLS_KEY, TLS_CA}, name
+    assert "SPECSERVE_" not in SERVE_CONFIG.read_text() and "token" not in SERVE_CONFIG.read_text().lower()

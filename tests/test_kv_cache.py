@@ -1,9 +1,10 @@
 """Rollback after a rejection is bookkeeping, and leaves the cache exactly as a fresh prefill would."""
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specserve.workers.kv_cache import CachedLM
+from specserve.workers.kv_cache import STEP_ROOM, CachedLM, kv_bytes_per_token, session_capacity
 
 
 def model():
@@ -91,3 +92,23 @@ def test_resync_rewinds_a_lookahead_to_what_the_verdict_kept():
     assert torch.allclose(seq.catch_up(), CachedLM(m).extend(prompt + [20, 50]), atol=1e-5)
     with pytest.raises(ValueError, match="keep must be 1..7"):
         seq.resync([60, 61], keep=8, append=[])
+
+
+def test_a_session_cache_never_grows_past_its_reserved_length():
+    """The bound a worker's KV budget rests on: the buffer stops at max_length (no doubling past
+    it), and a sequence longer than that is refused rather than allowed to grow."""
+    m = model()
+    lm = CachedLM(m, max_length=300)
+    lm.extend(list(range(1, 81)) * 2)  # 160 positions: the initial 256
+    lm.extend(list(range(1, 81)) + list(range(1, 28)))  # 267: doubling would give 512
+    layer = lm.cache.layers[0]
+    assert layer._key_buffer.shape[-2] == 300
+    buffer_bytes = sum(b.numel() * b.element_size() for l in lm.cache.layers for b in (l._key_buffer, l._value_buffer))
+    assert buffer_bytes == 300 * kv_bytes_per_token(m)
+    with pytest.raises(ValueError, match="past the 300 it reserved"):
+        lm.extend(list(range(1, 40)))
+
+
+def test_session_capacity_counts_prompt_output_and_the_step_in_flight():
+    assert session_capacity(100, 50, 1024) == 150 + STEP_ROOM
+    assert session_capacity(100, 0, 1024) == 1024 + STEP_ROOM  # output length unknown: the context window

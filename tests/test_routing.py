@@ -10,6 +10,7 @@ from collections import Counter
 import grpc
 import pytest
 
+from specserve.cluster.security import SecuritySettings, internal_channel
 from specserve.proto.v1 import internal_pb2, internal_pb2_grpc
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.drafting import score_continuation
@@ -96,7 +97,7 @@ def test_the_workers_score_a_continuation_as_the_model_does_in_process(client, t
     prompt_ids = tiny_engine.tokenizer(prompt)["input_ids"]
     ids = list(prompt_ids) + list(off.token_ids)
     worker = next(w for w in client.stats().workers if w.kind == "draft" and "sql" in w.models)
-    with grpc.insecure_channel(worker.address) as channel:
+    with internal_channel(worker.address, SecuritySettings.from_env()) as channel:
         stub = internal_pb2_grpc.DrafterStub(channel)
         reply = stub.Score(internal_pb2.ScoreRequest(model="sql", ids=ids, start=len(prompt_ids)), timeout=30)
         assert (reply.positions, reply.matches) == score_continuation(tiny_engine.drafts["sql"], ids, len(prompt_ids))

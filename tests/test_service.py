@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from specserve.cluster.config import DRAFT_DEVICE, TARGET_DEVICE
+from specserve.cluster.security import SecuritySettings, internal_channel
 from specserve.proto.v1 import internal_pb2, internal_pb2_grpc
 from specserve.proto.v1 import specserve_pb2 as pb
 
@@ -28,18 +29,21 @@ def worker_states(client) -> list[internal_pb2.WorkerState]:
     """Each worker's live state, asked over its own Inspect RPC (not the registry's heartbeat copy)."""
     states = []
     for worker in client.stats().workers:
-        with grpc.insecure_channel(worker.address) as channel:
+        with internal_channel(worker.address, SecuritySettings.from_env()) as channel:
             stub = (internal_pb2_grpc.VerifierStub if worker.kind == "target" else internal_pb2_grpc.DrafterStub)(channel)
             states.append(stub.Inspect(internal_pb2.InspectRequest(), timeout=10))
     return states
 
 
 def wait_for_no_sessions(client) -> None:
+    """Back to baseline: no session and no reserved KV memory on any worker, no request in the router."""
     deadline = time.monotonic() + SESSION_DRAIN_SECONDS
-    while (held := {s.worker_id: s.live_sessions for s in worker_states(client) if s.live_sessions}):
-        assert time.monotonic() < deadline, f"workers still hold sessions: {held}"
+    while (held := {s.worker_id: (s.live_sessions, s.kv_reserved_bytes) for s in worker_states(client)
+                    if s.live_sessions or s.kv_reserved_bytes}):
+        assert time.monotonic() < deadline, f"workers still hold (sessions, KV bytes): {held}"
         time.sleep(0.2)
-    assert client.stats().requests_in_flight == 0
+    stats = client.stats()
+    assert stats.requests_in_flight == 0 and stats.requests_queued == 0
 
 
 def test_health_is_serving(client):

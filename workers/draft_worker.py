@@ -17,7 +17,8 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal, score_continuation
 from .engine import request_generators
 from .loading import ModelSpec, load_model
-from .model_host import ModelHost, SessionLimit, first_open
+from .kv_cache import kv_bytes_per_token
+from .model_host import ModelHost, SessionIdle, SessionLimit, first_open, reserved_length
 from .wire import proposal_message, sampling_from
 
 
@@ -30,6 +31,10 @@ class DraftWorker:
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, tuple(drafts), config, namespace, heartbeat_seconds,
                               lambda server: rpc.add_DrafterServicer_to_server(servicer, server))
+
+    def ping(self) -> str:
+        """The pool's liveness check (a Ray call, not the stream server)."""
+        return self.host.worker_id
 
     def shutdown(self) -> None:
         self.host.shutdown()
@@ -47,12 +52,13 @@ class DrafterServicer(rpc.DrafterServicer):
                                 f"this worker has no draft {opened.model!r}; it has {', '.join(self.worker.models)}")
         sampling = sampling_from(opened.sampling)
         host = self.worker.host
+        length = reserved_length(opened, model)
         try:
-            with host.session():
+            with host.session(length * kv_bytes_per_token(model)):
                 draft_gen = request_generators(opened.sampling.seed)[1]
-                session = DraftSession(model, list(opened.prompt_ids), sampling, draft_gen, DRAFT_MAX_SUPPORT)
+                session = DraftSession(model, list(opened.prompt_ids), sampling, draft_gen, DRAFT_MAX_SUPPORT, length)
                 last: Proposal | None = None
-                async for request in requests:
+                async for request in host.steps(requests):
                     step = request.step
                     session.resync(last, step.keep, list(step.append))
                     last, seconds = await host.device.run_timed(session.propose, step.k, step.min_confidence,
@@ -60,6 +66,8 @@ class DrafterServicer(rpc.DrafterServicer):
                     yield proposal_message(last, sampling.greedy, seconds)
         except SessionLimit as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except SessionIdle as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except ValueError as exc:  # a step that does not fit this session: it ends, the worker carries on
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 

@@ -36,8 +36,9 @@ class DraftSession:
         sampling: SamplingParams,
         generator: torch.Generator,
         max_support: int = DRAFT_MAX_SUPPORT,
+        max_length: int | None = None,  # positions its cache may hold (kv_cache.session_capacity)
     ) -> None:
-        self.sequence = SequenceCache(model, prompt_ids)
+        self.sequence = SequenceCache(model, prompt_ids, max_length)
         self.sampling = sampling
         self.generator = generator
         self.max_support = max_support

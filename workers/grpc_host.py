@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -25,7 +25,19 @@ log = logging.getLogger("specserve.grpc")
 T = TypeVar("T")
 # Streams carry a few hundred bytes per step; the cap only has to bound a malicious prompt.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0)]
+# Keepalive pings on the long-lived connections between the router and the workers: a peer that
+# vanished without closing its connection (a machine lost, a network partition) is noticed within
+# time + timeout, and its streams fail; without them a silent peer looks like a slow one forever.
+KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS = 10_000, 5_000
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS), ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                   ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
+SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0),
+                  ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS), ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                  # Accept the router's pings at that rate, even between streams.
+                  ("grpc.keepalive_permit_without_calls", 1),
+                  ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+                  ("grpc.http2.max_ping_strikes", 0)]
 
 
 class Device:
@@ -73,12 +85,16 @@ def usable_cpus(wanted: tuple[int, ...]) -> set[int]:
 
 
 class BackgroundServer:
-    """A grpc.aio server on its own event-loop thread. ``add_servicers(server)`` registers the services."""
+    """A grpc.aio server on its own event-loop thread. ``add_servicers(server)`` registers the services;
+    with ``credentials`` it serves TLS, and ``interceptors`` see every call first (authentication)."""
 
     def __init__(self, add_servicers: Callable[[grpc.aio.Server], None], host: str = "0.0.0.0", port: int = 0,
-                 name: str = "grpc") -> None:
+                 name: str = "grpc", credentials: grpc.ServerCredentials | None = None,
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
         self._add_servicers = add_servicers
         self._bind = f"{host}:{port}"
+        self._credentials = credentials
+        self._interceptors = tuple(interceptors)
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self.loop = asyncio.new_event_loop()
@@ -101,9 +117,12 @@ class BackgroundServer:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=self._interceptors)
         self._add_servicers(self.server)
-        self.port = self.server.add_insecure_port(self._bind)
+        if self._credentials is None:
+            self.port = self.server.add_insecure_port(self._bind)
+        else:
+            self.port = self.server.add_secure_port(self._bind, self._credentials)
         if not self.port:
             raise OSError(f"cannot listen on {self._bind}: the port is in use or the address is not local")
         await self.server.start()

@@ -5,6 +5,9 @@ in flight. Each layer's keys and values live in a buffer that grows by doubling;
 of the first ``length`` positions. Appending writes into the buffer (amortised O(1), where
 transformers' ``DynamicLayer`` concatenates, copying the whole cache on every step), and rolling back
 after a rejection only moves ``length``: no allocation, no copy (``tests/test_kv_cache.py``).
+
+A session's buffers never grow past the length it reserved when it opened (``session_capacity``),
+so a worker's KV memory is bounded by what it has reserved (workers/model_host.py).
 """
 
 from __future__ import annotations
@@ -15,11 +18,34 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from .request import MAX_K
+
 INITIAL_CAPACITY = 256  # positions per layer before the first doubling: most prompts + outputs fit
+# Beyond its committed tokens a cache holds the step in flight: a proposal under verification and,
+# on a draft, the lookahead drafted past it (k + 1 tokens each at most).
+STEP_ROOM = 2 * (MAX_K + 1)
+
+
+def session_capacity(prompt_tokens: int, max_new_tokens: int, context_window: int) -> int:
+    """Positions a session's cache may need: its prompt, every token it may commit (unknown, 0:
+    up to the context window) and the step in flight."""
+    committed = prompt_tokens + max_new_tokens if max_new_tokens else max(prompt_tokens, context_window)
+    return committed + STEP_ROOM
+
+
+def kv_bytes_per_token(model: PreTrainedModel) -> int:
+    """Keys and values of one position over every layer."""
+    config = model.config.get_text_config()
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * model.dtype.itemsize
 
 
 class PreallocatedLayer(DynamicLayer):
-    """A cache layer whose ``keys``/``values`` are views into a doubling buffer."""
+    """A cache layer whose ``keys``/``values`` are views into a doubling buffer of at most
+    ``max_length`` positions (None: unbounded)."""
+
+    max_length: int | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -47,6 +73,10 @@ class PreallocatedLayer(DynamicLayer):
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         old = self._key_buffer.shape[-2] if self._key_buffer is not None else 0
         capacity = max(needed, 2 * old, INITIAL_CAPACITY)
+        if self.max_length is not None:
+            if needed > self.max_length:
+                raise ValueError(f"the session needs {needed} positions, past the {self.max_length} it reserved")
+            capacity = min(capacity, self.max_length)
         keys = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))
         values = value_states.new_empty((*value_states.shape[:-2], capacity, value_states.shape[-1]))
         if self._length:  # the one copy: when capacity doubles, not per step
@@ -60,23 +90,29 @@ class PreallocatedLayer(DynamicLayer):
         self.values = self._value_buffer[..., :length, :]
 
 
-def new_cache(model: PreTrainedModel) -> DynamicCache:
-    """A cache for ``model`` whose full-attention layers are PreallocatedLayers.
+def new_cache(model: PreTrainedModel, max_length: int | None = None) -> DynamicCache:
+    """A cache for ``model`` whose full-attention layers are PreallocatedLayers of ``max_length``.
 
     Other layer kinds (sliding-window, linear-attention, shared-KV layers of hybrid models) keep
     transformers' own implementation, whose crop semantics they depend on.
     """
     cache = DynamicCache(config=model.config)
-    cache.layers = [PreallocatedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [_preallocated(max_length) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+def _preallocated(max_length: int | None) -> PreallocatedLayer:
+    layer = PreallocatedLayer()
+    layer.max_length = max_length
+    return layer
 
 
 class CachedLM:
     """A causal LM bound to the KV cache of one sequence."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, max_length: int | None = None) -> None:
         self.model = model
-        self.cache = new_cache(model)
+        self.cache = new_cache(model, max_length)
         self.length = 0  # tokens whose keys/values are in the cache
 
     @torch.inference_mode()
@@ -118,8 +154,8 @@ class SequenceCache:
     rest of the cache, and append the accepted tokens plus the verifier's own token.
     """
 
-    def __init__(self, model: PreTrainedModel, prompt_ids: Sequence[int]) -> None:
-        self.lm = CachedLM(model)
+    def __init__(self, model: PreTrainedModel, prompt_ids: Sequence[int], max_length: int | None = None) -> None:
+        self.lm = CachedLM(model, max_length)
         self.committed = list(prompt_ids)
 
     def catch_up(self, extra: Sequence[int] = ()) -> torch.Tensor:

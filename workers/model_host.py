@@ -2,23 +2,62 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
 
 from specserve.cluster.config import WorkerConfig
 from specserve.cluster.registry import Endpoint, Heartbeat
+from specserve.cluster.security import SecuritySettings
 from specserve.proto.v1 import internal_pb2 as pb
 
 from .grpc_host import BackgroundServer, Device, advertised_host
+from .kv_cache import session_capacity
 
 log = logging.getLogger("specserve.workers")
 
 
 class SessionLimit(Exception):
-    """This process already holds its configured maximum of sessions."""
+    """This process holds its configured maximum of sessions, or of KV cache memory."""
+
+
+class SessionIdle(Exception):
+    """A session's router sent nothing for the configured idle time: the session is evicted."""
+
+
+class SessionSlots:
+    """The sessions a process holds and the KV cache memory they may grow to, each bounded.
+
+    A session reserves its KV memory when it opens (what its longest possible sequence needs), so
+    the bound holds however sessions grow. Touched only on the server's event loop: no lock.
+    """
+
+    def __init__(self, owner: str, max_sessions: int, budget_bytes: int) -> None:
+        self.owner = owner
+        self.max_sessions = max_sessions
+        self.budget_bytes = budget_bytes
+        self.live = 0
+        self.reserved_bytes = 0
+
+    @contextlib.contextmanager
+    def hold(self, kv_bytes: int) -> Iterator[None]:
+        if self.live >= self.max_sessions:
+            raise SessionLimit(f"{self.owner} holds its limit of {self.max_sessions} sessions")
+        if self.reserved_bytes + kv_bytes > self.budget_bytes:
+            raise SessionLimit(f"{self.owner}: the session needs {kv_bytes / 2**20:.1f} MiB of KV cache and "
+                               f"{self.reserved_bytes / 2**20:.1f} of its {self.budget_bytes / 2**20:.1f} MiB are "
+                               f"taken (kv_cache_mib)")
+        self.live += 1
+        self.reserved_bytes += kv_bytes
+        try:
+            yield
+        finally:
+            self.live -= 1
+            self.reserved_bytes -= kv_bytes
 
 
 class ModelHost:
@@ -30,34 +69,46 @@ class ModelHost:
         self.kind = kind
         self.worker_id = worker_id
         self.models = models
-        self.max_sessions = config.max_sessions
-        self.live_sessions = 0  # touched only on the server's event loop
+        self.slots = SessionSlots(f"{kind} {worker_id}", config.max_sessions, int(config.kv_cache_mib * 2**20))
+        self.idle_seconds = config.session_idle_seconds
         self.device = Device(config.threads, config.cpus)
-        self.server = BackgroundServer(add_servicer, name=f"{kind}-grpc")
+        security = SecuritySettings.from_env()  # the router is the only caller: mTLS and the internal token
+        self.server = BackgroundServer(add_servicer, name=f"{kind}-grpc",
+                                       credentials=security.internal_server_credentials(),
+                                       interceptors=security.internal_interceptors())
         self.address = f"{advertised_host()}:{self.server.port}"
         self.resources = _assigned_resources()
         self.node_id = _node_id()
         self.heartbeat = Heartbeat(namespace, heartbeat_seconds, self.endpoint)
-        log.info("%s %s serving %s at %s (cores %s)", kind, worker_id, ", ".join(models), self.address,
-                 sorted(self.device.cpus) or "unpinned")
+        log.info("%s %s serving %s at %s (cores %s; %s)", kind, worker_id, ", ".join(models), self.address,
+                 sorted(self.device.cpus) or "unpinned", security.describe_internal())
 
     def endpoint(self) -> Endpoint:
-        return Endpoint(self.kind, self.worker_id, self.address, self.models, self.live_sessions, self.node_id)
+        return Endpoint(self.kind, self.worker_id, self.address, self.models, self.slots.live, self.node_id)
 
-    @contextlib.contextmanager
-    def session(self) -> Iterator[None]:
-        """Counts a session for its lifetime; refuses one beyond ``max_sessions``."""
-        if self.live_sessions >= self.max_sessions:
-            raise SessionLimit(f"{self.kind} {self.worker_id} holds its limit of {self.max_sessions} sessions")
-        self.live_sessions += 1
-        try:
-            yield
-        finally:
-            self.live_sessions -= 1
+    def session(self, kv_bytes: int) -> contextlib.AbstractContextManager[None]:
+        """Holds a session slot and ``kv_bytes`` of the KV budget for the session's lifetime."""
+        return self.slots.hold(kv_bytes)
+
+    async def steps(self, requests) -> AsyncIterator:
+        """A session's step requests, until its router closes the stream; SessionIdle when the
+        router sends nothing for ``idle_seconds`` (it died without closing, or hangs): an abandoned
+        session must not hold its cache forever."""
+        pending = aiter(requests)
+        while True:
+            try:
+                request = await asyncio.wait_for(anext(pending), self.idle_seconds)
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                raise SessionIdle(f"{self.kind} {self.worker_id}: no step for {self.idle_seconds:g} s; "
+                                  f"session evicted") from None
+            yield request
 
     def state(self) -> pb.WorkerState:
-        return pb.WorkerState(worker_id=self.worker_id, models=self.models, live_sessions=self.live_sessions,
-                              resources=self.resources)
+        return pb.WorkerState(worker_id=self.worker_id, models=self.models, live_sessions=self.slots.live,
+                              resources=self.resources, pid=os.getpid(), kv_reserved_bytes=self.slots.reserved_bytes,
+                              kv_budget_bytes=self.slots.budget_bytes)
 
     def shutdown(self) -> None:
         self.heartbeat.stop()
@@ -76,6 +127,11 @@ def _assigned_resources() -> dict[str, float]:
     if not ray.is_initialized():
         return {}
     return {name: float(amount) for name, amount in ray.get_runtime_context().get_assigned_resources().items()}
+
+
+def reserved_length(opened: pb.SessionOpen, model) -> int:
+    """Positions a session opened with ``opened`` may fill in ``model``'s cache."""
+    return session_capacity(len(opened.prompt_ids), opened.max_new_tokens, model.config.max_position_embeddings)
 
 
 async def first_open(requests, context: grpc.aio.ServicerContext) -> pb.SessionOpen:

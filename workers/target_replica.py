@@ -18,7 +18,8 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .engine import request_generators
 from .loading import ModelSpec, load_model
-from .model_host import ModelHost, SessionLimit, first_open
+from .kv_cache import kv_bytes_per_token
+from .model_host import ModelHost, SessionIdle, SessionLimit, first_open, reserved_length
 from .verifying import TargetSession
 from .wire import proposal_from, sampling_from, verdict_message
 
@@ -51,18 +52,21 @@ class VerifierServicer(rpc.VerifierServicer):
 
     async def Verify(self, requests, context: grpc.aio.ServicerContext):
         opened = await first_open(requests, context)
-        host = self.replica.host
+        host, model = self.replica.host, self.replica.model
+        length = reserved_length(opened, model)
         try:
-            with host.session():
+            with host.session(length * kv_bytes_per_token(model)):
                 verify_gen = request_generators(opened.sampling.seed)[0]
-                session = TargetSession(self.replica.model, list(opened.prompt_ids), sampling_from(opened.sampling),
-                                        verify_gen)
-                async for request in requests:
+                session = TargetSession(model, list(opened.prompt_ids), sampling_from(opened.sampling), verify_gen,
+                                        length)
+                async for request in host.steps(requests):
                     proposal = proposal_from(request.step)
                     verdict, seconds = await host.device.run_timed(session.verify, proposal)
                     yield pb.VerifyReply(verdict=verdict_message(verdict), seconds=seconds)
         except SessionLimit as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except SessionIdle as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except ValueError as exc:  # a malformed proposal: this session ends, the replica carries on
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 

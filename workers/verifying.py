@@ -22,8 +22,9 @@ class TargetSession:
         prompt_ids: list[int],
         sampling: SamplingParams,
         generator: torch.Generator,
+        max_length: int | None = None,  # positions its cache may hold (kv_cache.session_capacity)
     ) -> None:
-        self.sequence = SequenceCache(model, prompt_ids)
+        self.sequence = SequenceCache(model, prompt_ids, max_length)
         self.sampling = sampling
         self.generator = generator
 

@@ -1,0 +1,109 @@
+"""A session stream to one worker, and the one way its failures surface.
+
+However a worker fails a step (its RPC breaks, its stream ends, or it does not answer within the
+step timeout), the session sees a ``WorkerFailed`` and decides what to do: resume on another
+worker, or go on target-only. A status that does not mean "gone, stuck or full" is a bug, ours or
+the worker's, and is raised as it is so that it fails the request instead of hiding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import grpc
+
+from specserve.cluster.registry import Endpoint
+
+# Statuses a healthy protocol never produces on its own: the worker died or is going away
+# (UNAVAILABLE, CANCELLED by its server's shutdown), answered too late, or is at its session limit.
+LOST_STATUSES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                           grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+class WorkerFailed(Exception):
+    """A worker failed this session: ``code`` is its status (None: its stream ended).
+
+    ``broken``: the worker itself looks broken (gone, stuck), so new sessions should pass it over
+    for a while; not so when it refused a session because it is full or ended one that sat idle.
+    """
+
+    def __init__(self, worker: Endpoint, what: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(f"{worker.kind} {worker.worker_id} at {worker.address} {what}")
+        self.worker = worker
+        self.code = code
+        self.broken = code not in WORKER_SAID_SO
+
+
+# Statuses a live worker answers with of its own accord: at its limits, or a session it evicted as idle.
+WORKER_SAID_SO = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+class SessionStream:
+    """One bidirectional session stream to a worker: write a request, read its answer.
+
+    It counts itself in ``load`` (the router's open sessions per worker) from creation until it is
+    closed or cancelled, whichever comes first.
+    """
+
+    def __init__(self, worker: Endpoint, call: grpc.aio.StreamStreamCall, step_timeout: float,
+                 load: Counter[str]) -> None:
+        self.worker = worker
+        self.call = call
+        self.step_timeout = step_timeout
+        self._load = load
+        self._counted = True
+        load[worker.worker_id] += 1
+
+    async def send(self, request) -> None:
+        await self._guard(self.call.write(request))
+
+    async def ask(self, request):
+        return await self._guard(self._exchange(request))
+
+    async def _exchange(self, request):
+        await self.call.write(request)
+        reply = await self.call.read()
+        if reply is grpc.aio.EOF:
+            raise WorkerFailed(self.worker, "ended its session stream unexpectedly")
+        return reply
+
+    async def _guard(self, step):
+        try:
+            return await asyncio.wait_for(step, self.step_timeout)
+        except asyncio.TimeoutError:
+            self.cancel()  # frees the session on the worker if it ever wakes up
+            raise WorkerFailed(self.worker, f"did not answer a step within {self.step_timeout:g} s") from None
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in LOST_STATUSES:
+                raise
+            raise WorkerFailed(self.worker, f"failed: {exc.code().name}: {exc.details()}", exc.code()) from None
+        except (asyncio.InvalidStateError, grpc.aio.UsageError):  # writing to a call that has finished
+            raise await self._ended() from None
+
+    async def _ended(self) -> Exception:
+        """What to raise for a call the worker's side has finished: its status says why."""
+        code, details = await self.call.code(), await self.call.details()
+        if code == grpc.StatusCode.OK:
+            return WorkerFailed(self.worker, "ended its session stream unexpectedly")
+        if code in LOST_STATUSES:
+            return WorkerFailed(self.worker, f"failed: {code.name}: {details}", code)
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), await self.call.trailing_metadata(), details)
+
+    async def close(self) -> None:
+        """Half-close: the worker's handler ends and frees the session's cache."""
+        if not self.call.done():
+            try:
+                await self.call.done_writing()
+            except grpc.aio.UsageError:  # already finished
+                pass
+        self._uncount()
+
+    def cancel(self) -> None:
+        self.call.cancel()  # the worker sees the cancellation and frees the session too
+        self._uncount()
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._load[self.worker.worker_id] -= 1

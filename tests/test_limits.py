@@ -1,0 +1,69 @@
+"""Bounds per component: the router's admission (a concurrency limit, a bounded FIFO queue behind
+it, refusal beyond both) and a worker's session slots (a session limit and a KV memory budget)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specserve.router.admission import Admission, Overloaded
+from specserve.workers.model_host import SessionLimit, SessionSlots
+
+
+def test_limit_then_queue_then_refusal_in_arrival_order():
+    async def scenario():
+        admission = Admission(limit=2, queue=2)
+        await admission.enter()
+        await admission.enter()
+        order = []
+
+        async def queued(name):
+            await admission.enter()
+            order.append(name)
+
+        waiters = [asyncio.create_task(queued(n)) for n in ("first", "second")]
+        await asyncio.sleep(0)
+        assert (admission.running, admission.waiting) == (2, 2)
+        with pytest.raises(Overloaded, match="limit of 2 concurrent requests with 2 more queued"):
+            await admission.enter()
+        admission.leave()
+        await asyncio.sleep(0)
+        assert order == ["first"]
+        admission.leave()
+        await asyncio.gather(*waiters)
+        assert order == ["first", "second"] and (admission.running, admission.waiting, admission.refused) == (2, 0, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_that_goes_away_leaves_the_queue():
+    async def scenario():
+        changes = []
+        admission = Admission(limit=1, queue=1, on_change=lambda a: changes.append((a.running, a.waiting)))
+        await admission.enter()
+        waiter = asyncio.create_task(admission.enter())
+        await asyncio.sleep(0)
+        waiter.cancel()  # its client's deadline passed
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert (admission.running, admission.waiting) == (1, 0)
+        admission.leave()
+        await admission.enter()  # the turn was not lost with the cancelled waiter
+        assert changes[-1] == (1, 0)
+
+    asyncio.run(scenario())
+
+
+def test_worker_slots_bound_sessions_and_kv_memory_and_free_both():
+    slots = SessionSlots("target t1", max_sessions=3, budget_bytes=100)
+    with slots.hold(60):
+        with pytest.raises(SessionLimit, match="needs 0.0 MiB of KV cache"):
+            with slots.hold(41):  # would reserve 101 of 100
+                pass
+        with slots.hold(40):
+            assert (slots.live, slots.reserved_bytes) == (2, 100)
+            with pytest.raises(SessionLimit, match="limit of 3 sessions"):
+                with slots.hold(0), slots.hold(0):
+                    pass
+    assert (slots.live, slots.reserved_bytes) == (0, 0)  # every refusal and exit gave back what it took
