@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerBase
 from specserve.cluster.config import TimeoutsConfig
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
+from specserve.workers.engine import replacement_seed
 from specserve.workers.stats import SpecStats
 from specserve.workers.stopping import Chunk, OutputAssembler
 from specserve.workers.wire import sampling_message
@@ -159,11 +160,11 @@ class Session:
         return list(self.request.prompt_ids) + self.output.token_ids
 
     def _opening(self, model: str = "") -> pb.SessionOpen:
-        """The open message of a session holding every committed token. A target resumed mid-request
-        draws its acceptance uniforms from a seed of its own: fresh draws keep the target's
-        distribution, and a replay with the same seed and the same fault gives the same output."""
-        resumed = self.target_resumes if not model else 0
-        seed = (self.stats.seed + resumed) % 2**64
+        """The open message of a session holding every committed token. A worker replacing a failed
+        one draws from a seed of its own (fresh draws keep the target's distribution), so a replay
+        with the same seed and the same faults gives the same output."""
+        kind, replaced = ("draft", self.draft_reopens) if model else ("target", self.target_resumes)
+        seed = replacement_seed(self.stats.seed, kind, replaced)
         return pb.SessionOpen(session_id=self.session_id, prompt_ids=self.committed_ids(), model=model,
                               sampling=sampling_message(self.params.sampling, seed), max_new_tokens=self.output.remaining)
 

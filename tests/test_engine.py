@@ -85,3 +85,11 @@ def test_unknown_draft_and_empty_prompt_are_refused(tiny_engine):
         tiny_engine.generate("x", GenerationParams(), draft="nope")
     with pytest.raises(ValueError, match="prompt must not be empty"):
         tiny_engine.generate("", GenerationParams(), draft="sql")
+
+
+def test_a_replacement_session_draws_from_a_seed_of_its_own():
+    from specserve.workers.engine import replacement_seed
+
+    seeds = {replacement_seed(7, kind, n) for kind in ("target", "draft") for n in range(1, 4)}
+    assert replacement_seed(7, "target", 0) == replacement_seed(7, "draft", 0) == 7  # the first session: the request's
+    assert len(seeds) == 6 and 7 not in seeds and all(0 <= s < 2**63 for s in seeds)

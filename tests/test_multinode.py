@@ -3,6 +3,9 @@ directory as a mounted volume gives them, and the draft node going away under a 
 
 A two-node cluster (tests/two_nodes.py) in its own process, and `specserve serve --address` in
 another, exactly as an operator attaches the service to a cluster that is already running.
+
+In the slow suite (~2 min): losing workers mid-request is covered in the default run by
+tests/test_faults.py on the shared cluster; this adds the second node.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from specserve.proto.v1 import specserve_pb2 as pb
 
 from conftest import serve_in_subprocess
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 REGISTRY_EXPIRY_SECONDS = 30  # an entry lives 3 heartbeats (6 s by default); generous on a busy machine
 VOLUME_DRAFTS = ("sql", "general")
 

@@ -51,6 +51,16 @@ def request_generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
     return torch.Generator().manual_seed(seed), torch.Generator().manual_seed(draft_seed)
 
 
+def replacement_seed(seed: int, kind: str, replacement: int) -> int:
+    """The seed of a request's ``replacement``-th replacement session on a worker of ``kind``: one
+    derived from the request's, never equal to another. A replacement must not replay draws the
+    request has already used; a draft reusing its uniforms, say, would draw tokens that depend on
+    the ones before them, and q would no longer be the distribution they came from."""
+    if not replacement:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{kind}:{replacement}:{seed}".encode()).digest()[:8], "little") >> 1
+
+
 class SpecEngine:
     """A target model, its tokenizer and any number of named drafts, all in this process."""
 
