@@ -138,6 +138,9 @@ class TimeoutsConfig(_Config):
     # A draft step is k small-model tokens: milliseconds. A draft this late is dropped from the
     # request, which goes on with another draft worker or target-only (the output is the same).
     draft_step_seconds: float = Field(2.0, gt=0)
+    # A draft session's first step prefills the prompt (and, reopened mid-request, every committed
+    # token), queued behind other sessions' steps on the worker's device.
+    draft_prefill_seconds: float = Field(10.0, gt=0)
     # A target step is one pass, but may queue behind other sessions' passes or be a long prompt's
     # prefill on a busy replica. Beyond it the request resumes on another replica.
     target_step_seconds: float = Field(30.0, gt=0)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError
+from ray.exceptions import ActorDiedError, RayActorError
 
 from specserve.workers.draft_worker import DraftWorker
 
@@ -29,6 +30,8 @@ from .placement import place
 log = logging.getLogger("specserve.pool")
 SUPERVISE_SECONDS = 2.0  # how often the pool checks that its workers are alive
 PING_TIMEOUT_SECONDS = 10.0  # a busy worker answers a ping within this; a stuck one is the router's problem
+SHORT_LIVED_SECONDS = 60.0  # a replacement gone sooner than this doubles its slot's wait
+MAX_BACKOFF_SECONDS = 300.0
 
 
 class DraftPool:
@@ -56,14 +59,24 @@ class DraftPool:
                             self.config.router.heartbeat_seconds)
 
     async def supervise(self) -> None:
-        """Forever: replace each worker that is gone for good."""
+        """Forever: replace each worker that is gone for good. A slot whose replacements keep dying
+        soon (a model that fails to load, say) is retried ever more rarely, up to every 5 minutes."""
+        wait = [SUPERVISE_SECONDS] * len(self.workers)  # per slot: before the next replacement
+        last = [float("-inf")] * len(self.workers)  # per slot: when it was last replaced
         while True:
             await asyncio.sleep(SUPERVISE_SECONDS)
             for slot, worker in enumerate(self.workers):
-                if await _gone(worker):
+                try:
+                    if not await _gone(worker) or time.monotonic() - last[slot] < wait[slot]:
+                        continue
+                    short_lived = time.monotonic() - last[slot] < SHORT_LIVED_SECONDS
+                    wait[slot] = min(2 * wait[slot], MAX_BACKOFF_SECONDS) if short_lived else SUPERVISE_SECONDS
                     self.workers[slot] = self._start(slot, replacement=True)
+                    last[slot] = time.monotonic()
                     self.replaced += 1
-                    log.warning("draft pool: worker in slot %d is gone; started a replacement", slot)
+                    log.warning("draft pool: the worker in slot %d is gone; started a replacement", slot)
+                except Exception:  # supervision must outlive any one failure
+                    log.exception("draft pool: supervising slot %d failed; trying again", slot)
 
     def stop(self) -> None:
         for worker in self.workers:
@@ -73,8 +86,8 @@ class DraftPool:
 async def _gone(worker: ray.actor.ActorHandle) -> bool:
     try:
         await asyncio.wait_for(asyncio.wrap_future(worker.ping.remote().future()), PING_TIMEOUT_SECONDS)
-    except ActorDiedError:
+    except ActorDiedError:  # dead for good: Ray will not restart it
         return True
-    except (ActorUnavailableError, asyncio.TimeoutError):  # restarting, or busy loading its models
+    except (RayActorError, asyncio.TimeoutError):  # restarting, or busy loading its models
         pass
     return False

@@ -19,6 +19,7 @@ from specserve.workers.grpc_host import CHANNEL_OPTIONS
 
 log = logging.getLogger("specserve.router")
 REFRESH_SECONDS = 1.0  # how stale the router's copy of the registry may get
+REGISTRY_TIMEOUT_SECONDS = 5.0
 
 
 class NoWorker(Exception):
@@ -44,7 +45,12 @@ class WorkerDirectory:
     async def refresh(self, force: bool = False) -> list[Endpoint]:
         async with self._lock:
             if force or time.monotonic() - self.refreshed > REFRESH_SECONDS:
-                self.endpoints = await self.registry.endpoints.remote()
+                try:
+                    self.endpoints = await asyncio.wait_for(asyncio.wrap_future(self.registry.endpoints.remote().future()),
+                                                            REGISTRY_TIMEOUT_SECONDS)
+                except asyncio.TimeoutError:  # restarting, or its node is gone: go on with what we know
+                    log.warning("the registry did not answer within %g s; using endpoints %.0f s old",
+                                REGISTRY_TIMEOUT_SECONDS, time.monotonic() - self.refreshed)
                 self.refreshed = time.monotonic()
         return self.endpoints
 

@@ -104,6 +104,11 @@ class SpecServeService:
             self.metrics.record_refused(_status_of(exc).name)
             await _abort(context, exc)
         session, status = None, grpc.StatusCode.OK
+        # grpc does not close a handler's generator when its RPC is cancelled during a write (a
+        # slow client): the generator's finally would wait for garbage collection. The done
+        # callback frees the request's turn and its workers' sessions at once either way.
+        release = _Release(self.admission, lambda: session)
+        context.add_done_callback(release)
         try:
             session = self._session(request, raw.prompt, _deadline(context))
             async for chunk in session.run():
@@ -121,7 +126,7 @@ class SpecServeService:
             status = grpc.StatusCode.CANCELLED
             raise
         finally:
-            self.admission.leave()
+            release()
             if session is not None:
                 view = self.policy.view(session.task.task)
                 self.metrics.record(session, view, status.name)
@@ -187,6 +192,25 @@ def _stats_message(session: Session) -> pb.GenerateStats:
                             task_source=session.task.source, task_confidence=session.task.confidence,
                             route=session.route.reason, k=session.route.k, target_resumes=session.target_resumes,
                             draft_reopens=session.draft_reopens)
+
+
+class _Release:
+    """Gives a request's admission turn back and abandons its session, once, whichever of the
+    handler's end and the RPC's done callback comes first."""
+
+    def __init__(self, admission: Admission, session) -> None:
+        self.admission = admission
+        self.session = session  # () -> the request's Session, or None before it has one
+        self.done = False
+
+    def __call__(self, *_) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.admission.leave()
+        session = self.session()
+        if session is not None:
+            session.abandon()
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:

@@ -138,19 +138,23 @@ class Session:
                     self.first_token_seconds = time.perf_counter() - self.started
                     self.first_chunk_tokens = len(tokens)
                 yield chunk
-            finished = True
             if ahead is not None and not ahead.done():  # drafted past the end: drop it with the session
                 ahead.cancel()
                 if self.drafter is not None:
                     self.drafter.cancel()
             for stream in self._streams():
                 await stream.close()
+            finished = True
         finally:
             if not finished:  # cancelled or failed mid-way: free the sessions on the workers now
                 if ahead is not None:
                     ahead.cancel()
-                for stream in self._streams():
-                    stream.cancel()
+                self.abandon()
+
+    def abandon(self) -> None:
+        """Cancel the request's sessions on every worker now (idempotent): its client is gone."""
+        for stream in self._streams():
+            stream.cancel()
 
     def _streams(self) -> list[SessionStream]:
         return [s for s in (self.target, self.drafter) if s is not None]
@@ -178,7 +182,7 @@ class Session:
             try:
                 target = await self.directory.pick("target")
                 stream = SessionStream(target, rpc.VerifierStub(self.directory.channel(target)).Verify(),
-                                       self.timeouts.target_step_seconds, self.directory.load)
+                                       self.timeouts.target_step_seconds, self.directory.load)  # a prefill is one step
                 self.target = stream
                 await stream.send(pb.VerifyRequest(open=self._opening()))
                 return
@@ -204,7 +208,8 @@ class Session:
                 why = str(exc)
                 break
             self.drafter = SessionStream(worker, rpc.DrafterStub(self.directory.channel(worker)).Draft(),
-                                         self.timeouts.draft_step_seconds, self.directory.load)
+                                         self.timeouts.draft_step_seconds, self.directory.load,
+                                         first_step_timeout=self.timeouts.draft_prefill_seconds)
             try:
                 await self.drafter.send(pb.DraftRequest(open=self._opening(self.route.draft)))
                 self.draft_committed, self.draft_offset = len(self.committed_ids()), 0

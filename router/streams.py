@@ -47,10 +47,12 @@ class SessionStream:
     """
 
     def __init__(self, worker: Endpoint, call: grpc.aio.StreamStreamCall, step_timeout: float,
-                 load: Counter[str]) -> None:
+                 load: Counter[str], first_step_timeout: float | None = None) -> None:
         self.worker = worker
         self.call = call
-        self.step_timeout = step_timeout
+        # The first step prefills the whole sequence, so it may take longer than the rest.
+        self.step_timeout = first_step_timeout or step_timeout
+        self._later_steps_timeout = step_timeout
         self._load = load
         self._counted = True
         load[worker.worker_id] += 1
@@ -59,7 +61,9 @@ class SessionStream:
         await self._guard(self.call.write(request))
 
     async def ask(self, request):
-        return await self._guard(self._exchange(request))
+        reply = await self._guard(self._exchange(request))
+        self.step_timeout = self._later_steps_timeout
+        return reply
 
     async def _exchange(self, request):
         await self.call.write(request)
@@ -92,12 +96,13 @@ class SessionStream:
 
     async def close(self) -> None:
         """Half-close: the worker's handler ends and frees the session's cache."""
-        if not self.call.done():
-            try:
+        try:
+            if not self.call.done():
                 await self.call.done_writing()
-            except grpc.aio.UsageError:  # already finished
-                pass
-        self._uncount()
+        except grpc.aio.UsageError:  # already finished
+            pass
+        finally:
+            self._uncount()
 
     def cancel(self) -> None:
         self.call.cancel()  # the worker sees the cancellation and frees the session too

@@ -67,3 +67,16 @@ def test_worker_slots_bound_sessions_and_kv_memory_and_free_both():
                 with slots.hold(0), slots.hold(0):
                     pass
     assert (slots.live, slots.reserved_bytes) == (0, 0)  # every refusal and exit gave back what it took
+
+
+def test_a_session_slot_released_by_its_rpc_ending_first_is_released_once():
+    """grpc may finish a cancelled RPC without closing its handler: the RPC's done callback
+    releases the slot, and the handler's own exit later does not release it again."""
+    slots = SessionSlots("draft d1", max_sessions=2, budget_bytes=100)
+    callbacks = []
+    with slots.hold(30, on_done=callbacks.append):
+        with slots.hold(30):
+            callbacks[0]()  # the first session's RPC ended
+            assert (slots.live, slots.reserved_bytes) == (1, 30)
+        callbacks[0]()
+    assert (slots.live, slots.reserved_bytes) == (0, 0)

@@ -54,7 +54,7 @@ class DrafterServicer(rpc.DrafterServicer):
         host = self.worker.host
         length = reserved_length(opened, model)
         try:
-            with host.session(length * kv_bytes_per_token(model)):
+            with host.session(length * kv_bytes_per_token(model), context):
                 draft_gen = request_generators(opened.sampling.seed)[1]
                 session = DraftSession(model, list(opened.prompt_ids), sampling, draft_gen, DRAFT_MAX_SUPPORT, length)
                 last: Proposal | None = None

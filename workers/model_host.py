@@ -44,7 +44,9 @@ class SessionSlots:
         self.reserved_bytes = 0
 
     @contextlib.contextmanager
-    def hold(self, kv_bytes: int) -> Iterator[None]:
+    def hold(self, kv_bytes: int, on_done: Callable[[Callable], None] = lambda release: None) -> Iterator[None]:
+        """``on_done(release)`` is given the release, for a caller that may learn of the session's end
+        first (an RPC's done callback: grpc does not always close a cancelled handler's generator)."""
         if self.live >= self.max_sessions:
             raise SessionLimit(f"{self.owner} holds its limit of {self.max_sessions} sessions")
         if self.reserved_bytes + kv_bytes > self.budget_bytes:
@@ -53,11 +55,20 @@ class SessionSlots:
                                f"taken (kv_cache_mib)")
         self.live += 1
         self.reserved_bytes += kv_bytes
+        released = False
+
+        def release(*_) -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.live -= 1
+                self.reserved_bytes -= kv_bytes
+
+        on_done(release)
         try:
             yield
         finally:
-            self.live -= 1
-            self.reserved_bytes -= kv_bytes
+            release()
 
 
 class ModelHost:
@@ -86,9 +97,9 @@ class ModelHost:
     def endpoint(self) -> Endpoint:
         return Endpoint(self.kind, self.worker_id, self.address, self.models, self.slots.live, self.node_id)
 
-    def session(self, kv_bytes: int) -> contextlib.AbstractContextManager[None]:
-        """Holds a session slot and ``kv_bytes`` of the KV budget for the session's lifetime."""
-        return self.slots.hold(kv_bytes)
+    def session(self, kv_bytes: int, context: grpc.aio.ServicerContext) -> contextlib.AbstractContextManager[None]:
+        """Holds a session slot and ``kv_bytes`` of the KV budget until the session's stream ends."""
+        return self.slots.hold(kv_bytes, context.add_done_callback)
 
     async def steps(self, requests) -> AsyncIterator:
         """A session's step requests, until its router closes the stream; SessionIdle when the

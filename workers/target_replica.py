@@ -55,7 +55,7 @@ class VerifierServicer(rpc.VerifierServicer):
         host, model = self.replica.host, self.replica.model
         length = reserved_length(opened, model)
         try:
-            with host.session(length * kv_bytes_per_token(model)):
+            with host.session(length * kv_bytes_per_token(model), context):
                 verify_gen = request_generators(opened.sampling.seed)[0]
                 session = TargetSession(model, list(opened.prompt_ids), sampling_from(opened.sampling), verify_gen,
                                         length)
