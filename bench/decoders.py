@@ -14,7 +14,8 @@ import torch
 
 from specserve.cluster.client import SpecServeClient
 from specserve.proto.v1 import specserve_pb2 as pb
-from specserve.workers.engine import SpecEngine, encode_prompt
+from specserve.workers.engine import SpecEngine
+from specserve.workers.prompt import encode_prompt
 from specserve.workers.grpc_host import Device
 from specserve.workers.request import GenerationParams
 from specserve.workers.zoo.presets import GENERAL_DRAFT

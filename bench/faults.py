@@ -16,7 +16,7 @@ import ray
 
 from specserve.cluster.app import TARGET_DEPLOYMENT
 from specserve.cluster.config import NAMESPACE
-from specserve.cluster.security import SecuritySettings, internal_channel
+from specserve.workers.security import SecuritySettings, internal_channel
 from specserve.proto.v1 import internal_pb2, internal_pb2_grpc
 
 SERVE_NAMESPACE = "serve"  # where Ray Serve names its replica actors

@@ -33,7 +33,8 @@ from specserve.cluster.client import SpecServeClient
 from specserve.cluster.demo import ensure_zoo
 from specserve.cluster.local import zoo_engine
 from specserve.workers.drafting import score_continuation
-from specserve.workers.engine import SpecEngine, encode_prompt
+from specserve.workers.engine import SpecEngine
+from specserve.workers.prompt import encode_prompt
 from specserve.workers.grpc_host import Device
 from specserve.workers.zoo.zoo import Zoo
 

@@ -10,26 +10,31 @@ from __future__ import annotations
 from ray import serve
 from ray.serve import Application
 
-from specserve.router.deployment import Router
+from specserve.workers.registry import Registration
 from specserve.workers.target_replica import TargetReplica
 
 from .config import ServiceConfig
+from .ingress import Router
 from .models import resolve_models
 from .placement import place, router_options
 
 TARGET_DEPLOYMENT = "target"
 ROUTER_DEPLOYMENT = "router"
+HEALTH_CHECK_SECONDS = 5  # how often Serve calls each replica's check_health
 
 
 def build_app(args: dict) -> Application:
     config = ServiceConfig.model_validate(args or {})
     models = resolve_models(config.models, config.router)
-    plain = config.model_dump(mode="json")  # what crosses to the replicas: plain data, checked again there
+    registration = Registration(config.namespace, config.router.heartbeat_seconds)
     target = serve.deployment(TargetReplica, name=TARGET_DEPLOYMENT).options(
         num_replicas=config.target.replicas, ray_actor_options=place(config.target),
-        max_ongoing_requests=config.target.max_sessions, health_check_period_s=5,
+        max_ongoing_requests=config.target.max_sessions, health_check_period_s=HEALTH_CHECK_SECONDS,
     )
     router = serve.deployment(Router, name=ROUTER_DEPLOYMENT).options(
-        num_replicas=1, ray_actor_options=router_options(config.router), health_check_period_s=5,
+        num_replicas=1, ray_actor_options=router_options(config.router), health_check_period_s=HEALTH_CHECK_SECONDS,
     )
-    return router.bind(plain, models, target.bind(plain, models.target))
+    # What crosses to the replicas is plain data, checked again there.
+    target_app = target.bind(config.target.model_dump(mode="json"), models.spec(models.target, config.target.threads),
+                             registration)
+    return router.bind(config.model_dump(mode="json"), models, target_app)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import pkgutil
 import signal
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from ray import serve
 from .client import SpecServeClient
 from .config import DEFAULT_CONFIG_FILE, NAMESPACE, ServiceConfig, load_yaml
 from .placement import check_devices, local_resources
-from .security import SecuritySettings
+from specserve.workers.security import SecuritySettings
 
 log = logging.getLogger("specserve.cluster")
 READY_TIMEOUT_SECONDS = 600.0  # model loading on a cold machine; a GPU node pulling weights takes longer
@@ -92,8 +93,6 @@ def start_cluster(address: str | None, metrics_port: int | None = None) -> bool:
 def start_service(config_path: Path | None = None, address: str | None = None, port: int | None = None,
                   overrides: dict | None = None, ready_timeout: float = READY_TIMEOUT_SECONDS,
                   metrics_port: int | None = None) -> RunningService:
-    from ray.serve._private.utils import import_attr
-
     doc = serve_config(config_path or default_config_path(), port, overrides)
     security = SecuritySettings.from_env()  # a bad variable fails here, before any cluster starts
     owns = start_cluster(address, metrics_port)
@@ -103,7 +102,7 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
     try:
         check_devices(ServiceConfig.model_validate(app_doc["args"]), ray.nodes())
         serve.start(proxy_location=doc.get("proxy_location", "Disabled"))
-        app = import_attr(app_doc["import_path"])(copy.deepcopy(app_doc["args"]))
+        app = pkgutil.resolve_name(app_doc["import_path"])(copy.deepcopy(app_doc["args"]))
         handle = serve.run(app, name=app_doc["name"], route_prefix=app_doc.get("route_prefix"))
         address = handle.endpoint.remote().result()
         SpecServeClient(address).wait_ready(ready_timeout)

@@ -18,7 +18,7 @@ import grpc
 from transformers.utils import logging as hf_logging
 
 from specserve.cluster.config import DEFAULT_METRICS_PORT
-from specserve.cluster.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_FILE_ENV,
+from specserve.workers.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_FILE_ENV,
                                         TLS_DIR_ENV)
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.loading import ModelLoadError
@@ -379,7 +379,7 @@ def _run_zoo_build(args: argparse.Namespace) -> int:
 
 
 def _run_classifier_train(args: argparse.Namespace) -> int:
-    from specserve.router.classifier import TaskClassifier
+    from specserve.workers.classifier import TaskClassifier
     from specserve.workers.zoo.task_classifier import held_out_examples, read_labelled, train_from_corpora, zoo_corpora
 
     from .local import open_zoo

@@ -1,6 +1,6 @@
 """A small client of the SpecServe API, for the command line, the demo and the tests.
 
-Security comes from the environment, as the service's does (cluster/security.py): the API token from
+Security comes from the environment, as the service's does (workers/security.py): the API token from
 SPECSERVE_API_TOKEN(_FILE) goes with every call, and with SPECSERVE_TLS_DIR set the channel is TLS,
 verifying the router against that directory's ca.crt (the only file a client needs there).
 """
@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.proto.v1 import specserve_pb2_grpc as rpc
 
-from .security import TARGET_NAME_OVERRIDE, BearerToken, SecuritySettings
+from specserve.workers.security import TARGET_NAME_OVERRIDE, BearerToken, SecuritySettings
 
 FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
                 pb.FINISH_REASON_UNSPECIFIED: ""}

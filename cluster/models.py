@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specserve.router.config import RouterConfig
 from specserve.workers.loading import ModelSpec
 from specserve.workers.zoo.presets import GENERAL_DRAFT
 
-from .config import ModelsConfig, RouterConfig
+from .config import ModelsConfig
 
 
 @dataclass(frozen=True)

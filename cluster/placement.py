@@ -16,7 +16,10 @@ import time
 
 import ray
 
-from .config import DRAFT_DEVICE, ROUTER_NODE, TARGET_DEVICE, RouterConfig, ServiceConfig, WorkerConfig
+from specserve.router.config import ROUTER_NODE, RouterConfig
+from specserve.workers.config import DRAFT_DEVICE, TARGET_DEVICE, WorkerConfig
+
+from .config import ServiceConfig
 
 log = logging.getLogger("specserve.placement")
 # A fraction, so a Serve rollout can start the new router replica before the old one stops.

@@ -22,6 +22,7 @@ import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
 from specserve.workers.draft_worker import DraftWorker
+from specserve.workers.registry import Registration
 
 from .config import ServiceConfig
 from .models import ModelSet
@@ -55,8 +56,8 @@ class DraftPool:
             worker_id += f"-{uuid.uuid4().hex[:4]}"
         actor = ray.remote(DraftWorker).options(name=worker_id, namespace=self.config.namespace, max_concurrency=4,
                                                 max_restarts=-1, **self.options)
-        return actor.remote(worker_id, self.specs, self.config.draft_pool, self.config.namespace,
-                            self.config.router.heartbeat_seconds)
+        registration = Registration(self.config.namespace, self.config.router.heartbeat_seconds)
+        return actor.remote(worker_id, self.specs, self.config.draft_pool, registration)
 
     async def supervise(self) -> None:
         """Forever: replace each worker that is gone for good. A slot whose replacements keep dying

@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from .client import SpecServeClient
-from .security import SecuritySettings
+from specserve.workers.security import SecuritySettings
 
 TIMEOUT_SECONDS = 3.0  # below the manifest's timeoutSeconds, so a slow answer is a failure, not a kill
 

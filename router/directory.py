@@ -13,9 +13,12 @@ from collections import Counter
 
 import grpc
 
-from specserve.cluster.registry import Endpoint
-from specserve.cluster.security import SecuritySettings, internal_aio_channel
+from specserve.proto.v1 import internal_pb2_grpc as rpc
 from specserve.workers.grpc_host import CHANNEL_OPTIONS
+from specserve.workers.registry import Endpoint
+from specserve.workers.security import SecuritySettings, internal_aio_channel
+
+from .streams import SessionStream
 
 log = logging.getLogger("specserve.router")
 REFRESH_SECONDS = 1.0  # how stale the router's copy of the registry may get
@@ -82,3 +85,9 @@ class WorkerDirectory:
             self.channels[endpoint.address] = internal_aio_channel(
                 endpoint.address, self.security, options=CHANNEL_OPTIONS)
         return self.channels[endpoint.address]
+
+    def stream(self, worker: Endpoint, step_timeout: float, first_step_timeout: float | None = None) -> SessionStream:
+        """A new session stream to ``worker``: Verify on a target replica, Draft on a draft worker."""
+        channel = self.channel(worker)
+        call = rpc.VerifierStub(channel).Verify() if worker.kind == "target" else rpc.DrafterStub(channel).Draft()
+        return SessionStream(worker, call, step_timeout, self.load, first_step_timeout)

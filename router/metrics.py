@@ -68,7 +68,7 @@ class RouterMetrics:
     def record(self, session: Session, view: TaskView, status: str = "OK") -> None:
         task, draft = session.task.task, session.route.draft or ""
         arm = {"task": task, "draft": draft}
-        s, t = session.stats, session.times
+        s, t = session.decoding.stats, session.times
         self.requests.inc(1, {"task": task, "status": status})
         self.routes.inc(1, arm | {"reason": session.route.reason, "task_source": session.task.source})
         _add(self.failovers, session.target_resumes, {"kind": "target"})
@@ -77,7 +77,7 @@ class RouterMetrics:
             self.fallbacks.inc(1, {"task": task, "reason": view.cause or "low_speedup"})
         if status != "OK":
             return
-        _add(self.output_tokens, len(session.output.token_ids), arm)
+        _add(self.output_tokens, len(session.decoding.committed), arm)
         _add(self.drafts, len(t.verify_steps), arm)
         _add(self.draft_tokens, s.proposed, arm)
         _add(self.accepted_tokens, s.accepted, arm)
@@ -88,7 +88,7 @@ class RouterMetrics:
         for seconds in t.verify_steps + t.plain_steps:
             self.verify_step.observe(seconds, arm)
         self.ttft.observe(session.first_token_seconds, {"task": task})
-        later_tokens = len(session.output.token_ids) - session.first_chunk_tokens
+        later_tokens = len(session.decoding.committed) - session.first_chunk_tokens
         if later_tokens > 0:
             self.tpot.observe((session.elapsed() - session.first_token_seconds) / later_tokens, {"task": task})
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from specserve.cluster.config import PolicyConfig
+from .config import PolicyConfig
 
 from .cost_model import best_k
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import grpc
 from transformers import PreTrainedTokenizerBase
 
-from specserve.cluster.config import RouterConfig
+from .config import RouterConfig
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.stats import SpecStats
 
@@ -48,8 +48,8 @@ class TaskTotals:
     def add(self, session: Session) -> None:
         key = (session.task.task, session.route.draft or "")
         self.requests[key] += 1
-        self.output_tokens[key] += len(session.output.token_ids)
-        self.stats[key].add(session.stats)
+        self.output_tokens[key] += len(session.decoding.committed)
+        self.stats[key].add(session.decoding.stats)
 
     def message(self, task: str, draft: str) -> pb.TaskStats:
         s = self.stats.get((task, draft), SpecStats())
@@ -147,7 +147,7 @@ class SpecServeService:
         task = session.task.task
         self.policy.observe(task, session.route.draft, session.observation())
         if session.params.sampling.greedy:  # scoring compares greedy choices
-            self.scorer.offer(task, session.route.draft, session.request.prompt_ids, session.output.token_ids)
+            self.scorer.offer(task, session.route.draft, session.request.prompt_ids, session.decoding.committed)
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServiceStats:
         workers = [pb.WorkerInfo(kind=e.kind, worker_id=e.worker_id, address=e.address, models=e.models,
@@ -183,7 +183,7 @@ class SpecServeService:
 
 
 def _stats_message(session: Session) -> pb.GenerateStats:
-    s = session.stats
+    s = session.decoding.stats
     return pb.GenerateStats(task=session.task.task, draft=session.route.draft or "", proposed_tokens=s.proposed,
                             accepted_tokens=s.accepted, target_passes=s.target_passes, seed=s.seed, rejections=s.rejections,
                             draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,

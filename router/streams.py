@@ -13,12 +13,14 @@ from collections import Counter
 
 import grpc
 
-from specserve.cluster.registry import Endpoint
+from specserve.workers.registry import Endpoint
 
 # Statuses a healthy protocol never produces on its own: the worker died or is going away
 # (UNAVAILABLE, CANCELLED by its server's shutdown), answered too late, or is at its session limit.
 LOST_STATUSES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
                            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# Statuses a live worker answers with of its own accord: at its limits, or a session it evicted as idle.
+WORKER_SAID_SO = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class WorkerFailed(Exception):
@@ -33,10 +35,6 @@ class WorkerFailed(Exception):
         self.worker = worker
         self.code = code
         self.broken = code not in WORKER_SAID_SO
-
-
-# Statuses a live worker answers with of its own accord: at its limits, or a session it evicted as idle.
-WORKER_SAID_SO = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class SessionStream:
@@ -74,8 +72,9 @@ class SessionStream:
 
     async def _guard(self, step):
         try:
-            return await asyncio.wait_for(step, self.step_timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.step_timeout):  # no task per step, unlike wait_for
+                return await step
+        except TimeoutError:
             self.cancel()  # frees the session on the worker if it ever wakes up
             raise WorkerFailed(self.worker, f"did not answer a step within {self.step_timeout:g} s") from None
         except grpc.aio.AioRpcError as exc:

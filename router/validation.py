@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.acceptance import SamplingParams
-from specserve.workers.engine import encode_prompt
+from specserve.workers.prompt import encode_prompt
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, GenerationParams
 
 # Refuse absurd prompts before tokenizing them: no tokenizer makes a token of fewer than ~1 character,

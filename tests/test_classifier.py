@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from specserve.cluster.cli import main
-from specserve.router.classifier import FORMAT, ClassifierFileError, FeatureParams, TaskClassifier, features
+from specserve.workers.classifier import FORMAT, ClassifierFileError, FeatureParams, TaskClassifier, features
 from specserve.workers.zoo.build import build_zoo
 from specserve.workers.zoo.presets import get_preset
 from specserve.workers.zoo.task_classifier import (

@@ -17,7 +17,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from specserve.cluster.config import DEFAULT_METRICS_PORT, DRAFT_DEVICE, ROUTER_NODE, TARGET_DEVICE, ServiceConfig
+from specserve.cluster.config import DEFAULT_METRICS_PORT, ServiceConfig
+from specserve.router.config import ROUTER_NODE
+from specserve.workers.config import DRAFT_DEVICE, TARGET_DEVICE
 from specserve.cluster.kuberay import (RAYSERVICE, RAYSERVICE_SCHEMA, SERVE_CONFIG, crd_schema, embed_serve_config,
                                        manifest_problems)
 
@@ -226,7 +228,7 @@ def test_the_example_secrets_validate_against_kubernetes():
 
 
 def test_the_placeholder_tokens_would_be_refused_at_startup(tmp_path):
-    from specserve.cluster.security import API_TOKEN_ENV, SecuritySettings
+    from specserve.workers.security import API_TOKEN_ENV, SecuritySettings
 
     auth = next(s for s in yaml.safe_load_all(SECRETS.read_text()) if s["metadata"]["name"] == "specserve-auth")
     for placeholder in auth["stringData"].values():
@@ -237,7 +239,7 @@ def test_the_placeholder_tokens_would_be_refused_at_startup(tmp_path):
 def test_every_pod_reads_tokens_and_certificates_from_the_secrets(cluster_spec):
     """Each variable names a file in a read-only mount of the Secret holding that key; no token is a
     value in the manifest, and nothing about security is in the Serve config."""
-    from specserve.cluster.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_TOKEN_ENV,
+    from specserve.workers.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_TOKEN_ENV,
                                             INTERNAL_TOKEN_FILE_ENV, TLS_CA, TLS_CERT, TLS_DIR_ENV, TLS_KEY)
 
     secrets = {s["metadata"]["name"]: s for s in yaml.safe_load_all(SECRETS.read_text())}

@@ -88,7 +88,7 @@ def test_unknown_draft_and_empty_prompt_are_refused(tiny_engine):
 
 
 def test_a_replacement_session_draws_from_a_seed_of_its_own():
-    from specserve.workers.engine import replacement_seed
+    from specserve.workers.seeds import replacement_seed
 
     seeds = {replacement_seed(7, kind, n) for kind in ("target", "draft") for n in range(1, 4)}
     assert replacement_seed(7, "target", 0) == replacement_seed(7, "draft", 0) == 7  # the first session: the request's

@@ -15,7 +15,7 @@ import time
 import grpc
 import pytest
 
-from specserve.cluster.security import SecuritySettings, internal_channel
+from specserve.workers.security import SecuritySettings, internal_channel
 from specserve.bench.faults import freeze, holding_a_session, inspect, kill, thaw, workers
 from specserve.proto.v1 import internal_pb2, internal_pb2_grpc
 from specserve.proto.v1 import specserve_pb2 as pb

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specserve.cluster.config import PolicyConfig
+from specserve.router.config import PolicyConfig
 from specserve.router.policy import FALLBACK, SPECULATE, Observation, Policy
 
 STEP = 0.010  # a target-only step: 10 ms

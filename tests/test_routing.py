@@ -10,7 +10,7 @@ from collections import Counter
 import grpc
 import pytest
 
-from specserve.cluster.security import SecuritySettings, internal_channel
+from specserve.workers.security import SecuritySettings, internal_channel
 from specserve.proto.v1 import internal_pb2, internal_pb2_grpc
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.drafting import score_continuation

@@ -1,4 +1,4 @@
-"""Authentication and TLS (cluster/security.py): tokens, TLS and mTLS on real gRPC servers with
+"""Authentication and TLS (workers/security.py): tokens, TLS and mTLS on real gRPC servers with
 certificates made here; no pickle in the package; and a real cluster with everything on, whose
 logs, stats and metrics must not hold a secret."""
 
@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from specserve.cluster.client import SpecServeClient
-from specserve.cluster.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_SERVER_NAME, INTERNAL_TOKEN_ENV,
+from specserve.workers.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_SERVER_NAME, INTERNAL_TOKEN_ENV,
                                         INTERNAL_TOKEN_FILE_ENV, TLS_DIR_ENV, BearerToken, SecuritySettings,
                                         TlsFiles, internal_aio_channel, internal_channel)
 from specserve.proto.v1 import specserve_pb2 as pb

@@ -10,8 +10,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from specserve.cluster.config import DRAFT_DEVICE, TARGET_DEVICE
-from specserve.cluster.security import SecuritySettings, internal_channel
+from specserve.workers.config import DRAFT_DEVICE, TARGET_DEVICE
+from specserve.workers.security import SecuritySettings, internal_channel
 from specserve.proto.v1 import internal_pb2, internal_pb2_grpc
 from specserve.proto.v1 import specserve_pb2 as pb
 

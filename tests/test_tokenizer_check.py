@@ -43,7 +43,7 @@ def test_engine_refuses_a_mismatched_draft_directory(tiny_zoo, tmp_path):
 
 def test_the_router_refuses_to_start_with_a_mismatched_draft(tiny_zoo, tmp_path):
     from specserve.cluster.models import ModelSet
-    from specserve.router.deployment import _check_draft_tokenizers
+    from specserve.cluster.ingress import _check_draft_tokenizers
     from specserve.workers.loading import load_tokenizer
 
     train_tokenizer(["completely different text " * 40], vocab_size=300).save_pretrained(tmp_path)

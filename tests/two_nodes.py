@@ -17,7 +17,8 @@ import sys
 
 from ray.cluster_utils import Cluster
 
-from specserve.cluster.config import DRAFT_DEVICE, ROUTER_NODE, TARGET_DEVICE
+from specserve.router.config import ROUTER_NODE
+from specserve.workers.config import DRAFT_DEVICE, TARGET_DEVICE
 
 SMALL_STORE = 100 * 1024 * 1024  # bytes; tokens travel over gRPC, not through the object store
 

@@ -15,6 +15,8 @@ target's distribution whatever the draft proposed.
 Randomness is explicit: every sample is an inverse-CDF draw from a uniform the caller takes from the
 request's own ``torch.Generator``, so the plain reference implementation
 (``acceptance_reference.py``) can be fed the same uniforms and must make the same decisions.
+``verify_batch`` applies the rule to a batch of proposals at once; ``verify``, the serving path,
+is its batch of one, and the distribution tests draw many thousands in one call.
 Greedy decoding (temperature 0) is the one-hot case of the same rule; ``verify_greedy`` is its
 shortcut that never materialises a vocabulary-sized distribution.
 """
@@ -25,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 GREEDY_TEMPERATURE = 0.0
 # Below this, logits / temperature overflows float32 for ordinary logits (1e-39 gave NaN rows) and
@@ -56,20 +59,17 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SparseDist:
-    """Rows of a sparse distribution: ``probs[i, j]`` is the probability of token ``ids[i, j]``.
+    """Rows of a sparse distribution: ``probs[..., j]`` is the probability of token ``ids[..., j]``.
 
     Padding entries carry probability 0 (their id is irrelevant). Rows sum to 1.
     """
 
-    ids: torch.Tensor  # [n, m] int64
-    probs: torch.Tensor  # [n, m] float32
-
-    def row(self, i: int) -> SparseDist:
-        return SparseDist(self.ids[i : i + 1], self.probs[i : i + 1])
+    ids: torch.Tensor  # [..., m] int64: [k, m] for one proposal, [B, k, m] for a batch of them
+    probs: torch.Tensor  # [..., m] float32
 
     def densify(self, vocab_size: int) -> torch.Tensor:
-        dense = torch.zeros(self.ids.shape[0], vocab_size, dtype=self.probs.dtype)
-        return dense.scatter_add_(1, self.ids, self.probs)  # [n, V]
+        dense = self.probs.new_zeros(*self.ids.shape[:-1], vocab_size)
+        return dense.scatter_add_(-1, self.ids, self.probs)  # [..., V]
 
 
 @dataclass(frozen=True)
@@ -124,27 +124,60 @@ def one_hot(token_ids: torch.Tensor) -> SparseDist:
     return SparseDist(token_ids.reshape(-1, 1).long(), torch.ones(token_ids.numel(), 1))
 
 
-def sample(probs: torch.Tensor, u: float) -> int:
-    """Inverse-CDF draw from one distribution over the vocabulary. probs: [V]; u in [0, 1)."""
-    cdf = probs.double().cumsum(0)
-    index = int(torch.searchsorted(cdf, u * float(cdf[-1]), right=True))
-    # Rounding can push u*total past the last step; the last token with mass is the right answer.
-    return min(index, int(probs.nonzero()[-1]))
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws, one per row. probs: [..., V] (rows need not sum to 1); u: [...] in [0, 1).
+
+    Returns [...] int64 indices, never one of an entry without mass.
+    """
+    cdf = probs.double().cumsum(-1)  # [..., V]
+    index = torch.searchsorted(cdf, (u.double() * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
+    # Rounding can push u*total up to the total (u within 2^-53 of 1): no index found, and the last
+    # entry with mass is the right answer. Rare, so the extra pass over the rows runs only then.
+    past_end = index == probs.shape[-1]
+    if past_end.any():
+        last = torch.where(probs > 0, torch.arange(probs.shape[-1], device=probs.device), -1).amax(-1)
+        index = torch.where(past_end, last, index)
+    return index
 
 
 def sample_sparse(q: SparseDist, u: float) -> int:
     """Inverse-CDF draw from a single-row SparseDist (the draft's own sampling step)."""
-    cdf = q.probs[0].double().cumsum(0)
-    j = int(torch.searchsorted(cdf, u * float(cdf[-1]), right=True))
-    return int(q.ids[0, min(j, int(q.probs[0].nonzero()[-1]))])
+    return int(q.ids[0, sample(q.probs[0], torch.tensor(u, dtype=torch.float64))])
 
 
-def residual(p_row: torch.Tensor, q_row: SparseDist) -> torch.Tensor:
-    """norm(max(0, p - q)) for one position. p_row: [V]. Falls back to p when p == q numerically."""
-    r = (p_row - q_row.densify(p_row.shape[0])[0]).clamp_min_(0.0)
-    total = float(r.sum())
+def residual(p: torch.Tensor, q: SparseDist) -> torch.Tensor:
+    """norm(max(0, p - q)) row by row. p: [..., V]; q: [..., m]. Falls back to p where p == q numerically."""
+    r = (p - q.densify(p.shape[-1])).clamp_min(0.0)
+    total = r.sum(-1, keepdim=True)
     # Rejection is impossible when p == q; a zero residual can only come from rounding.
-    return r / total if total > 1e-12 else p_row
+    return torch.where(total > 1e-12, r / total, p)
+
+
+def verify_batch(
+    p: torch.Tensor,  # [B, k+1, V] target probabilities (warped) at each draft position + bonus
+    draft_ids: torch.Tensor,  # [B, k] proposed tokens
+    q: SparseDist,  # [B, k, m] distributions the draft tokens were sampled from
+    uniforms: torch.Tensor,  # [B, k+1] uniforms in [0, 1): k acceptance tests + the final draw
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling over B independent proposals of k tokens each, vectorised.
+
+    Returns (num_accepted [B], token [B]): the accepted prefix lengths, then the recovered or bonus tokens.
+    """
+    B, k = draft_ids.shape
+    if p.shape[:2] != (B, k + 1) or q.ids.shape[:2] != (B, k) or uniforms.shape != (B, k + 1):
+        raise ValueError(f"shape mismatch: p {tuple(p.shape)}, draft_ids {tuple(draft_ids.shape)}, "
+                         f"q {tuple(q.ids.shape)}, uniforms {tuple(uniforms.shape)}; want [B, k+1, V], "
+                         f"[B, k], [B, k, m], [B, k+1]")
+    p_x = p[:, :k].gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1)  # [B, k]
+    q_x = (q.probs * (q.ids == draft_ids.unsqueeze(-1))).sum(-1)  # [B, k]
+    accepted = uniforms[:, :k] * q_x < p_x  # [B, k]; never accepts a token p gives no mass
+    n = accepted.long().cumprod(-1).sum(-1)  # [B]
+    # The final draw: from the residual at the first rejection, or from p when n == k (the bonus).
+    rows, pad = torch.arange(B), (0, 0, 0, 1)  # q gets a position k without mass: nothing was proposed there
+    p_n = p[rows, n]  # [B, V]
+    q_n = SparseDist(F.pad(q.ids, pad)[rows, n], F.pad(q.probs, pad)[rows, n])  # [B, m]
+    final = torch.where((n < k).unsqueeze(-1), residual(p_n, q_n), p_n)  # [B, V]
+    return n, sample(final, uniforms[:, k])
 
 
 def verify(
@@ -153,17 +186,9 @@ def verify(
     q: SparseDist,  # [k, m] distributions the draft tokens were sampled from
     uniforms: torch.Tensor,  # [k+1] uniforms in [0, 1): k acceptance tests + the final draw
 ) -> Verdict:
-    """Rejection sampling over k proposals (the fast, vectorised path)."""
-    k = draft_ids.shape[0]
-    if p.shape[0] != k + 1 or q.ids.shape[0] != k or uniforms.shape[0] != k + 1:
-        raise ValueError(f"shape mismatch: p {tuple(p.shape)}, k={k}, q {tuple(q.ids.shape)}")
-    positions = torch.arange(k)
-    p_x = p[positions, draft_ids]  # [k]
-    q_x = (q.probs * (q.ids == draft_ids[:, None])).sum(-1)  # [k]
-    accepted = uniforms[:k] * q_x < p_x  # [k]; never accepts a token p gives no mass
-    n = int(accepted.long().cumprod(0).sum())
-    final = p[k] if n == k else residual(p[n], q.row(n))
-    return Verdict(n, sample(final, float(uniforms[k])))
+    """One request's verify step: ``verify_batch`` over a batch of one."""
+    n, token = verify_batch(p[None], draft_ids[None], SparseDist(q.ids[None], q.probs[None]), uniforms[None])
+    return Verdict(int(n[0]), int(token[0]))
 
 
 def verify_greedy(target_argmax: torch.Tensor, draft_ids: torch.Tensor) -> Verdict:

@@ -10,26 +10,27 @@ from __future__ import annotations
 
 import grpc
 
-from specserve.cluster.config import DraftPoolConfig
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
+from .config import DraftPoolConfig
 from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal, score_continuation
-from .engine import request_generators
-from .loading import ModelSpec, load_model
 from .kv_cache import kv_bytes_per_token
+from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open, reserved_length
+from .registry import Registration
+from .seeds import request_generators
 from .wire import proposal_message, sampling_from
 
 
 class DraftWorker:
     """Runs as a Ray actor (see ``cluster/pool.py``); its stream endpoint is in the registry."""
 
-    def __init__(self, worker_id: str, drafts: dict[str, ModelSpec], config: DraftPoolConfig, namespace: str,
-                 heartbeat_seconds: float) -> None:
+    def __init__(self, worker_id: str, drafts: dict[str, ModelSpec], config: DraftPoolConfig,
+                 registration: Registration) -> None:
         self.models = {name: load_model(spec) for name, spec in drafts.items()}
         servicer = DrafterServicer(self)
-        self.host = ModelHost("draft", worker_id, tuple(drafts), config, namespace, heartbeat_seconds,
+        self.host = ModelHost("draft", worker_id, tuple(drafts), config, registration,
                               lambda server: rpc.add_DrafterServicer_to_server(servicer, server))
 
     def ping(self) -> str:
@@ -38,6 +39,22 @@ class DraftWorker:
 
     def shutdown(self) -> None:
         self.host.shutdown()
+
+
+class DraftStream:
+    """One Draft stream's session: each step brings the draft to what stands, then proposes."""
+
+    def __init__(self, model, opened: pb.SessionOpen) -> None:
+        sampling = sampling_from(opened.sampling)
+        self.greedy = sampling.greedy
+        self.session = DraftSession(model, list(opened.prompt_ids), sampling, request_generators(opened.sampling.seed)[1],
+                                    DRAFT_MAX_SUPPORT, reserved_length(opened, model))
+        self.last: Proposal | None = None
+
+    def step(self, step: pb.DraftStep) -> Proposal:
+        self.session.resync(self.last, step.keep, list(step.append))
+        self.last = self.session.propose(step.k, step.min_confidence, max(step.min_tokens, 1))
+        return self.last
 
 
 class DrafterServicer(rpc.DrafterServicer):
@@ -50,20 +67,13 @@ class DrafterServicer(rpc.DrafterServicer):
         if model is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"this worker has no draft {opened.model!r}; it has {', '.join(self.worker.models)}")
-        sampling = sampling_from(opened.sampling)
         host = self.worker.host
-        length = reserved_length(opened, model)
         try:
-            with host.session(length * kv_bytes_per_token(model), context):
-                draft_gen = request_generators(opened.sampling.seed)[1]
-                session = DraftSession(model, list(opened.prompt_ids), sampling, draft_gen, DRAFT_MAX_SUPPORT, length)
-                last: Proposal | None = None
+            with host.session(reserved_length(opened, model) * kv_bytes_per_token(model), context):
+                stream = DraftStream(model, opened)
                 async for request in host.steps(requests):
-                    step = request.step
-                    session.resync(last, step.keep, list(step.append))
-                    last, seconds = await host.device.run_timed(session.propose, step.k, step.min_confidence,
-                                                                max(step.min_tokens, 1))
-                    yield proposal_message(last, sampling.greedy, seconds)
+                    proposal, seconds = await host.device.run_timed(stream.step, request.step)
+                    yield proposal_message(proposal, stream.greedy, seconds)
         except SessionLimit as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except SessionIdle as exc:

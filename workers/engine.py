@@ -1,64 +1,28 @@
 """The in-process speculative decoder: propose, verify, commit, emit.
 
 The same loop runs target-only decoding (an empty proposal each step), so the two paths share the
-target's forward pass, its sampling rule and its stop handling, and differ only in the draft.
+target's forward pass, its sampling rule and its stop handling, and differ only in the draft. Its
+bookkeeping (``decoding.py``) is the router's session's too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .acceptance import Verdict
+from .decoding import Completion, Decoding
 from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal
 from .loading import ModelSpec, load_model, load_tokenizer
+from .prompt import encode_prompt
 from .request import GenerationParams
+from .seeds import request_generators
 from .stats import SpecStats
 from .stopping import Chunk, OutputAssembler
 from .tokenizer_check import check_compatible
 from .verifying import TargetSession
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    stats: SpecStats
-    draft: str | None
-
-
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """Prompt ids as the model saw documents in training: starting with BOS when it has one."""
-    ids = tokenizer.encode(prompt)
-    if tokenizer.bos_token_id is not None and (not ids or ids[0] != tokenizer.bos_token_id):
-        ids = [tokenizer.bos_token_id] + ids
-    return ids
-
-
-def request_generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
-    """Independent generators for the verifier's and the draft's draws, both derived from the seed.
-
-    Independence matters for losslessness: the acceptance uniforms must not be correlated with the
-    draws that produced the draft tokens.
-    """
-    draft_seed = int.from_bytes(hashlib.sha256(f"draft:{seed}".encode()).digest()[:8], "little") >> 1
-    return torch.Generator().manual_seed(seed), torch.Generator().manual_seed(draft_seed)
-
-
-def replacement_seed(seed: int, kind: str, replacement: int) -> int:
-    """The seed of a request's ``replacement``-th replacement session on a worker of ``kind``: one
-    derived from the request's, never equal to another. A replacement must not replay draws the
-    request has already used; a draft reusing its uniforms, say, would draw tokens that depend on
-    the ones before them, and q would no longer be the distribution they came from."""
-    if not replacement:
-        return seed
-    return int.from_bytes(hashlib.sha256(f"{kind}:{replacement}:{seed}".encode()).digest()[:8], "little") >> 1
 
 
 class SpecEngine:
@@ -105,47 +69,49 @@ class Generation:
     def __init__(self, engine: SpecEngine, prompt_ids: list[int], params: GenerationParams, draft: str | None):
         self.params = params
         self.draft = draft
-        self.stats = SpecStats(seed=params.resolved_seed())
-        verify_gen, draft_gen = request_generators(self.stats.seed)
+        self.decoding = Decoding(engine.tokenizer, prompt_ids, params, params.resolved_seed())
+        verify_gen, draft_gen = request_generators(self.decoding.stats.seed)
         self.target = TargetSession(engine.target, prompt_ids, params.sampling, verify_gen)
         self.drafter = (
             DraftSession(engine.drafts[draft], prompt_ids, params.sampling, draft_gen, engine.draft_max_support)
             if draft else None
         )
-        self.output = OutputAssembler(engine.tokenizer, params.max_tokens, params.stop)
+
+    @property
+    def stats(self) -> SpecStats:
+        return self.decoding.stats
+
+    @property
+    def output(self) -> OutputAssembler:
+        return self.decoding.output
 
     def __iter__(self) -> Iterator[Chunk]:
-        while not self.output.finish_reason:
+        while not self.decoding.finished:
             proposal = self._propose()
             verdict = self._verify(proposal)
-            tokens = self._commit(proposal, verdict)
-            yield self.output.add(tokens)  # emit
+            yield self._commit(proposal, verdict)  # emit
 
     def complete(self) -> Completion:
         for _ in self:
             pass
-        out = self.output
-        return Completion(out.text, out.token_ids, out.finish_reason or "length", self.stats, self.draft)
+        return self.decoding.completion(self.draft)
 
     def _propose(self) -> Proposal:
-        # k + 1 tokens may be committed per step; never draft past max_tokens.
-        k = min(self.params.k, self.output.remaining - 1)
+        k = self.decoding.draft_length(self.params.k)
         if not self.drafter or k < 1:
             return Proposal.empty()
         start = time.perf_counter()
         proposal = self.drafter.propose(k)
-        self.stats.draft_seconds += time.perf_counter() - start
-        self.stats.draft_passes += k
+        self.decoding.record_draft(len(proposal.ids), time.perf_counter() - start)
         return proposal
 
     def _verify(self, proposal: Proposal) -> Verdict:
         start = time.perf_counter()
         verdict = self.target.verify(proposal)
-        self.stats.verify_seconds += time.perf_counter() - start
-        self.stats.record_step(len(proposal.ids), verdict.num_accepted)
+        self.decoding.record_verify(len(proposal.ids), verdict.num_accepted, time.perf_counter() - start)
         return verdict
 
-    def _commit(self, proposal: Proposal, verdict: Verdict) -> list[int]:
+    def _commit(self, proposal: Proposal, verdict: Verdict) -> Chunk:
         if self.drafter:
             self.drafter.commit(proposal, verdict)
-        return proposal.ids[: verdict.num_accepted] + [verdict.token]
+        return self.decoding.commit(proposal.ids, verdict.num_accepted, verdict.token)

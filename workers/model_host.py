@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
 
-from specserve.cluster.config import WorkerConfig
-from specserve.cluster.registry import Endpoint, Heartbeat
-from specserve.cluster.security import SecuritySettings
 from specserve.proto.v1 import internal_pb2 as pb
 
+from .config import WorkerConfig
 from .grpc_host import BackgroundServer, Device, advertised_host
 from .kv_cache import session_capacity
+from .registry import Endpoint, Heartbeat, Registration
+from .security import SecuritySettings
 
 log = logging.getLogger("specserve.workers")
 
@@ -75,8 +75,7 @@ class ModelHost:
     """Runs ``add_servicer``'s service on a background gRPC server and keeps it registered."""
 
     def __init__(self, kind: str, worker_id: str, models: tuple[str, ...], config: WorkerConfig,
-                 namespace: str, heartbeat_seconds: float,
-                 add_servicer: Callable[[grpc.aio.Server], None]) -> None:
+                 registration: Registration, add_servicer: Callable[[grpc.aio.Server], None]) -> None:
         self.kind = kind
         self.worker_id = worker_id
         self.models = models
@@ -90,7 +89,7 @@ class ModelHost:
         self.address = f"{advertised_host()}:{self.server.port}"
         self.resources = _assigned_resources()
         self.node_id = _node_id()
-        self.heartbeat = Heartbeat(namespace, heartbeat_seconds, self.endpoint)
+        self.heartbeat = Heartbeat(registration, self.endpoint)
         log.info("%s %s serving %s at %s (cores %s; %s)", kind, worker_id, ", ".join(models), self.address,
                  sorted(self.device.cpus) or "unpinned", security.describe_internal())
 
@@ -108,10 +107,11 @@ class ModelHost:
         pending = aiter(requests)
         while True:
             try:
-                request = await asyncio.wait_for(anext(pending), self.idle_seconds)
+                async with asyncio.timeout(self.idle_seconds):  # no task per step, unlike wait_for
+                    request = await anext(pending)
             except StopAsyncIteration:
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise SessionIdle(f"{self.kind} {self.worker_id}: no step for {self.idle_seconds:g} s; "
                                   f"session evicted") from None
             yield request

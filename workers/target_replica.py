@@ -12,14 +12,15 @@ import uuid
 
 import grpc
 
-from specserve.cluster.config import ServiceConfig
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
-from .engine import request_generators
-from .loading import ModelSpec, load_model
+from .config import TargetConfig
 from .kv_cache import kv_bytes_per_token
+from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open, reserved_length
+from .registry import Registration
+from .seeds import request_generators
 from .verifying import TargetSession
 from .wire import proposal_from, sampling_from, verdict_message
 
@@ -27,12 +28,11 @@ from .wire import proposal_from, sampling_from, verdict_message
 class TargetReplica:
     """The Serve deployment class (options applied in ``cluster/app.py``)."""
 
-    def __init__(self, config: dict, target_source: str) -> None:
-        cfg = ServiceConfig.model_validate(config)
-        self.model = load_model(ModelSpec(target_source, dtype=cfg.models.dtype, threads=cfg.target.threads))
+    def __init__(self, config: dict, target: ModelSpec, registration: Registration) -> None:
+        cfg = TargetConfig.model_validate(config)  # plain data across Serve, checked again here
+        self.model = load_model(target)
         servicer = VerifierServicer(self)
-        self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", ("target",), cfg.target, cfg.namespace,
-                              cfg.router.heartbeat_seconds,
+        self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", ("target",), cfg, registration,
                               lambda server: rpc.add_VerifierServicer_to_server(servicer, server))
 
     def check_health(self) -> None:
@@ -46,6 +46,12 @@ class TargetReplica:
             host.shutdown()
 
 
+def target_session(model, opened: pb.SessionOpen) -> TargetSession:
+    """The session a Verify stream's open message asks for."""
+    return TargetSession(model, list(opened.prompt_ids), sampling_from(opened.sampling),
+                         request_generators(opened.sampling.seed)[0], reserved_length(opened, model))
+
+
 class VerifierServicer(rpc.VerifierServicer):
     def __init__(self, replica: TargetReplica) -> None:
         self.replica = replica
@@ -53,12 +59,9 @@ class VerifierServicer(rpc.VerifierServicer):
     async def Verify(self, requests, context: grpc.aio.ServicerContext):
         opened = await first_open(requests, context)
         host, model = self.replica.host, self.replica.model
-        length = reserved_length(opened, model)
         try:
-            with host.session(length * kv_bytes_per_token(model), context):
-                verify_gen = request_generators(opened.sampling.seed)[0]
-                session = TargetSession(model, list(opened.prompt_ids), sampling_from(opened.sampling), verify_gen,
-                                        length)
+            with host.session(reserved_length(opened, model) * kv_bytes_per_token(model), context):
+                session = target_session(model, opened)
                 async for request in host.steps(requests):
                     proposal = proposal_from(request.step)
                     verdict, seconds = await host.device.run_timed(session.verify, proposal)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from specserve.router.classifier import TaskClassifier
+from specserve.workers.classifier import TaskClassifier
 
 from .corpora import Corpus, prompt_of
 from .presets import stage_seed

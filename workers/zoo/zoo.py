@@ -10,7 +10,7 @@ from pathlib import Path
 from .corpora import Corpus
 
 MANIFEST = "manifest.json"
-CLASSIFIER = "classifier.npz"  # the task classifier (specserve.router.classifier)
+CLASSIFIER = "classifier.npz"  # the task classifier (specserve.workers.classifier)
 DEFAULT_HOME = "~/.cache/specserve"  # overridden by the SPECSERVE_HOME environment variable
 
 

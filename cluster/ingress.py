@@ -1,7 +1,8 @@
-"""The router: the Serve ingress deployment that serves SpecServe on a gRPC port of its own.
+"""The router's Serve deployment: the ingress that assembles the service on a gRPC port of its own.
 
 It starts the registry and the draft pool, loads the tokenizer (the only model file it needs) and
-serves the client API, the standard health service and server reflection from one grpc.aio server.
+serves the client API (``router/service.py``), the standard health service and server reflection
+from one grpc.aio server.
 Health turns SERVING once a target replica and the whole draft pool (so a worker for every draft)
 have registered.
 """
@@ -15,21 +16,22 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from specserve.cluster.config import ServiceConfig
-from specserve.cluster.models import ModelSet
-from specserve.cluster.placement import router_options
-from specserve.cluster.pool import DraftPool
-from specserve.cluster.registry import TTL_HEARTBEATS, Endpoint, Heartbeat, start_registry
-from specserve.cluster.security import SecuritySettings
 from specserve.proto.v1 import specserve_pb2
+from specserve.router.directory import WorkerDirectory
+from specserve.router.service import SERVICE_NAME, SpecServeService
+from specserve.router.tasks import TaskResolver
+from specserve.router.validation import Limits
 from specserve.workers.grpc_host import BackgroundServer, advertised_host
 from specserve.workers.loading import load_tokenizer
+from specserve.workers.registry import Endpoint, Heartbeat, Registration, start_registry
+from specserve.workers.security import SecuritySettings
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 
-from .directory import WorkerDirectory
-from .service import SERVICE_NAME, SpecServeService
-from .tasks import TaskResolver
-from .validation import Limits
+from .config import ServiceConfig
+from .local import open_zoo
+from .models import ModelSet
+from .placement import router_options
+from .pool import DraftPool
 
 log = logging.getLogger("specserve.router")
 READY_POLL_SECONDS = 0.5
@@ -47,18 +49,18 @@ class Router:
         tokenizer = load_tokenizer(models.target)
         _check_draft_tokenizers(tokenizer, models)  # before any worker loads a model
         beside_router = router_options(cfg.router)["resources"]
-        registry = start_registry(cfg.namespace, cfg.router.heartbeat_seconds, beside_router)
+        registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
+        registry = start_registry(registration, beside_router)
         self.pool = DraftPool(cfg, models)
         limits = Limits(tasks=models.tasks, drafts=tuple(models.drafts), context_window=_context_window(models.target))
-        self.directory = WorkerDirectory(registry, cfg.router.heartbeat_seconds * TTL_HEARTBEATS, security)
+        self.directory = WorkerDirectory(registry, registration.ttl, security)
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models))
         self.health = health_aio.HealthServicer()
         self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc",
                                        credentials=security.api_server_credentials(),
                                        interceptors=security.api_interceptors())
         self.address = f"{advertised_host()}:{self.server.port}"
-        self.heartbeat = Heartbeat(cfg.namespace, cfg.router.heartbeat_seconds,
-                                   lambda: Endpoint("router", "router", self.address))
+        self.heartbeat = Heartbeat(registration, lambda: Endpoint("router", "router", self.address))
         asyncio.run_coroutine_threadsafe(self._mark_serving_when_ready(), self.server.loop)
         asyncio.run_coroutine_threadsafe(self.pool.supervise(), self.server.loop)
         log.info("router listening on %s", self.address)
@@ -114,7 +116,6 @@ def _check_draft_tokenizers(tokenizer, models: ModelSet) -> None:
 
 
 def _task_resolver(cfg: ServiceConfig, models: ModelSet) -> TaskResolver:
-    from specserve.cluster.local import open_zoo
     from specserve.workers.zoo.task_classifier import load_task_classifier
 
     policy = cfg.router.policy

@@ -22,6 +22,19 @@ TTL_HEARTBEATS = 3  # an entry lives this many heartbeats without renewal
 
 
 @dataclass(frozen=True)
+class Registration:
+    """Where a process registers its endpoint (the Ray namespace of the registry) and how often."""
+
+    namespace: str
+    heartbeat_seconds: float
+
+    @property
+    def ttl(self) -> float:
+        """How long an entry lives without renewal."""
+        return self.heartbeat_seconds * TTL_HEARTBEATS
+
+
+@dataclass(frozen=True)
 class Endpoint:
     kind: str  # "target", "draft" or "router"
     worker_id: str
@@ -53,7 +66,7 @@ class Registry:
         return [e for e in self.entries.values() if kind is None or e.kind == kind]
 
 
-def start_registry(namespace: str, heartbeat_seconds: float, resources: dict[str, float]) -> ray.actor.ActorHandle:
+def start_registry(registration: Registration, resources: dict[str, float]) -> ray.actor.ActorHandle:
     """Create the registry beside the router (``resources``: the router node's; soft affinity to
     this node where there are none), or find the one already running in ``namespace``. Left to Ray
     it can land on a draft node (seen: it did, with soft affinity alone), and losing that node
@@ -62,8 +75,8 @@ def start_registry(namespace: str, heartbeat_seconds: float, resources: dict[str
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     actor = ray.remote(num_cpus=0, max_restarts=-1)(Registry)
-    return actor.options(name=REGISTRY_NAME, namespace=namespace, get_if_exists=True, resources=resources,
-                         scheduling_strategy=here).remote(heartbeat_seconds * TTL_HEARTBEATS)
+    return actor.options(name=REGISTRY_NAME, namespace=registration.namespace, get_if_exists=True,
+                         resources=resources, scheduling_strategy=here).remote(registration.ttl)
 
 
 class Heartbeat:
@@ -73,9 +86,9 @@ class Heartbeat:
     restarted; each beat looks it up again when the last one failed.
     """
 
-    def __init__(self, namespace: str, period: float, describe: Callable[[], Endpoint]) -> None:
-        self.namespace = namespace
-        self.period = period
+    def __init__(self, registration: Registration, describe: Callable[[], Endpoint]) -> None:
+        self.namespace = registration.namespace
+        self.period = registration.heartbeat_seconds
         self.describe = describe
         self._registry = None
         self._stopped = threading.Event()

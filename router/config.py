@@ -1,0 +1,101 @@
+"""The router's typed config: where it listens, its limits, its timeouts and its routing policy.
+
+Each default is defined here once; ``cluster/config.py`` composes it into the service's config.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from specserve.workers.config import FrozenConfig
+from specserve.workers.request import MAX_K
+from specserve.workers.zoo.presets import GENERAL_DRAFT
+
+ROUTER_NODE = "specserve_router_node"  # custom resource of the node the router runs on (clients reach it)
+DEFAULT_PORT = 50051  # the client API (gRPC's customary port)
+
+
+class PolicyConfig(FrozenConfig):
+    """How the router picks a task, a draft and k for each request, and when it stops speculating.
+
+    The cost model is Leviathan et al.'s (router/cost_model.py) with the costs the router measures.
+    """
+
+    # Requests without a task: the classifier's answer below this confidence resolves to the
+    # default task. Held-out prompts of the zoo's tasks score well above it (see README).
+    classifier_min_confidence: float = Field(0.6, ge=0, le=1)
+    classifier: str | None = None  # a classifier .npz (`specserve classifier train`); None: the zoo's
+    # k is chosen per (task, draft) in [k_min, k_max] to maximise the expected speedup.
+    k_min: int = Field(1, ge=1, le=MAX_K)
+    k_max: int = Field(8, ge=1, le=MAX_K)
+    # Within a request: "fixed" (the chosen k every step), "heuristic" (Hugging Face's: +2 after a
+    # fully accepted step, -1 after a rejection) or "confidence" (the draft stops early after a token
+    # it gave less than `confidence_threshold`; HF's assistant_confidence_threshold, AdaEDL's idea).
+    # On the bench zoo the heuristic matched fixed k and the confidence rule cost math ~15% (README).
+    k_schedule: str = Field("heuristic", pattern="^(fixed|heuristic|confidence)$")
+    confidence_threshold: float = Field(0.4, ge=0, le=1)  # HF's default
+    # Exploration: Thompson sampling over each draft's acceptance (Beta posterior), so a draft
+    # without data gets tried and a poor one is tried ever more rarely.
+    explore: bool = True
+    # Statistics fade with a half-life of this many draft tokens per (task, draft), so the policy
+    # follows changes in traffic (a task that recovers is noticed).
+    half_life_tokens: float = Field(4000, gt=0)
+    # Speculation for a task stops when its best expected speedup falls below `fallback_below` and
+    # resumes above `resume_above`; the gap is the hysteresis that keeps it from flapping.
+    fallback_below: float = Field(1.0, gt=0)
+    resume_above: float = Field(1.1, gt=0)
+    min_trials: int = Field(64, ge=0)  # acceptance trials of the best draft before any fallback
+    probe_fraction: float = Field(0.1, ge=0, le=1)  # of a fallen-back task's requests still speculate
+    # The target counts as saturated at this many sessions per replica: the draft's time then hides
+    # behind other requests' verification, and only the target's work per committed token counts.
+    saturated_sessions: int = Field(8, ge=1)
+    # c assumed for a draft with no timings yet (drafts are typically a few % to 30% of a target step).
+    prior_cost_ratio: float = Field(0.2, ge=0)
+    # Full information (HedgeSpec): this fraction of finished greedy requests is scored, off the
+    # request path, by the task's other drafts with one teacher-forced pass each.
+    score_fraction: float = Field(0.25, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PolicyConfig:
+        if self.k_min > self.k_max:
+            raise ValueError(f"policy.k_min ({self.k_min}) must not exceed policy.k_max ({self.k_max})")
+        if self.resume_above < self.fallback_below:
+            raise ValueError(f"policy.resume_above ({self.resume_above}) must be >= policy.fallback_below "
+                             f"({self.fallback_below}), or speculation would flap")
+        return self
+
+
+class TimeoutsConfig(FrozenConfig):
+    """How long the router waits on workers before it takes one as lost (router/streams.py)."""
+
+    # A draft step is k small-model tokens: milliseconds. A draft this late is dropped from the
+    # request, which goes on with another draft worker or target-only (the output is the same).
+    draft_step_seconds: float = Field(2.0, gt=0)
+    # A draft session's first step prefills the prompt (and, reopened mid-request, every committed
+    # token), queued behind other sessions' steps on the worker's device.
+    draft_prefill_seconds: float = Field(10.0, gt=0)
+    # A target step is one pass, but may queue behind other sessions' passes or be a long prompt's
+    # prefill on a busy replica. Beyond it the request resumes on another replica.
+    target_step_seconds: float = Field(30.0, gt=0)
+    # A request whose replica failed waits this long (within its own deadline) for a replica to
+    # resume on, re-prefilled from the committed tokens; then the client gets UNAVAILABLE.
+    target_wait_seconds: float = Field(30.0, gt=0)
+
+
+class RouterConfig(FrozenConfig):
+    host: str = "0.0.0.0"
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)  # 0: any free port (tests)
+    # The router runs on a node advertising this custom resource: the one clients reach (KubeRay:
+    # the head pod, behind the Service). None: wherever Ray puts it.
+    node_resource: str | None = ROUTER_NODE
+    max_concurrent_requests: int = Field(32, ge=1)  # run at once; beyond it, requests queue
+    max_queued_requests: int = Field(32, ge=0)  # wait for a turn; beyond it: RESOURCE_EXHAUSTED
+    default_task: str = GENERAL_DRAFT  # for requests that name no task
+    # Greedy requests: draft the next proposal while the target verifies this one (router/session.py).
+    lookahead: bool = True
+    # The drafts allowed to serve each task, preferred first. Empty: the zoo's own table.
+    tasks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # How often workers re-register and how long an entry lives without that.
+    heartbeat_seconds: float = Field(2.0, gt=0)
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    policy: PolicyConfig = PolicyConfig()

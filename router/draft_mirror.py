@@ -1,0 +1,50 @@
+"""The router's view of a request's draft session: which of its tokens stand, in absolute lengths.
+
+A draft session holds tokens of two kinds: committed ones, and its last proposal (drafted past
+them). Its steps speak in absolute lengths (``DraftStep``: keep this many tokens of what you hold,
+append these, then propose), so a step is correct whatever the session's last proposal was. The
+mirror tracks what the router knows, and each method returns what the next step sends:
+
+  committed  tokens the session holds that the request has committed
+  offset     where the proposal under verification starts, past ``committed`` (1 after a lookahead
+             hit: the session's first drafted token was its guess of the target's, now committed)
+  pending    committed tokens the session does not hold yet: the verdicts' target tokens
+"""
+
+from __future__ import annotations
+
+from specserve.proto.v1 import internal_pb2 as pb
+
+
+class DraftMirror:
+    def __init__(self, committed: int) -> None:
+        self.reopen(committed)
+
+    def reopen(self, committed: int) -> None:
+        """A session (re)opened holding ``committed`` tokens, all of them committed."""
+        self.committed, self.offset, self.pending = committed, 0, []
+
+    def verdict(self, num_accepted: int, token: int) -> None:
+        """The request committed a verdict: the accepted prefix of the proposal, then ``token``."""
+        if self.pending:  # the session drafted nothing since its last verdict: nothing was accepted
+            self.pending.append(token)
+            return
+        self.committed += self.offset + num_accepted
+        self.offset, self.pending = 0, [token]
+
+    def step(self, k: int, min_confidence: float) -> pb.DraftStep:
+        """Bring the session up to what is committed, and draft ``k`` tokens from there."""
+        step = pb.DraftStep(keep=self.committed, append=self.pending, k=k, min_confidence=min_confidence)
+        self.committed, self.offset, self.pending = self.committed + len(self.pending), 0, []
+        return step
+
+    def ahead(self, proposed: int, k: int, min_confidence: float) -> pb.DraftStep:
+        """Draft past a proposal of ``proposed`` tokens under verification, as if all will be
+        accepted: first a guess of the target's token, then at least one token after it."""
+        keep = self.committed + self.offset + proposed
+        return pb.DraftStep(keep=keep, k=k, min_confidence=min_confidence, min_tokens=2)
+
+    def lookahead_hit(self) -> None:
+        """The verdict accepted every token the lookahead assumed, and its guess was the target's
+        token: the session already holds that token; its proposal after it is the next one."""
+        self.pending, self.offset = [], 1

@@ -1,0 +1,240 @@
+"""The router's Session without Ray or gRPC: fake streams that answer from in-process workers.
+
+The fakes run the workers' own session code (``target_session``, ``DraftStream``) on the tiny zoo's
+models and speak the same protobuf messages as the real streams, so what is tested is the router's
+loop: propose, verify, commit, emit, the lookahead, the draft mirror and failover. Every test
+asserts that the committed tokens equal target-only decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from specserve.proto.v1 import internal_pb2 as pb
+from specserve.router.config import TimeoutsConfig
+from specserve.router.directory import NoWorker
+from specserve.router.draft_length import DraftLength
+from specserve.router.policy import Route
+from specserve.router.session import DRAFT_LOST, Session
+from specserve.router.streams import WorkerFailed
+from specserve.router.tasks import ResolvedTask
+from specserve.router.validation import ValidRequest
+from specserve.workers.acceptance import SamplingParams
+from specserve.workers.draft_worker import DraftStream
+from specserve.workers.prompt import encode_prompt
+from specserve.workers.registry import Endpoint
+from specserve.workers.request import GenerationParams
+from specserve.workers.target_replica import target_session
+from specserve.workers.wire import proposal_from, proposal_message, verdict_message
+
+PROMPT = "def parse_header(line):\n    "
+MAX_TOKENS = 40
+K = 4
+DRAFT = "echo"  # a draft that is the target model itself: it proposes the target's own greedy tokens
+# Corruptions: a draft reply's token at this position is replaced by another token.
+Corrupt = Callable[[int], int | None]  # (the worker's step number) -> position to corrupt, or None
+
+
+class FakeWorker:
+    """One worker: it answers its sessions' steps with the workers' own code, and can fail."""
+
+    def __init__(self, kind: str, name: str, model, corrupt: Corrupt = lambda step: None,
+                 fail_at_step: int | None = None) -> None:
+        self.endpoint = Endpoint(kind, name, f"fake:{name}", (DRAFT,) if kind == "draft" else ("target",))
+        self.model = model
+        self.corrupt = corrupt
+        self.fail_at_step = fail_at_step  # its n-th step (over all its sessions) fails: UNAVAILABLE
+        self.steps = 0
+        self.dead = False
+        self.verdicts: list[int] = []  # num_accepted of every verdict it gave
+        self.opened: list[int] = []  # the length of every session it opened
+        self.streams: list[FakeStream] = []
+
+    def open(self, opened: pb.SessionOpen):
+        self.opened.append(len(opened.prompt_ids))
+        return target_session(self.model, opened) if self.endpoint.kind == "target" else DraftStream(self.model, opened)
+
+    def answer(self, session, request):
+        self.steps += 1
+        if self.dead or self.steps == self.fail_at_step:
+            self.dead = True
+            raise WorkerFailed(self.endpoint, "failed: UNAVAILABLE: killed by the test", grpc.StatusCode.UNAVAILABLE)
+        if self.endpoint.kind == "target":
+            verdict = session.verify(proposal_from(request.step))
+            self.verdicts.append(verdict.num_accepted)
+            return pb.VerifyReply(verdict=verdict_message(verdict))
+        reply = proposal_message(session.step(request.step), session.greedy)
+        position = self.corrupt(self.steps)
+        if position is not None and position < len(reply.ids):
+            reply.ids[position] = (reply.ids[position] + 1) % self.model.config.vocab_size
+        return reply
+
+
+class FakeStream:
+    """A session stream as ``SessionStream`` offers it: send the open, ask a step, close, cancel."""
+
+    def __init__(self, worker: FakeWorker) -> None:
+        self.worker = worker.endpoint
+        self.owner = worker
+        self.session = None
+        self.closed = self.cancelled = False
+
+    async def send(self, request) -> None:
+        await asyncio.sleep(0)
+        if self.owner.dead:
+            raise WorkerFailed(self.worker, "failed: UNAVAILABLE: gone", grpc.StatusCode.UNAVAILABLE)
+        self.session = self.owner.open(request.open)
+
+    async def ask(self, request):
+        await asyncio.sleep(0)  # let a lookahead interleave with the verify step, as on the wire
+        return self.owner.answer(self.session, request)
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeDirectory:
+    """The router's view of the workers (``WorkerDirectory``'s interface) over fake workers."""
+
+    def __init__(self, *workers: FakeWorker) -> None:
+        self.workers = {w.endpoint.worker_id: w for w in workers}
+        self.failed: list[str] = []
+
+    async def refresh(self, force: bool = False) -> list[Endpoint]:
+        return [w.endpoint for w in self.workers.values() if not w.dead]
+
+    async def pick(self, kind: str, model: str | None = None) -> Endpoint:
+        for endpoint in await self.refresh():
+            if endpoint.kind == kind and (model is None or model in endpoint.models):
+                return endpoint
+        raise NoWorker(f"no {kind} worker")
+
+    def mark_failed(self, worker: Endpoint) -> None:
+        self.failed.append(worker.worker_id)
+
+    def stream(self, worker: Endpoint, step_timeout: float, first_step_timeout: float | None = None) -> FakeStream:
+        stream = FakeStream(self.workers[worker.worker_id])
+        self.workers[worker.worker_id].streams.append(stream)
+        return stream
+
+
+@pytest.fixture(scope="module")
+def models(tiny_engine):
+    return tiny_engine.target, tiny_engine.tokenizer
+
+
+@pytest.fixture(scope="module")
+def target_only(tiny_engine) -> list[int]:
+    return tiny_engine.generate(PROMPT, GenerationParams(max_tokens=MAX_TOKENS, speculation=False)).complete().token_ids
+
+
+def make_session(models, directory: FakeDirectory, *, lookahead: bool, sampling: SamplingParams = SamplingParams(),
+                 schedule: str = "fixed", seed: int = 7) -> Session:
+    target, tokenizer = models
+    params = GenerationParams(max_tokens=MAX_TOKENS, sampling=sampling, k=K, seed=seed)
+    request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", DRAFT, K, "on")
+    return Session(request, ResolvedTask("code", "request", 1.0), Route(DRAFT, K, "requested"),
+                   DraftLength(schedule, K, 8), tokenizer, directory, TimeoutsConfig(), lookahead=lookahead)
+
+
+async def drain(session: Session) -> list[int]:
+    tokens = []
+    async for chunk in session.run():
+        tokens += chunk.token_ids
+    return tokens
+
+
+def run(session: Session) -> list[int]:
+    return asyncio.run(drain(session))
+
+
+def test_lookahead_hits_and_misses(models, target_only):
+    # Every third draft reply gets its first token wrong: a lookahead with it misses its guess.
+    target = FakeWorker("target", "t0", models[0])
+    draft = FakeWorker("draft", "d0", models[0], corrupt=lambda step: 0 if step % 3 == 0 else None)
+    session = make_session(models, FakeDirectory(target, draft), lookahead=True)
+    assert run(session) == target_only
+    stats = session.decoding.stats
+    assert 0 < stats.lookahead_hits < stats.lookaheads, (stats.lookahead_hits, stats.lookaheads)
+    assert draft.streams[0].closed and target.streams[0].closed
+
+
+def test_a_rejection_at_every_position(models, target_only):
+    # Step n corrupts position n % (K + 1): K + 1 means none, so every outcome 0..K occurs.
+    target = FakeWorker("target", "t0", models[0])
+    draft = FakeWorker("draft", "d0", models[0], corrupt=lambda step: step % (K + 1))
+    session = make_session(models, FakeDirectory(target, draft), lookahead=False)
+    assert run(session) == target_only
+    assert set(range(K + 1)) <= set(target.verdicts), target.verdicts
+    assert session.decoding.stats.rejections > 0
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_a_draft_lost_mid_request_is_reopened_elsewhere(models, target_only, lookahead):
+    target = FakeWorker("target", "t0", models[0])
+    lost = FakeWorker("draft", "d0", models[0], fail_at_step=3)
+    spare = FakeWorker("draft", "d1", models[0])
+    directory = FakeDirectory(target, lost, spare)
+    session = make_session(models, directory, lookahead=lookahead)
+    assert run(session) == target_only
+    assert session.draft_reopens == 1 and directory.failed == ["d0"]
+    assert spare.steps > 1 and session.route.draft == DRAFT  # the spare drafted the rest
+
+
+def test_a_request_whose_drafts_are_all_lost_goes_on_target_only(models, target_only):
+    target = FakeWorker("target", "t0", models[0])
+    draft = FakeWorker("draft", "d0", models[0], fail_at_step=2)
+    session = make_session(models, FakeDirectory(target, draft), lookahead=True)
+    assert run(session) == target_only
+    assert session.route.reason == DRAFT_LOST and session.drafter is None
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_a_target_lost_mid_request_resumes_on_another(models, target_only, lookahead):
+    lost = FakeWorker("target", "t0", models[0], fail_at_step=4)
+    spare = FakeWorker("target", "t1", models[0])
+    draft = FakeWorker("draft", "d0", models[0], corrupt=lambda step: 1 if step % 2 else None)
+    session = make_session(models, FakeDirectory(lost, spare, draft), lookahead=lookahead)
+    assert run(session) == target_only
+    assert session.target_resumes == 1 and spare.steps > 1
+    # The replacement was opened holding every token committed before the failure.
+    prompt = lost.opened[0]
+    assert spare.opened[0] > prompt
+
+
+def test_a_sampled_request_survives_its_draft_and_its_target(models):
+    sampling = SamplingParams(temperature=0.8, top_k=20)
+    workers = (FakeWorker("target", "t0", models[0], fail_at_step=5), FakeWorker("target", "t1", models[0]),
+               FakeWorker("draft", "d0", models[0], fail_at_step=3), FakeWorker("draft", "d1", models[0]))
+    session = make_session(models, FakeDirectory(*workers), lookahead=False, sampling=sampling)
+    tokens = run(session)
+    assert len(tokens) == MAX_TOKENS or session.decoding.output.finish_reason == "eos"
+    assert session.target_resumes == 1 and session.draft_reopens == 1
+
+
+def test_a_cancelled_request_frees_its_workers(models, target_only):
+    target = FakeWorker("target", "t0", models[0])
+    draft = FakeWorker("draft", "d0", models[0])
+    session = make_session(models, FakeDirectory(target, draft), lookahead=True)
+
+    async def first_chunks() -> list[int]:
+        tokens = []
+        chunks = session.run()
+        async for chunk in chunks:
+            tokens += chunk.token_ids
+            if len(tokens) >= 5:
+                break
+        await chunks.aclose()  # what grpc does to the handler of a cancelled RPC
+        return tokens
+
+    tokens = asyncio.run(first_chunks())
+    assert tokens == target_only[: len(tokens)]
+    assert target.streams[0].cancelled and draft.streams[0].cancelled
+    assert not target.streams[0].closed  # abandoned, not finished

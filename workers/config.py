@@ -1,0 +1,54 @@
+"""How a model process runs: the typed configs of target replicas and draft workers.
+
+Each default is defined here once; ``cluster/config.py`` composes these into the service's config.
+Unknown keys are errors, so a typo in the YAML is not silently ignored.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Custom resources standing in for devices without GPUs: only nodes of a kind advertise its resource.
+TARGET_DEVICE = "specserve_target_device"
+DRAFT_DEVICE = "specserve_draft_device"
+
+
+class FrozenConfig(BaseModel):
+    """The base of every specserve config: immutable, and unknown keys refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WorkerConfig(FrozenConfig):
+    """How a model process runs: its device, its threads and (on CPU) its cores."""
+
+    # Every process takes one unit of `device_resource` (only nodes of its kind advertise it), and
+    # on GPUs its GPU too. "auto": on GPUs when the nodes of its kind have them (so CPU draft nodes
+    # in a GPU cluster keep drafts on CPU); "gpu": always; "resource": the custom resource alone.
+    device: str = Field("auto", pattern="^(auto|gpu|resource)$")
+    device_resource: str
+    gpus: float = Field(1.0, gt=0)  # per process when on GPUs (fractions share a GPU)
+    threads: int = Field(1, ge=1)  # torch intra-op threads
+    # Cores to pin the model's compute thread to on CPU (os.sched_setaffinity), so processes that
+    # stand for separate devices do not fight over the same cores. Empty: no pinning.
+    cpus: tuple[int, ...] = ()
+    max_sessions: int = Field(64, ge=1)  # concurrent sessions (streams) this process accepts
+    # KV cache memory this process may hold over all its sessions. A session reserves what its
+    # longest possible sequence needs when it opens; one that does not fit is refused
+    # (RESOURCE_EXHAUSTED), so memory is bounded however requests arrive.
+    kv_cache_mib: float = Field(4096, gt=0)
+    # A session whose router sent nothing for this long is evicted, its cache freed: the router
+    # died without closing the stream, or hangs. Routers wait at most a target step or a target
+    # wait (router.timeouts) between steps, well under this.
+    session_idle_seconds: float = Field(120.0, gt=0)
+
+
+class TargetConfig(WorkerConfig):
+    device_resource: str = TARGET_DEVICE
+    replicas: int = Field(1, ge=1)
+
+
+class DraftPoolConfig(WorkerConfig):
+    device_resource: str = DRAFT_DEVICE
+    workers: int = Field(2, ge=1)
+    drafts: tuple[str, ...] = ()  # the drafts every worker serves; empty: all of them
