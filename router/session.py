@@ -261,17 +261,13 @@ class Session:
     def _streams(self) -> list[SessionStream]:
         return [s for s in (self.target, self.drafter) if s is not None]
 
-    def committed_ids(self) -> list[int]:
-        """The prompt and every token committed so far: what a replacement worker prefills."""
-        return self.decoding.committed_ids()
-
     def _opening(self, model: str = "") -> pb.SessionOpen:
         """The open message of a session holding every committed token. A worker replacing a failed
         one draws from a seed of its own (fresh draws keep the target's distribution), so a replay
         with the same seed and the same faults gives the same output."""
         kind, replaced = ("draft", self.draft_reopens) if model else ("target", self.target_resumes)
         seed = replacement_seed(self.decoding.stats.seed, kind, replaced)
-        return pb.SessionOpen(session_id=self.session_id, prompt_ids=self.committed_ids(), model=model,
+        return pb.SessionOpen(session_id=self.session_id, prompt_ids=self.decoding.committed_ids(), model=model,
                               sampling=sampling_message(self.params.sampling, seed),
                               max_new_tokens=self.decoding.remaining)
 

@@ -33,7 +33,6 @@ class Decoding:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequence[int], params: GenerationParams,
                  seed: int) -> None:
         self.prompt_ids = list(prompt_ids)
-        self.params = params
         self.stats = SpecStats(seed=seed)
         self.output = OutputAssembler(tokenizer, params.max_tokens, params.stop)
 
