@@ -16,7 +16,8 @@ import numpy as np
 
 from specserve.router.cost_model import expected_speedup
 
-from .samples import AUTO, ENGINE_OFF, ENGINE_TASK, GENERAL, HF_ASSISTED, OFF, ROUTED, TASK, TASK_ADAPTIVE, Sample
+from .load_figures import derive_load
+from .samples import ENGINE_OFF, ENGINE_TASK, GENERAL, HF_ASSISTED, OFF, ROUTED, TASK, TASK_ADAPTIVE, Sample
 from .settings import Goal, Goals
 
 MIB = 1024 * 1024
@@ -91,7 +92,8 @@ def verify_cost(drafted: list[Sample], target_only: list[Sample], k: int) -> flo
     return max(0.0, (per_pass[0] / per_pass[1] - 1) / k) if per_pass[1] else None
 
 
-def derive(meta: dict, samples: list[Sample], memory: list[dict]) -> dict:
+def derive(meta: dict, samples: list[Sample], memory: list[dict], load: dict | None = None) -> dict:
+    """Every figure; ``load``: what the load section measured beside its samples (run.py's load_info)."""
     by_section: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         by_section[s.section].append(s)
@@ -100,7 +102,7 @@ def derive(meta: dict, samples: list[Sample], memory: list[dict]) -> dict:
                   for task in meta["tasks"]},
         "alpha_matrix": _alpha_matrix(by_section["score"]),
         "sampling": _sampling(by_section["sampling"], meta["tasks"]),
-        "load": _load(by_section["load"]),
+        "load": derive_load(by_section["load"], load),
         "memory": _memory(memory),
     }
     figures["goals"] = [asdict(g) for g in evaluate_goals(figures, Goals())]
@@ -186,31 +188,6 @@ def _sampling(samples: list[Sample], tasks: list[str]) -> dict[str, dict[str, di
     return dict(out)
 
 
-def _load(samples: list[Sample]) -> dict[str, dict[str, dict]]:
-    grouped: dict[tuple[int, str], list[Sample]] = defaultdict(list)
-    for s in samples:
-        grouped[(s.concurrency, s.path)].append(s)
-    out: dict[str, dict[str, dict]] = defaultdict(dict)
-    for (level, mode), group in sorted(grouped.items(), key=lambda item: (item[0][0], item[0][1] != OFF)):
-        wall = max(s.started + s.seconds for s in group) - min(s.started for s in group)
-        latencies = [s.seconds for s in group]
-        first = [s.first_token_seconds for s in group if s.first_token_seconds is not None]
-        out[str(level)][mode] = {
-            "requests": len(group),
-            "tokens_per_second": sum(s.tokens for s in group) / wall if wall > 0 else None,
-            "p50": float(np.percentile(latencies, 50)),
-            "p99": float(np.percentile(latencies, 99)),
-            "ttft_p50": float(np.percentile(first, 50)) if first else None,
-            "ttft_p99": float(np.percentile(first, 99)) if first else None,
-            "identical": sum(bool(s.identical) for s in group) if mode == AUTO else None,
-        }
-    for modes in out.values():
-        if OFF in modes and AUTO in modes and modes[OFF]["tokens_per_second"] and modes[AUTO]["tokens_per_second"]:
-            modes["auto_over_off"] = {"throughput": modes[AUTO]["tokens_per_second"] / modes[OFF]["tokens_per_second"],
-                                      "p99": modes[AUTO]["p99"] / modes[OFF]["p99"]}
-    return dict(out)
-
-
 def _memory(rows: list[dict]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for row in rows:
@@ -241,12 +218,36 @@ def evaluate_goals(figures: dict, goals: Goals) -> list[Goal]:
         over = (row["peer"]["ours_over_peer"] or {}).get("median")
         result.append(_goal(f"over HF assisted {task}", f">= {goals.over_peer:.2f}x", over,
                             lambda v: v >= goals.over_peer, "service, same draft, default schedules both sides"))
-    level = figures["load"].get(str(goals.load_level), {}).get("auto_over_off")
-    result.append(_goal(f"{goals.load_level} clients: AUTO throughput over OFF", ">= 1.00x",
-                        level["throughput"] if level else None, lambda v: v >= 1.0))
-    result.append(_goal(f"{goals.load_level} clients: AUTO p99 over OFF", "<= 1.00x",
-                        level["p99"] if level else None, lambda v: v <= 1.0))
+    result += load_goals(figures["load"], goals)
     return result
+
+
+def load_goals(load: dict, goals: Goals) -> list[Goal]:
+    """Issue 16's goals for throughput under load, from the load section's figures."""
+    level, ratios = str(goals.load_level), load["ratios"]
+    at_level = ratios.get(level, {})
+    every = {key: [r[key] for r in ratios.values() if r[key] is not None] for key in ("auto_over_off", "auto_p99_over_off")}
+    rss = [p["growth"] for p in (load["rss"] or {}).get("processes", [])]
+    pools = [kind["kv_pool_of_budget"] for paths in load["passes"].values() for kinds in paths.values()
+             for kind in kinds.values() if kind["kv_pool_of_budget"] is not None]
+    return [
+        _goal(f"{level} clients: OFF over static-batch peer", f">= {goals.off_over_peer:.2f}x",
+              at_level.get("off_over_peer_static"), lambda v: v >= goals.off_over_peer,
+              f"tokens/s; transformers generate, batch {level}, same target, cores and threads"),
+        _goal(f"{level} clients: OFF over 1 client", f">= {goals.off_scaling:.2f}x", at_level.get("off_over_one_client"),
+              lambda v: v >= goals.off_scaling, "tokens/s"),
+        _goal("AUTO over OFF throughput, every level", f">= {goals.auto_over_off:.2f}x",
+              min(every["auto_over_off"], default=None), lambda v: v >= goals.auto_over_off, "the lowest level"),
+        _goal("AUTO p99 over OFF, every level", f"<= {goals.auto_p99_over_off:.2f}x",
+              max(every["auto_p99_over_off"], default=None), lambda v: v <= goals.auto_p99_over_off, "the highest level"),
+        _goal("1 client: OFF p50, batching on / off", f"<= {goals.unbatched_latency:.2f}x",
+              ratios.get("1", {}).get("off_p50_over_unbatched"), lambda v: v <= goals.unbatched_latency,
+              "p50, request to last token"),
+        _goal(f"{(load['rss'] or {}).get('clients', 'most')} clients: RSS after over before", f"<= {goals.rss_growth:.2f}x",
+              max(rss, default=None), lambda v: v <= goals.rss_growth, "the most grown process (target, drafts, router)"),
+        _goal("KV pool over its budget", f"<= {goals.kv_pool_of_budget:.0%}", max(pools, default=None),
+              lambda v: v <= goals.kv_pool_of_budget, "the fullest worker after any level (Inspect)", "%"),
+    ]
 
 
 def _goal(name: str, threshold: str, measured: float | None, test, detail: str = "", unit: str = "x") -> Goal:

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers or in CI
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-from .samples import AUTO, OFF  # noqa: E402
+from .samples import AUTO, LOAD_PATHS, OFF, OFF_UNBATCHED, PEER_BATCH, PEER_STATIC  # noqa: E402
 
 SPEEDUP_PLOT, ALPHA_PLOT, LOAD_PLOT = "speedup_by_task.png", "alpha_heatmap.png", "load.png"
 
@@ -18,7 +18,7 @@ def write_plots(figures: dict, meta: dict, out: Path) -> list[Path]:
     paths = [_speedup(figures, meta, out / SPEEDUP_PLOT)]
     if figures["alpha_matrix"]:
         paths.append(_alpha(figures["alpha_matrix"], out / ALPHA_PLOT))
-    if figures["load"]:
+    if figures["load"]["levels"]:
         paths.append(_load(figures["load"], out / LOAD_PLOT))
     return paths
 
@@ -77,20 +77,29 @@ def _alpha(matrix: dict[str, dict[str, float]], path: Path) -> Path:
     return path
 
 
-def _load(load: dict[str, dict], path: Path) -> Path:
-    levels = sorted(load, key=int)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for mode in (OFF, AUTO):
-        present = [lvl for lvl in levels if mode in load[lvl]]
-        xs = [int(lvl) for lvl in present]
-        left.plot(xs, [load[lvl][mode]["tokens_per_second"] or 0 for lvl in present], marker="o", label=mode.upper())
-        right.plot(xs, [load[lvl][mode]["p99"] for lvl in present], marker="o", label=mode.upper())
+LABELS = {OFF: "specserve OFF", AUTO: "specserve AUTO", OFF_UNBATCHED: "specserve OFF, batching off",
+          PEER_STATIC: "transformers generate, static batch", PEER_BATCH: "transformers generate_batch"}
+
+
+def _load(load: dict, path: Path) -> Path:
+    levels = sorted(load["levels"], key=int)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for name in LOAD_PATHS:
+        present = [lvl for lvl in levels if name in load["levels"][lvl]]
+        if not present:
+            continue
+        xs, rows = [int(lvl) for lvl in present], [load["levels"][lvl][name] for lvl in present]
+        style = {"marker": "o", "linestyle": "--" if name in (PEER_STATIC, PEER_BATCH) else "-", "label": LABELS[name]}
+        left.plot(xs, [r["tokens_per_second"] or 0 for r in rows], **style)
+        right.plot(xs, [r["p99"] for r in rows], **style)
     for ax, label in ((left, "aggregate tokens/s"), (right, "p99 latency (s)")):
-        ax.set_xlabel("concurrent clients")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients (a peer's batch size)")
         ax.set_ylabel(label)
-        ax.set_xticks([int(lvl) for lvl in levels])
-        ax.legend()
-    fig.suptitle("Load: mixed tasks, speculation AUTO vs OFF")
+        ax.set_xticks([int(lvl) for lvl in levels], levels)
+        ax.minorticks_off()
+    left.legend(fontsize=8)
+    fig.suptitle("Load: mixed tasks, greedy, the same target model")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

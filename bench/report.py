@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .samples import AUTO, OFF
+from .samples import AUTO, OFF, OFF_UNBATCHED, PEER_BATCH, PEER_STATIC
 
 DASH = "–"  # not measured in this run
 
@@ -125,22 +125,7 @@ def render_report(results: dict, plots: list[str]) -> str:
         "",
         *_policy(results.get("policy")),
         "",
-        "## 5. Load: concurrent clients, mixed tasks",
-        "",
-        f"{settings['load_requests']} streamed requests per level and mode, the prompt alone, tasks interleaved; "
-        "OFF and AUTO run one after the other on the same requests (which goes first alternates). Throughput is "
-        "the tokens of all requests over the level's wall time; latency is per request, request to last token; "
-        "p99 of so few requests is close to their maximum.",
-        "",
-        *table(["clients", "mode", "tokens/s", "p50", "p99", "TTFT p50", "TTFT p99", "identical to OFF"],
-               [[lvl, mode.upper(), num(m["tokens_per_second"], 1), ms(m["p50"]), ms(m["p99"]), ms(m["ttft_p50"]),
-                 ms(m["ttft_p99"]), f"{m['identical']}/{m['requests']}" if mode == AUTO else ""]
-                for lvl, modes in f["load"].items() for mode, m in modes.items() if mode in (OFF, AUTO)]),
-        "",
-        *table(["clients", "AUTO/OFF throughput", "AUTO/OFF p99"],
-               [[lvl, x(m["auto_over_off"]["throughput"]), x(m["auto_over_off"]["p99"])]
-                for lvl, m in f["load"].items() if "auto_over_off" in m]),
-        "",
+        *_load_section(meta, f["load"]),
         *_image(plots, "load.png", "throughput and p99 against concurrency"),
         "## 6. Sampling",
         "",
@@ -173,6 +158,76 @@ def render_report(results: dict, plots: list[str]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+LOAD_LABELS = {OFF: "OFF", AUTO: "AUTO", OFF_UNBATCHED: "OFF, batching off", PEER_STATIC: "HF static batch",
+               PEER_BATCH: "HF generate_batch"}
+
+
+def _load_section(meta: dict, load: dict) -> list[str]:
+    settings, machine = meta["settings"], meta["machine"]
+    levels = sorted(load["levels"], key=int)
+    return [
+        "## 5. Load: concurrent clients, mixed tasks",
+        "",
+        f"Streamed greedy requests, the prompt alone, tasks interleaved, cycling over the same "
+        f"{settings['load_requests']} prompts at every level ({settings['load_requests']} requests per level and path, "
+        "or two per client where that is more); OFF and AUTO run one after the other on the same requests (which goes "
+        "first alternates). Throughput is the tokens of all requests over the level's wall time; latency is per "
+        "request, request to last token (p99 of so few requests is close to their maximum).",
+        "",
+        f"Beside them, on the same prompts: **OFF, batching off**, the same service brought up again with "
+        f"`max_sessions_per_pass: 1` on the target and the drafts ({load['unbatched'] or 'not run'}); and the peers, "
+        f"transformers on the target alone in one process pinned like the target replica (cores "
+        f"{machine.get('target_cpus', '?')}, {machine.get('target_threads', '?')} thread(s)) while the service was "
+        "stopped: **HF static batch**, `generate` over left-padded batches of as many prompts as the level has "
+        "clients, one batch after another (a request's latency is its batch's); **HF generate_batch**, continuous "
+        "batching with at most that many requests per pass, all submitted at once (latency from submission, the "
+        "call's cache set-up not counted). Identical: outputs equal to the target-only output of the same prompt "
+        "(the batching-off service's at its fewest clients, else OFF's at its fewest).",
+        "",
+        *_peer_errors(load["peer_errors"]),
+        *table(["clients", "path", "tokens/s", "p50", "p99", "TTFT p50", "TTFT p99", "identical",
+                "target sessions/pass", "target tokens/pass", "draft sessions/pass"],
+               [[lvl, LOAD_LABELS.get(path, path), num(m["tokens_per_second"], 1), ms(m["p50"]), ms(m["p99"]),
+                 ms(m["ttft_p50"]), ms(m["ttft_p99"]), f"{m['identical']}/{m['compared']}",
+                 *_batch_sizes(load["passes"].get(lvl, {}).get(path))]
+                for lvl in levels for path, m in load["levels"][lvl].items()]),
+        "",
+        "Sessions and tokens per pass: the workers' own counters (`Inspect`: passes, pass_sessions, pass_tokens), "
+        "their growth over the run of that level and path; – where the workers counted no pass.",
+        "",
+        *table(["clients", "AUTO/OFF tokens/s", "AUTO/OFF p99", "OFF/batching off tokens/s", "OFF/batching off p50",
+                "OFF/HF static batch", "OFF/HF generate_batch", "OFF/OFF at 1 client"],
+               [[lvl, x(r["auto_over_off"]), x(r["auto_p99_over_off"]), x(r["off_over_unbatched"]),
+                 x(r["off_p50_over_unbatched"]), x(r["off_over_peer_static"]), x(r["off_over_peer_batch"]),
+                 x(r["off_over_one_client"])] for lvl, r in load["ratios"].items()]),
+        "",
+        *_load_memory(load["rss"]),
+    ]
+
+
+def _peer_errors(errors: dict[str, str]) -> list[str]:
+    return [line for path, error in errors.items()
+            for line in (f"**{LOAD_LABELS.get(path, path)} did not run here**: `{error}`", "")]
+
+
+def _batch_sizes(passes: dict | None) -> list[str]:
+    if not passes:
+        return [DASH] * 3
+    target, draft = passes["target"], passes["draft"]
+    return [num(target["sessions_per_pass"]), num(target["tokens_per_pass"], 1), num(draft["sessions_per_pass"])]
+
+
+def _load_memory(rss: dict | None) -> list[str]:
+    if not rss:
+        return ["Resident memory around the most-clients level: not measured in this run.", ""]
+    return [f"Resident memory of each component process before and after the {rss['clients']}-client level "
+            "(both modes):", "",
+            *table(["component", "pid", "before (MiB)", "after (MiB)", "after/before"],
+                   [[p["component"], str(p["pid"]), f"{p['before_mib']:.0f}", f"{p['after_mib']:.0f}", x(p["growth"])]
+                    for p in rss["processes"]]),
+            ""]
 
 
 def _identical(row: dict) -> str:

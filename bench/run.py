@@ -5,13 +5,19 @@ Sections, in order (each prints what it does; a progress bar counts decodes):
   greedy    per held-out prompt, every path of samples.GREEDY_PATHS back to back, outputs compared
   score     every draft scored against the target's greedy output of every prompt (alpha matrix)
   sampling  per temperature, the task's draft against target-only with the same seed
-  load      1, 2, 4, 8 concurrent clients, mixed tasks, speculation OFF then AUTO (order alternates)
+  load      1-32 concurrent clients, mixed tasks, speculation OFF then AUTO (order alternates), the
+            workers' batch sizes per level, their memory around the most-clients level
   memory    resident memory of the target replica, draft workers and router
+With the service stopped, the rest of the load section: the same service with batching off (a
+second bring-up, some levels, OFF), then the peers (transformers' static batch and generate_batch,
+in a process pinned like the target replica), and every load output against the target's.
 Then results.json (settings, raw samples, figures), report.md and the plots.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
 import json
 import os
@@ -28,10 +34,12 @@ import transformers
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
-from specserve.cluster.bringup import merge_into, start_service
+from specserve.cluster.bringup import default_config_path, merge_into, serve_config, start_service
 from specserve.cluster.client import SpecServeClient
+from specserve.cluster.config import ServiceConfig
 from specserve.cluster.demo import ensure_zoo
 from specserve.cluster.local import zoo_engine
+from specserve.workers.config import TargetConfig
 from specserve.workers.drafting import score_continuation
 from specserve.workers.engine import SpecEngine
 from specserve.workers.prompt import encode_prompt
@@ -42,29 +50,38 @@ from . import load as load_section
 from .decoders import decode_engine, decode_hf_assisted, decode_service, service_request
 from .figures import derive
 from .memory import resident_memory
+from .peers import PEERS, measure_peers_pinned
 from .plots import write_plots
 from .prompts import load_prompts
 from .report import render_report, summary
-from .samples import (AUTO, ENGINE_OFF, ENGINE_TASK, GREEDY_PATHS, HF_ASSISTED, OFF, ROUTED, TASK, Sample)
+from .samples import ENGINE_OFF, ENGINE_TASK, GREEDY_PATHS, HF_ASSISTED, OFF, OFF_UNBATCHED, ROUTED, TASK, Sample
 from .settings import BenchSettings, Goals
 
 REPLICA_CORE = 0  # the in-process paths run where deploy/serve_config.yaml pins the target replica
+# The service with batching off: one session per forward pass, on the target and on the drafts.
+UNBATCHED = {part: {"batching": {"max_sessions_per_pass": 1}} for part in ("target", "draft_pool")}
 
 
 class Bench:
     def __init__(self, settings: BenchSettings, zoo: Zoo, prompts: dict[str, list[str]], client: SpecServeClient,
-                 engine: SpecEngine, device: Device) -> None:
+                 engine: SpecEngine, device: Device, own_cluster: bool) -> None:
         self.s, self.zoo, self.prompts, self.client, self.engine, self.device = settings, zoo, prompts, client, engine, device
+        self.own_cluster = own_cluster  # the service's processes are this process's children
         self.samples: list[Sample] = []
+        # What the load section measures beside its samples: the workers' passes per level and mode,
+        # their memory around the most-clients level, and what could not run.
+        self.load_info: dict = {"passes": [], "rss": None, "peer_errors": {}, "unbatched": None}
         self.bar = tqdm(total=self._decodes(), unit="decode", desc="bench", file=sys.stderr, dynamic_ncols=True)
 
     def _decodes(self) -> int:
-        tasks = len(self.zoo.tasks)
+        tasks, sections = len(self.zoo.tasks), self.s.sections
         paths = len(GREEDY_PATHS) - (0 if self.s.peer else 1)
+        load = sum(map(self.s.level_requests, self.s.concurrency))
+        unbatched = 0 if self.s.address else sum(map(self.s.level_requests, self.s.unbatched()))
         return (tasks * (self.s.warm_up + paths)
-                + tasks * self.s.prompts * self.s.repeats * paths
-                + tasks * len(self.s.temperatures) * self.s.sampled_prompts * 2
-                + len(self.s.concurrency) * 2 * self.s.load_requests)
+                + ("greedy" in sections) * tasks * self.s.prompts * self.s.repeats * paths
+                + ("sampling" in sections) * tasks * len(self.s.temperatures) * self.s.sampled_prompts * 2
+                + ("load" in sections) * (load * (2 + len(PEERS) * self.s.load_peers) + unbatched))
 
     def measured(self, task: str) -> list[str]:
         return self.prompts[task][: self.s.prompts]
@@ -136,18 +153,91 @@ class Bench:
                         self.bar.update()
 
     def load(self) -> None:
-        self.section("load", f"{', '.join(map(str, self.s.concurrency))} concurrent clients, mixed tasks, "
-                             f"{self.s.load_requests} requests per level and mode")
-        requests = load_section.mixed_requests({t: self.measured(t) for t in self.zoo.tasks}, self.s.load_requests)
-        for n, clients in enumerate(self.s.concurrency):
-            level: dict[str, list[Sample]] = {}
-            for mode in load_section.MODES[::-1] if n % 2 else load_section.MODES:
-                level[mode] = load_section.run_level(self.client, requests, clients, mode, self.s.max_tokens,
-                                                     self.bar.update)
-            reference = {(s.task, s.prompt): s.token_ids for s in level[OFF]}
-            for sample in level[AUTO]:
-                sample.identical = sample.token_ids == reference[(sample.task, sample.prompt)]
-            self.samples.extend(level[OFF] + level[AUTO])
+        levels = self.s.concurrency
+        self.section("load", f"{', '.join(map(str, levels))} concurrent clients, mixed tasks, "
+                             f"{', '.join(str(self.s.level_requests(c)) for c in levels)} requests per level and mode")
+        self.load_levels(self.client, load_section.MODES, levels, rss_level=max(levels))
+
+    def load_requests(self, clients: int) -> list[tuple[str, int, str]]:
+        return load_section.mixed_requests({t: self.measured(t) for t in self.zoo.tasks},
+                                           self.s.level_requests(clients), self.s.load_requests)
+
+    def load_levels(self, client: SpecServeClient, paths: tuple[str, ...], levels: tuple[int, ...],
+                    rss_level: int | None = None) -> None:
+        """Each level on each path (the first path alternates), with the workers' pass counters
+        around every run, and every component's memory around the run of ``rss_level`` clients."""
+        for n, clients in enumerate(levels):
+            requests = self.load_requests(clients)
+            rss_before = resident_memory(self.own_cluster) if clients == rss_level else None
+            for path in paths[::-1] if n % 2 else paths:
+                counters = load_section.worker_counters(client)
+                self.samples += load_section.run_level(client, requests, clients, path, self.s.max_tokens,
+                                                       self.bar.update)
+                self.load_info["passes"].append(
+                    load_section.pass_record(path, clients, counters, load_section.worker_counters(client)))
+            if rss_before is not None:
+                self.load_info["rss"] = {"clients": clients, "before": rss_before,
+                                         "after": resident_memory(self.own_cluster)}
+
+    def load_unbatched(self, overrides: dict) -> None:
+        """The same levels on the same service with batching off: a second bring-up (this one's
+        service is stopped), speculation OFF, after one untimed request per task."""
+        levels = self.s.unbatched()
+        if not levels or self.s.address:
+            self.load_info["unbatched"] = ("not run: a running service (--address) is measured as configured"
+                                           if levels else "not run: no level of unbatched_levels among the levels")
+            return
+        self.section("load, batching off", f"the service again with max_sessions_per_pass 1; "
+                                           f"{', '.join(map(str, levels))} clients, OFF")
+        try:
+            service = start_service(port=0, overrides=unbatched_overrides(overrides))
+        except Exception as exc:  # noqa: BLE001  (reported; what the run measured before is kept)
+            self.load_info["unbatched"] = f"not run: the service with batching off did not start: {exc}"
+            self.bar.write(f"  {self.load_info['unbatched']}")
+            return
+        client = SpecServeClient(service.address)
+        try:
+            for task in self.zoo.tasks:
+                decode_service(client, service_request(OFF, self.prompts[task][-1], task, "", self.s.k,
+                                                       self.s.max_tokens), Sample("warm-up", task, OFF, -1))
+            self.load_levels(client, (OFF_UNBATCHED,), levels)
+            self.load_info["unbatched"] = f"{', '.join(map(str, levels))} client(s), speculation OFF"
+        finally:
+            client.close()
+            service.stop()
+
+    def load_peers(self, target: TargetConfig) -> None:
+        """The peers at every level, on the prompts the service's levels ran, in a process pinned
+        like the target replica. A peer that fails is reported with its error, not measured."""
+        if not self.s.load_peers:
+            return
+        self.section("load, peers", f"transformers {', '.join(PEERS)} at batch {', '.join(map(str, self.s.concurrency))}, "
+                                    f"pinned to cores {list(target.cpus) or 'any'}, {target.threads} thread(s)")
+        requests = {c: self.load_requests(c) for c in self.s.concurrency}
+        prompt_ids = {c: [encode_prompt(self.engine.tokenizer, p) for _, _, p in r] for c, r in requests.items()}
+        try:
+            results = measure_peers_pinned(str(self.zoo.target_dir), prompt_ids, self.s.max_tokens, target.threads,
+                                           target.cpus)
+        except Exception as exc:  # noqa: BLE001  (its process died: reported; what the run measured before is kept)
+            results = {path: f"the peers' process failed: {type(exc).__name__}: {exc}" for path in PEERS}
+        for path, by_level in results.items():
+            if isinstance(by_level, str):
+                self.load_info["peer_errors"][path] = by_level
+                self.bar.write(f"  {path} did not run: {by_level}")
+            for clients, decodes in ({} if isinstance(by_level, str) else by_level).items():
+                for d in decodes:
+                    task, index, _ = requests[clients][d.index]
+                    self.samples.append(Sample("load", task, path, index, tokens=len(d.token_ids), seconds=d.seconds,
+                                               concurrency=clients, started=d.started, token_ids=d.token_ids))
+            self.bar.update(sum(map(len, requests.values())))
+
+    def compare_load_outputs(self) -> None:
+        """Every load decode, every path, against the target-only output of its prompt."""
+        load = [s for s in self.samples if s.section == "load"]
+        reference = load_section.reference_outputs(load)
+        for sample in load:
+            expected = reference.get((sample.task, sample.prompt))
+            sample.identical = None if expected is None else sample.token_ids == expected
 
     def section(self, name: str, what: str) -> None:
         self.bar.write(f"[{datetime.now():%H:%M:%S}] {name}: {what}")
@@ -169,36 +259,66 @@ def run_bench(settings: BenchSettings) -> Path:
 
     device = Device(threads=1, cpus=(REPLICA_CORE,))  # one thread, like the target replica
     engine = device.executor.submit(zoo_engine, zoo, zoo.draft_names, 1).result()
+    overrides = {"models": {"zoo": str(zoo.root)}}
+    merge_into(overrides, settings.service_overrides)
     service = None
     if settings.address is None:
         print("starting the embedded cluster (Ray, Serve, target replica, draft pool)...", flush=True)
-        overrides = {"models": {"zoo": str(zoo.root)}}
-        merge_into(overrides, settings.service_overrides)
         service = start_service(port=0, overrides=overrides)
     client = SpecServeClient(settings.address or service.address)
-    bench = Bench(settings, zoo, held_out.by_task, client, engine, device)
-    try:
-        bench.warm_up()
-        bench.greedy()
-        policy = policy_rows(client.stats())  # the view that routed the measured requests, before load
-        bench.score()
-        bench.sampling()
-        bench.load()
-        memory = resident_memory(own_cluster=service is not None)
-    finally:
-        bench.bar.close()
-        client.close()
-        if service:
-            service.stop()
-    meta = _meta(settings, zoo, held_out, started)
+    bench = Bench(settings, zoo, held_out.by_task, client, engine, device, own_cluster=service is not None)
+    target = target_config(overrides)
+    with contextlib.closing(bench.bar):
+        try:
+            policy, memory = measure_on_service(bench)
+        finally:
+            client.close()
+            if service:
+                service.stop()
+        if "load" in settings.sections:  # the machine is quiet now: the service is stopped
+            bench.load_unbatched(overrides)
+            bench.load_peers(target)
+            bench.compare_load_outputs()
+    meta = _meta(settings, zoo, held_out, started, target)
     write_results(out, {"meta": meta, "samples": [s.record() for s in bench.samples], "memory": memory,
-                        "policy": policy})
+                        "policy": policy, "load": bench.load_info})
     return out
+
+
+def measure_on_service(bench: Bench) -> tuple[list[dict], list[dict]]:
+    """The sections that run on the service, in order; returns the policy's view after the greedy
+    section and each component's memory after the last section."""
+    sections = bench.s.sections
+    bench.warm_up()
+    if "greedy" in sections:
+        bench.greedy()
+    policy = policy_rows(bench.client.stats())  # the view that routed the measured requests, before load
+    if "score" in sections:
+        bench.score()
+    if "sampling" in sections:
+        bench.sampling()
+    if "load" in sections:
+        bench.load()
+    return policy, resident_memory(own_cluster=bench.own_cluster)
+
+
+def unbatched_overrides(overrides: dict) -> dict:
+    """The service's config overrides with batching off on the target replicas and draft workers."""
+    unbatched = copy.deepcopy(overrides)
+    merge_into(unbatched, copy.deepcopy(UNBATCHED))
+    return unbatched
+
+
+def target_config(overrides: dict) -> TargetConfig:
+    """The target replicas' config in the service this run starts (its cores and threads pin the peers)."""
+    args = serve_config(default_config_path(), overrides=overrides)["applications"][0]["args"]
+    return ServiceConfig.model_validate(args).target
 
 
 def write_results(out: Path, results: dict) -> None:
     """Derive the figures from the samples, then write results.json, the plots and report.md."""
-    results["figures"] = derive(results["meta"], [Sample.from_record(r) for r in results["samples"]], results["memory"])
+    results["figures"] = derive(results["meta"], [Sample.from_record(r) for r in results["samples"]], results["memory"],
+                                results.get("load"))
     (out / "results.json").write_text(json.dumps(results, indent=1))
     plots = write_plots(results["figures"], results["meta"], out)
     (out / "report.md").write_text(render_report(results, [p.name for p in plots]))
@@ -209,7 +329,7 @@ def write_results(out: Path, results: dict) -> None:
 def rerender(run_dir: Path) -> None:
     """A past run's figures, plots and report again from its saved samples (after a report change)."""
     results = json.loads((run_dir / "results.json").read_text())
-    write_results(run_dir, {k: results[k] for k in ("meta", "samples", "memory", "policy") if k in results})
+    write_results(run_dir, {k: results[k] for k in ("meta", "samples", "memory", "policy", "load") if k in results})
 
 
 def policy_rows(stats) -> list[dict]:
@@ -219,7 +339,7 @@ def policy_rows(stats) -> list[dict]:
              "scored_tokens": t.scored_tokens} for t in stats.tasks]
 
 
-def _meta(settings: BenchSettings, zoo: Zoo, held_out, started: datetime) -> dict:
+def _meta(settings: BenchSettings, zoo: Zoo, held_out, started: datetime, target: TargetConfig) -> dict:
     return {
         "command": " ".join(["specserve", *sys.argv[1:]]) if sys.argv[0].endswith("specserve") else " ".join(sys.argv),
         "started": started.isoformat(timespec="seconds"),
@@ -237,5 +357,6 @@ def _meta(settings: BenchSettings, zoo: Zoo, held_out, started: datetime) -> dic
         "goals": asdict(Goals()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": transformers.__version__, "ray": ray.__version__,
-                    "in_process_core": REPLICA_CORE, "unix_time": time.time()},
+                    "in_process_core": REPLICA_CORE, "target_cpus": list(target.cpus), "target_threads": target.threads,
+                    "unix_time": time.time()},
     }

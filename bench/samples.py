@@ -16,21 +16,26 @@ ENGINE_TASK = "engine_task"  # the in-process engine, the task's draft, fixed k,
 HF_ASSISTED = "hf_assisted"  # transformers assisted generation, the task's draft, its default schedule
 GREEDY_PATHS = (OFF, TASK, TASK_ADAPTIVE, ROUTED, GENERAL, ENGINE_OFF, ENGINE_TASK, HF_ASSISTED)
 AUTO = "auto"  # load section: the service's default (speculation AUTO, nothing but the prompt)
+# Load section, beside OFF and AUTO: the same requests on the same target model, run by
+OFF_UNBATCHED = "off_unbatched"  # the service with batching off (one session per pass), speculation OFF
+PEER_STATIC = "peer_static"  # transformers generate(), a static left-padded batch of `concurrency` prompts
+PEER_BATCH = "peer_generate_batch"  # transformers generate_batch() (continuous batching), at most `concurrency` at once
+LOAD_PATHS = (OFF, AUTO, OFF_UNBATCHED, PEER_STATIC, PEER_BATCH)
 
 
 @dataclass
 class Sample:
     section: str  # greedy | sampling | load
     task: str  # the prompt's task (its bench/prompts file), not what the router resolved
-    path: str  # one of GREEDY_PATHS, or for sampling TASK/OFF, for load AUTO/OFF
+    path: str  # one of GREEDY_PATHS, or for sampling TASK/OFF, for load one of LOAD_PATHS
     prompt: int  # index into the task's prompts
     repeat: int = 0
     tokens: int = 0
     seconds: float = 0.0  # wall time seen by the caller, request to last token
     first_token_seconds: float | None = None  # streamed requests (load section)
-    identical: bool | None = None  # output equals the target-only output of the same prompt
+    identical: bool | None = None  # output equals the target-only output of the same prompt (None: none to compare)
     temperature: float = 0.0
-    concurrency: int = 0  # load section: clients running at once
+    concurrency: int = 0  # load section: clients running at once (a peer's batch size)
     started: float = 0.0  # load section: seconds from the level's start to this request's
     proposed: int = 0
     accepted: int = 0

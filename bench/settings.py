@@ -9,6 +9,8 @@ from specserve.workers.request import DEFAULT_K
 
 DEFAULT_ZOO = "bench"  # the zoo whose cost ratio (c ~ 0.05-0.08) resembles a real target/draft pair
 RESULTS_DIR = Path("bench/results")
+SECTIONS = ("greedy", "score", "sampling", "load")  # in the order they run (run.py)
+MIN_ROUNDS = 2  # requests per client in a load level, so that a level is not one burst that starts together
 
 
 @dataclass(frozen=True)
@@ -23,8 +25,16 @@ class BenchSettings:
     k: int = DEFAULT_K  # the fixed k of the task-draft, general-draft, engine runs (HF uses its own)
     temperatures: tuple[float, ...] = (0.7, 1.0)
     sampled_prompts: int = 3  # per task and temperature
-    concurrency: tuple[int, ...] = (1, 2, 4, 8)
-    load_requests: int = 16  # per concurrency level and speculation mode
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    # Per level and mode: at least this many, and at least MIN_ROUNDS per client; they cycle over this
+    # many distinct prompts, so every level asks for the same ones.
+    load_requests: int = 16
+    # Of those levels, the ones also run on the same service with batching off (a second bring-up,
+    # OFF only): one session per pass holds throughput flat, so each client beyond one adds
+    # latency and little else; 1 and 16 give the goals' comparisons for about 2 minutes.
+    unbatched_levels: tuple[int, ...] = (1, 16)
+    load_peers: bool = True  # transformers generate (static batch) and generate_batch at every level
+    sections: tuple[str, ...] = SECTIONS  # the warm-up always runs
     address: str | None = None  # a running service instead of an embedded cluster
     peer: bool = True  # HF assisted generation (in this process)
     seed: int = 1234  # sampled requests' seeds start here
@@ -42,6 +52,16 @@ class BenchSettings:
             raise ValueError(f"concurrency levels must be 1 or more, got {self.concurrency}")
         if any(not 0.0 < t <= 2.0 for t in self.temperatures):
             raise ValueError(f"temperatures must be in (0, 2], got {self.temperatures}")
+        if not set(self.sections) <= set(SECTIONS):
+            raise ValueError(f"sections must be among {', '.join(SECTIONS)}, got {', '.join(self.sections)}")
+
+    def level_requests(self, clients: int) -> int:
+        """Requests in a load level of ``clients`` concurrent clients (per mode)."""
+        return max(self.load_requests, MIN_ROUNDS * clients)
+
+    def unbatched(self) -> tuple[int, ...]:
+        """The load levels the service with batching off runs (those of ``unbatched_levels`` run at all)."""
+        return tuple(c for c in self.concurrency if c in self.unbatched_levels)
 
 
 @dataclass
@@ -58,10 +78,20 @@ class Goal:
 
 @dataclass(frozen=True)
 class Goals:
-    """The targets the report measures itself against (issue 5)."""
+    """The targets the report measures itself against (issues 5 and 16)."""
 
     speedup: dict[str, float] = field(default_factory=lambda: {"sql": 2.5, "math": 2.5, "code": 2.0, "prose": 1.3})
     speedup_floor: float = 0.95  # on any task
     of_bound: float = 0.90  # achieved / Leviathan bound
     over_peer: float = 1.3  # faster than HF assisted generation, same models
-    load_level: int = 8  # with this many clients AUTO is never below OFF in throughput or p99
+    # Load (issue 16): at `load_level` clients OFF keeps up with transformers' static batch and scales
+    # over one client; AUTO never costs throughput or tail latency; batching costs one client nothing;
+    # memory stays flat through the most clients.
+    load_level: int = 16
+    off_over_peer: float = 0.8  # OFF tokens/s over the static-batch peer at batch load_level
+    off_scaling: float = 3.0  # OFF tokens/s at load_level over OFF at 1 client
+    auto_over_off: float = 0.95  # AUTO tokens/s over OFF's, at every level
+    auto_p99_over_off: float = 1.05  # AUTO p99 over OFF's, at every level
+    unbatched_latency: float = 1.05  # 1 client: OFF p50 latency with batching over without
+    rss_growth: float = 1.05  # a worker's RSS after the most-clients level over before it
+    kv_pool_of_budget: float = 1.0  # a worker's KV pool never above its kv_cache_mib

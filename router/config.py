@@ -18,7 +18,8 @@ DEFAULT_PORT = 50051  # the client API (gRPC's customary port)
 class PolicyConfig(FrozenConfig):
     """How the router picks a task, a draft and k for each request, and when it stops speculating.
 
-    The cost model is Leviathan et al.'s (router/cost_model.py) with the costs the router measures.
+    The cost model is Leviathan et al.'s (router/cost_model.py) with the costs the router measures,
+    a step priced with the target pass it runs in.
     """
 
     # Requests without a task: the classifier's answer below this confidence resolves to the
@@ -49,6 +50,10 @@ class PolicyConfig(FrozenConfig):
     # The target counts as saturated at this many sessions per replica: the draft's time then hides
     # behind other requests' verification, and only the target's work per committed token counts.
     saturated_sessions: int = Field(8, ge=1)
+    # The fit of a target pass's device time on its tokens (what prices a step under load) fades
+    # with this half-life in decode steps: a few seconds of traffic under load, so it follows a
+    # replica whose speed changes (another device, another model) without jumping on one request.
+    pass_half_life_steps: float = Field(2000, gt=0)
     # c assumed for a draft with no timings yet (drafts are typically a few % to 30% of a target step).
     prior_cost_ratio: float = Field(0.2, ge=0)
     # Full information (HedgeSpec): this fraction of finished greedy requests is scored, off the

@@ -1,13 +1,35 @@
-"""The speculative-decoding cost model of Leviathan et al. (2023), section 3, with the costs we measure.
+"""The speculative-decoding cost model of Leviathan et al. (2023), section 3, priced with the batch a
+step runs in. Pure: no I/O, no clock.
 
-alpha: per-token acceptance probability; k: draft tokens per target pass; c: the cost of one draft
-token relative to one target-only step. The paper takes a verify pass of k+1 tokens to cost one
-target step; `w` is what each verified token adds on top (0 in the paper; measured by the router,
-since on real hardware a wider pass is not free). The policy (which draft, which k, speculate or not)
-and the reports compare measured speedups against these numbers.
+Glossary
+    alpha       per-token acceptance probability
+    k           draft tokens per step (the target verifies k + 1 positions: the drafts and the bonus)
+    c           the cost of one draft token relative to one target-only step
+    w           what each verified token adds to a verify pass, relative to a target-only step (0 in
+                the paper); the router's request-level estimate, used while there is no pass data
+    s(t)        a target replica's device seconds for one forward pass of t tokens over all the
+                sessions batched into it, fitted online as a + b t (PassFit)
+    N           sessions sharing a target pass (the load)
+    saturated   other sessions keep the target busy, so the draft's time hides behind their
+                verification and the draft's cost k c drops out of a step's price
+
+A step's cost, in target-only steps at the same load: N sessions' target-only steps are one pass of
+N tokens, their speculative steps one pass of N (k + 1), so
+
+    cost(k) = s(N (k + 1)) / s(N) + (k c unless saturated)
+
+At N = 1 that is 1 + k b / (a + b) + k c: the paper's k c + 1 with w = b / (a + b). Where the pass is
+compute-bound (a << b N) it approaches k + 1 + k c and no alpha pays for speculation. The expected
+speedup of k over target-only decoding is E(alpha, k) / cost(k).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The fit needs this many (faded) passes, spread over at least two sizes, before its slope counts.
+MIN_FIT_PASSES = 8.0
+MIN_TOKEN_SPREAD = 0.25  # variance of tokens per pass, in tokens^2: below it the slope is unknown
 
 
 def expected_tokens_per_pass(alpha: float, k: int) -> float:
@@ -17,20 +39,102 @@ def expected_tokens_per_pass(alpha: float, k: int) -> float:
     return float(k + 1) if alpha == 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+@dataclass(frozen=True)
+class PassTime:
+    """s(t) = fixed + per_token t: a replica's device seconds for one pass of t tokens."""
+
+    fixed: float  # a: weights read once per pass, launch overheads (memory-bound part)
+    per_token: float  # b: compute per token in the pass
+
+    def seconds(self, tokens: float) -> float:
+        return self.fixed + self.per_token * tokens
+
+    def verify_cost(self, k: int, sessions: float) -> float:
+        """A pass of `sessions` steps of k drafts each, in target-only passes of as many sessions."""
+        return self.seconds(sessions * (k + 1)) / self.seconds(sessions)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a step's price depends on beyond alpha and c."""
+
+    sessions: float = 1.0  # N, at least 1
+    pass_time: PassTime | None = None  # None: no pass data, a verify pass costs 1 + k w as before
+    w: float = 0.0
+    saturated: bool = False
+
+    def step_cost(self, k: int, c: float) -> float:
+        """cost(k) in target-only steps at this load (see the module docstring)."""
+        if c < 0 or self.w < 0:
+            raise ValueError(f"c and w must be >= 0, got c={c}, w={self.w}")
+        verify = self.pass_time.verify_cost(k, self.sessions) if self.pass_time else 1 + k * self.w
+        return verify + (0.0 if self.saturated else k * c)
+
+
+UNLOADED = Load()
+
+
+def speedup_at(alpha: float, c: float, k: int, load: Load = UNLOADED) -> float:
+    """Expected speedup of k over target-only decoding: E(alpha, k) / cost(k)."""
+    return expected_tokens_per_pass(alpha, k) / load.step_cost(k, c)
+
+
 def expected_speedup(alpha: float, c: float, k: int, w: float = 0.0, saturated: bool = False) -> float:
-    """Speedup over target-only decoding: E[tokens per pass] / (cost of a step in target steps).
-
-    Drafting and verifying one after the other, a step costs k c + 1 + k w. With the target
-    saturated (other requests waiting on it), the draft's time hides behind their verification and
-    what counts is the target's own work per step, 1 + k w.
-    """
-    if c < 0 or w < 0:
-        raise ValueError(f"c and w must be >= 0, got c={c}, w={w}")
-    step = 1 + k * w + (0.0 if saturated else k * c)
-    return expected_tokens_per_pass(alpha, k) / step
+    """The request-level model: a step costs k c + 1 + k w, or 1 + k w with the target saturated."""
+    return speedup_at(alpha, c, k, Load(w=w, saturated=saturated))
 
 
-def best_k(alpha: float, c: float, k_min: int, k_max: int, w: float = 0.0, saturated: bool = False) -> tuple[int, float]:
-    """The k in [k_min, k_max] with the highest expected speedup, and that speedup (ties: smaller k)."""
-    return max(((k, expected_speedup(alpha, c, k, w, saturated)) for k in range(k_min, k_max + 1)),
+def best_k(alpha: float, c: float, k_min: int, k_max: int, load: Load = UNLOADED) -> tuple[int, float]:
+    """The k in [k_min, k_max] with the highest expected speedup at `load`, and that speedup (ties:
+    smaller k). Speculation pays only where that speedup beats 1; below, k = 0 (target-only) wins,
+    a choice the policy makes with hysteresis."""
+    return max(((k, speedup_at(alpha, c, k, load)) for k in range(k_min, k_max + 1)),
                key=lambda pair: (pair[1], -pair[0]))
+
+
+@dataclass
+class PassFit:
+    """Faded statistics of the target passes that steps ran in: the least-squares line of pass
+    seconds s on tokens per pass t, s(t) ~ a + b t, and the most sessions a pass has held lately.
+
+    Holds sums (and a maximum) only, so a request's passes are summed on their own and folded in at
+    its end (`fold`), the old ones fading by a factor the caller derives from a half-life. One
+    sample per step: a pass of n sessions is seen n times.
+    """
+
+    weight: float = 0.0  # sum of w (passes seen, faded)
+    tokens: float = 0.0  # sum of w t
+    seconds: float = 0.0  # sum of w s
+    tokens_sq: float = 0.0  # sum of w t^2
+    tokens_seconds: float = 0.0  # sum of w t s
+    most_sessions: float = 0.0  # the largest pass, fading like the sums (0: no passes seen)
+
+    def add(self, tokens: int, seconds: float, sessions: int) -> None:
+        if tokens > 0 and seconds > 0 and sessions > 0:  # a worker that reports no pass teaches nothing
+            self.weight += 1
+            self.tokens += tokens
+            self.seconds += seconds
+            self.tokens_sq += tokens * tokens
+            self.tokens_seconds += tokens * seconds
+            self.most_sessions = max(self.most_sessions, sessions)
+
+    def fold(self, other: PassFit, factor: float) -> None:
+        """Fade these statistics by `factor`, then add `other`'s."""
+        for name in ("weight", "tokens", "seconds", "tokens_sq", "tokens_seconds"):
+            setattr(self, name, getattr(self, name) * factor + getattr(other, name))
+        self.most_sessions = max(self.most_sessions * factor, other.most_sessions)
+
+    def line(self) -> PassTime | None:
+        """The fitted s(t), or None until enough passes of different sizes were seen. The slope and
+        intercept are kept >= 0: a pass never gets cheaper with more tokens, nor costs less than nothing."""
+        if self.weight < MIN_FIT_PASSES:
+            return None
+        mean_t, mean_s = self.tokens / self.weight, self.seconds / self.weight
+        spread = self.tokens_sq / self.weight - mean_t * mean_t
+        if spread < MIN_TOKEN_SPREAD:
+            return None
+        slope = max(0.0, (self.tokens_seconds / self.weight - mean_t * mean_s) / spread)
+        fixed = mean_s - slope * mean_t
+        if fixed < 0:  # the line would cross zero: fit it through the origin instead
+            fixed, slope = 0.0, self.tokens_seconds / self.tokens_sq
+        return PassTime(fixed, slope) if fixed + slope > 0 else None

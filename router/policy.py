@@ -7,13 +7,18 @@ Glossary
     c           the draft's cost per token relative to a target-only step, as the router waits for it
                 (round trips included; a lookahead hit costs nothing)
     w           what each verified token adds to a target pass, relative to a target-only step
+                (request-level; superseded by the pass-time fit once there is one)
+    load        N, the sessions sharing a target pass, and s(t), the fitted device time of a pass of t
+                tokens: a step of k is priced as s(N (k + 1)) / s(N) target-only steps plus its
+                drafting (router/cost_model.py), so under load k falls and speculation stops
     fallback    a task the policy serves target-only because no draft is expected to make it faster;
                 a `probe_fraction` of its requests still speculate so a recovery is noticed
 
-Choices maximise the expected speedup of the cost model (router/cost_model.py), not alpha. Draft
+Choices maximise the expected speedup of the cost model at the current load, not alpha. Draft
 choice uses Thompson sampling: each arm's alpha is drawn from its posterior, so an unseen draft gets
 tried and a poor one ever more rarely. Fallback has hysteresis: it starts below `fallback_below` and
-ends above `resume_above`, judged on posterior means.
+ends above `resume_above`, judged on posterior means and re-judged whenever the load changes. Its
+cause is `target_saturated` when the same arms would pay unloaded (N = 1), else `low_speedup`.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from dataclasses import dataclass, field
 
 from .config import PolicyConfig
 
-from .cost_model import best_k
+from .cost_model import Load, PassFit, best_k
 
 SPECULATE, FALLBACK = "speculate", "fallback"
+LOW_SPEEDUP, TARGET_SATURATED = "low_speedup", "target_saturated"  # why a task falls back
+LOWERED_K, RAISED_K = "lowered_k", "raised_k"  # how the load changed a speculating request's k
 
 
 @dataclass
@@ -45,6 +52,7 @@ class Observation:
     plain_device_seconds: float = 0.0
     accepted_per_position: list[int] = field(default_factory=list)  # see SpecStats
     tested_per_position: list[int] = field(default_factory=list)
+    passes: PassFit = field(default_factory=PassFit)  # the target passes its decode steps ran in (unfaded)
 
 
 @dataclass
@@ -96,6 +104,7 @@ class Route:
     draft: str | None  # None: target-only
     k: int  # draft tokens per step to start with (0 when target-only)
     reason: str  # requested, best, explore, probe, fallback, off (a session adds unavailable, lost)
+    load: str = ""  # how the target's load shaped it: lowered_k, raised_k, target_saturated ("": not)
 
 
 @dataclass(frozen=True)
@@ -103,8 +112,11 @@ class ArmView:
     draft: str
     alpha: float
     c: float
-    k: int
+    k: int  # the best k at the current load
     expected_speedup: float
+    step_cost: float  # of a step of k at the current load, in target-only steps
+    unloaded_k: int  # the best k with one session per pass and the target not saturated
+    unloaded_speedup: float
     trials: float
     scored_tokens: int
     alpha_per_position: tuple[float, ...]  # measured while speculating (scoring has no positions)
@@ -120,6 +132,7 @@ class TaskView:
     cause: str  # why it fell back, as a metric label: low_speedup or target_saturated ("" when speculating)
     best: ArmView
     arms: tuple[ArmView, ...]
+    load: Load  # what the arms were priced at (w aside: that is per arm)
 
 
 @dataclass
@@ -140,25 +153,28 @@ class Policy:
 
     def __post_init__(self) -> None:
         self._tasks = {task: _Task({name: Arm() for name in drafts}) for task, drafts in self.tasks.items()}
+        self.passes = PassFit()  # faded, over every task's target passes: they share the replicas
 
     # --- choosing ---------------------------------------------------------------------------------
 
     def route(self, task: str, mode: str = "auto", draft: str | None = None, k: int | None = None,
               pressure: float | None = None) -> Route:
-        """mode: auto (the policy decides), on (speculate even in fallback) or off (target-only)."""
-        if pressure is not None:
+        """mode: auto (the policy decides), on (speculate even in fallback, at the k the load allows)
+        or off (target-only)."""
+        if pressure is not None and pressure != self.pressure:
             self.pressure = pressure
+            self._decide(task)  # a step's price moved with the load: judge the task again now
         if mode == "off":
             return Route(None, 0, "off")
         state = self._tasks[task]
         if draft is not None:  # the client's choice, even a draft not allowed for the task
-            return Route(draft, k or self._arm_view(task, draft).k, "requested")
+            return Route(draft, k, "requested") if k else _priced(self._arm_view(task, draft), "requested")
         probing = state.decision == FALLBACK and mode == "auto"
         if probing and self.rng.random() >= self.config.probe_fraction:
-            return Route(None, 0, "fallback")
+            return Route(None, 0, "fallback", TARGET_SATURATED if state.cause == TARGET_SATURATED else "")
         chosen = self._thompson(task) if self.config.explore else self.view(task).best
         reason = "probe" if probing else ("best" if chosen.draft == self.view(task).best.draft else "explore")
-        return Route(chosen.draft, k or chosen.k, reason)
+        return Route(chosen.draft, k, reason) if k else _priced(chosen, reason)
 
     def _thompson(self, task: str) -> ArmView:
         """The arm with the best speedup under alphas drawn from each arm's posterior."""
@@ -171,6 +187,7 @@ class Policy:
     def observe(self, task: str, draft: str | None, obs: Observation) -> None:
         """Fold in a finished request, then revisit the task's decision."""
         state = self._tasks[task]
+        self.passes.fold(obs.passes, 0.5 ** (obs.passes.weight / self.config.pass_half_life_steps))
         if draft in state.arms:  # a client's draft outside the task's allowed set teaches nothing here
             state.arms[draft].add(obs, self._fading(obs.draft_tokens))
         if obs.plain_passes:  # target-only steps are the unit every cost is measured in
@@ -196,13 +213,14 @@ class Policy:
         resume above `resume_above`."""
         state, view = self._tasks[task], self.view(task)
         speedup = view.best.expected_speedup
-        saturated = self._saturated()
-        why = (f"expected speedup {speedup:.2f} with {view.best.draft} (alpha {view.best.alpha:.2f}, "
-               f"c {view.best.c:.2f}, k {view.best.k}{', target saturated' if saturated else ''})")
+        why = _why(view)
         if state.decision == SPECULATE and speedup < self.config.fallback_below:
             if view.best.trials >= self.config.min_trials:
+                paid_unloaded = max(arm.unloaded_speedup for arm in view.arms) >= self.config.fallback_below
+                state.cause = TARGET_SATURATED if paid_unloaded else LOW_SPEEDUP
                 state.decision, state.reason = FALLBACK, f"{why} < {self.config.fallback_below}"
-                state.cause = "target_saturated" if saturated else "low_speedup"
+                if paid_unloaded:
+                    state.reason = f"{TARGET_SATURATED}: {state.reason}"
             else:
                 state.reason = f"{why}; waiting for {self.config.min_trials} trials before judging"
         elif state.decision == FALLBACK and speedup > self.config.resume_above:
@@ -219,14 +237,26 @@ class Policy:
         state = self._tasks[task]
         arms = tuple(self._arm_view(task, name) for name in state.arms)
         best = max(arms, key=lambda view: view.expected_speedup)
-        return TaskView(task, state.decision, state.reason, state.cause, best, arms)
+        return TaskView(task, state.decision, state.reason, state.cause, best, arms, self.load())
+
+    def load(self, w: float = 0.0) -> Load:
+        """The load a step is priced at now. N: this router's sessions per target replica (it moves
+        at once with the load), but no more than the largest pass lately (a replica that batches
+        fewer sessions, or none, caps it; a measured mean would lag the load by many requests)."""
+        sessions = max(1.0, self.pressure)
+        if self.passes.most_sessions:
+            sessions = min(sessions, max(1.0, self.passes.most_sessions))
+        return Load(sessions, self.passes.line(), w, self._saturated())
 
     def _arm_view(self, task: str, draft: str, alpha: float | None = None) -> ArmView:
         arm = self._tasks[task].arms.get(draft) or Arm()  # no data: the prior
         alpha = arm.alpha if alpha is None else alpha
         c, w = self._costs(task, arm)
-        k, speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, w, self._saturated())
-        return ArmView(draft, alpha, c, k, speedup, arm.trials, arm.scored_tokens, arm.alpha_per_position)
+        load, unloaded = self.load(w), Load(1.0, self.passes.line(), w)
+        k, speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, load)
+        unloaded_k, unloaded_speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, unloaded)
+        return ArmView(draft, alpha, c, k, speedup, load.step_cost(k, c), unloaded_k, unloaded_speedup, arm.trials,
+                       arm.scored_tokens, arm.alpha_per_position)
 
     def _costs(self, task: str, arm: Arm) -> tuple[float, float]:
         """c and w in units of a target-only step.
@@ -260,3 +290,18 @@ class Policy:
 
 def _per(total: float, count: float) -> float:
     return total / count if count else 0.0
+
+
+def _priced(arm: ArmView, reason: str) -> Route:
+    """A route at the arm's k for the current load, saying whether the load moved k."""
+    moved = LOWERED_K if arm.k < arm.unloaded_k else (RAISED_K if arm.k > arm.unloaded_k else "")
+    return Route(arm.draft, arm.k, reason, moved)
+
+
+def _why(view: TaskView) -> str:
+    """The judgement in words: the best arm's speedup and what a step of its k costs at this load."""
+    best, load = view.best, view.load
+    where = f"at {load.sessions:.1f} sessions per pass" if load.pass_time else "with no pass timings yet"
+    hidden = " (target saturated: drafting hidden)" if load.saturated else ""
+    return (f"{where} a step of k={best.k} costs {best.step_cost:.2f} target steps{hidden}: expected "
+            f"speedup {best.expected_speedup:.2f} with {best.draft} (alpha {best.alpha:.2f}, c {best.c:.2f})")

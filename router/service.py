@@ -13,6 +13,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 
 import grpc
 from transformers import PreTrainedTokenizerBase
@@ -25,6 +26,7 @@ from .admission import Admission, Overloaded
 from .directory import NoWorker, WorkerDirectory
 from .draft_length import DraftLength
 from .metrics import RouterMetrics
+from .passes import PassWindow
 from .policy import Policy
 from .scoring import ContinuationScorer
 from .session import Session
@@ -76,6 +78,7 @@ class SpecServeService:
         self.metrics = RouterMetrics()
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
         self.totals = TaskTotals()
+        self.passes = {"target": PassWindow(), "draft": PassWindow()}  # the latest steps' batches, for GetStats
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {
@@ -144,6 +147,8 @@ class SpecServeService:
     def _learn(self, session: Session) -> None:
         """A finished request: into the totals and the policy; maybe scored by the other drafts."""
         self.totals.add(session)
+        self.passes["target"].add(session.times.target_passes)
+        self.passes["draft"].add(session.times.draft_passes)
         task = session.task.task
         self.policy.observe(task, session.route.draft, session.observation())
         if session.params.sampling.greedy:  # scoring compares greedy choices
@@ -153,27 +158,41 @@ class SpecServeService:
         workers = [pb.WorkerInfo(kind=e.kind, worker_id=e.worker_id, address=e.address, models=e.models,
                                  live_sessions=e.live_sessions, node_id=e.node_id)
                    for e in await self.directory.refresh(force=True) if e.kind != "router"]
+        self.policy.pressure = self.directory.target_pressure()  # judged on the targets as they are now
         return pb.ServiceStats(tasks=self._task_rows(), workers=workers, requests_in_flight=self.admission.running,
-                               requests_rejected=self.admission.refused, requests_queued=self.admission.waiting)
+                               requests_rejected=self.admission.refused, requests_queued=self.admission.waiting,
+                               passes=self._pass_rows(), load=self._load_pricing())
+
+    def _pass_rows(self) -> list[pb.PassStats]:
+        return [pb.PassStats(kind=kind, **asdict(window.summary())) for kind, window in self.passes.items()]
+
+    def _load_pricing(self) -> pb.LoadPricing:
+        """What a step is priced at now."""
+        load = self.policy.load()
+        line = load.pass_time
+        return pb.LoadPricing(sessions=load.sessions, saturated=load.saturated,
+                              pass_fixed_seconds=line.fixed if line else 0.0,
+                              pass_seconds_per_token=line.per_token if line else 0.0)
 
     def _task_rows(self) -> list[pb.TaskStats]:
         """Per task, a row for the task (draft "": its decision, and its target-only totals), then
         one per draft allowed for it (the policy's estimates, and the totals it served)."""
         rows = []
-        self.policy.pressure = self.directory.target_pressure()  # judged on the targets as they are now
         for task in sorted(self.policy.tasks):
             view = self.policy.view(task)
             row = self.totals.message(task, "")
             row.MergeFrom(pb.TaskStats(alpha=view.best.alpha, cost_ratio=view.best.c, k=view.best.k,
                                        expected_speedup=view.best.expected_speedup, decision=view.decision,
-                                       reason=view.reason))
+                                       reason=view.reason, step_cost=view.best.step_cost,
+                                       unloaded_k=view.best.unloaded_k))
             rows.append(row)
             for arm in view.arms:
                 row = self.totals.message(task, arm.draft)
                 standing = "best" if arm.draft == view.best.draft else ("candidate" if arm.trials else "unseen")
-                row.MergeFrom(pb.TaskStats(alpha=arm.alpha, cost_ratio=arm.c, k=arm.k,
-                                           expected_speedup=arm.expected_speedup, decision=standing,
-                                           scored_tokens=arm.scored_tokens, alpha_per_position=arm.alpha_per_position))
+                row.MergeFrom(pb.TaskStats(alpha=arm.alpha, cost_ratio=arm.c, k=arm.k, step_cost=arm.step_cost,
+                                           unloaded_k=arm.unloaded_k, expected_speedup=arm.expected_speedup,
+                                           decision=standing, scored_tokens=arm.scored_tokens,
+                                           alpha_per_position=arm.alpha_per_position))
                 rows.append(row)
         return rows
 

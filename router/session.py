@@ -31,9 +31,11 @@ from specserve.workers.stopping import Chunk
 from specserve.workers.wire import sampling_message
 
 from .config import TimeoutsConfig
+from .cost_model import PassFit
 from .directory import NoWorker, WorkerDirectory
 from .draft_length import DraftLength
 from .draft_mirror import DraftMirror
+from .passes import PassLog
 from .policy import Observation, Route
 from .streams import SessionStream, WorkerFailed
 from .tasks import ResolvedTask
@@ -61,22 +63,27 @@ class TargetUnavailable(NoWorker):
 
 @dataclass
 class StepTimes:
-    """What the router waited for per step, and what the workers computed, over one request."""
+    """What the router waited for per step, what the workers computed, and the batched passes the
+    steps ran in, over one request (decode steps: a prefill's wait and pass are no step's price)."""
 
     draft_steps: list[float] = field(default_factory=list)  # waits for proposals (a lookahead hit: ~0)
     verify_steps: list[float] = field(default_factory=list)  # waits for verdicts on proposals
     plain_steps: list[float] = field(default_factory=list)  # waits for target-only passes
     verify_device: float = 0.0
     plain_device: float = 0.0
+    target_passes: PassLog = field(default_factory=PassLog)  # the batch each verify step ran in
+    draft_passes: PassLog = field(default_factory=PassLog)  # and each proposal (its last pass)
+    pass_fit: PassFit = field(default_factory=PassFit)  # (tokens, device seconds) of those target passes
 
-    def record(self, drafted: bool, wait: float, device: float) -> None:
+    def record(self, drafted: bool, wait: float, reply: pb.VerifyReply) -> None:
         if drafted:
             self.verify_steps.append(wait)
-            self.verify_device += device
+            self.verify_device += reply.seconds
         else:
             self.plain_steps.append(wait)
-            self.plain_device += device
-
+            self.plain_device += reply.seconds
+        self.target_passes.add(reply.pass_info)
+        self.pass_fit.add(reply.pass_info.tokens, reply.seconds, reply.pass_info.sessions)
 
 
 class Session:
@@ -182,7 +189,7 @@ class Session:
                 await self._resume_target(exc)
                 waited = None  # this step's wait includes a prefill: no cost sample
         if self.verdict is not None and waited is not None:  # the prefill is no decode step: left out
-            self.times.record(bool(proposal.ids), time.perf_counter() - waited, reply.seconds)
+            self.times.record(bool(proposal.ids), time.perf_counter() - waited, reply)
         self.decoding.record_verify(len(proposal.ids), reply.verdict.num_accepted, reply.seconds)
         return reply.verdict
 
@@ -245,6 +252,7 @@ class Session:
 
     def _count_draft(self, proposal: pb.Proposal) -> None:
         self.decoding.record_draft(len(proposal.ids), proposal.seconds)
+        self.times.draft_passes.add(proposal.pass_info)
 
     def _note_first(self, chunk: Chunk) -> None:
         if not self.first_token_seconds:
@@ -269,7 +277,7 @@ class Session:
         seed = replacement_seed(self.decoding.stats.seed, kind, replaced)
         return pb.SessionOpen(session_id=self.session_id, prompt_ids=self.decoding.committed_ids(), model=model,
                               sampling=sampling_message(self.params.sampling, seed),
-                              max_new_tokens=self.decoding.remaining)
+                              max_new_tokens=self.decoding.remaining, task=self.task.task)
 
     async def _open_target(self, after: WorkerFailed | None = None) -> None:
         """A session on a target replica, waiting for one to be registered (a replica restarting
@@ -361,7 +369,7 @@ class Session:
                            verify_seconds=sum(t.verify_steps), verify_device_seconds=t.verify_device,
                            plain_passes=len(t.plain_steps), plain_seconds=sum(t.plain_steps),
                            plain_device_seconds=t.plain_device, accepted_per_position=s.accepted_per_position,
-                           tested_per_position=s.tested_per_position)
+                           tested_per_position=s.tested_per_position, passes=t.pass_fit)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

@@ -35,8 +35,13 @@ def tiny_zoo(specserve_home) -> Zoo:
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_zoo):
+    import torch
+
     from specserve.cluster.local import zoo_engine
 
+    # In-process models on one thread, as a worker's device runs them: on this 2-core machine two
+    # threads oversubscribe the cores whenever anything else runs, and every pass slows ~5x.
+    torch.set_num_threads(1)
     return zoo_engine(tiny_zoo, tiny_zoo.draft_names)
 
 

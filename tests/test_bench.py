@@ -1,7 +1,9 @@
-"""`specserve bench`: a smoke run on the tiny zoo (a couple of prompts per task, two load levels) in a
-subprocess with a cluster of its own, then checks that the report has every section and that every
-figure in it was computed from the run's measurements: the saved samples re-derive the saved
-figures and re-render the saved report exactly, and the figures move when the samples do."""
+"""`specserve bench`: a smoke run on the tiny zoo (a couple of prompts per task, two load levels, the
+first also with batching off, the transformers peers) in a subprocess with a cluster of its own,
+then checks that the report has every section and that every figure in it was computed from the
+run's measurements: the saved samples re-derive the saved figures and re-render the saved report
+exactly, and the figures move when the samples do. The load section's parts (the peers, its
+figures, its counters) are also checked on their own, without Ray."""
 
 from __future__ import annotations
 
@@ -15,9 +17,15 @@ from pathlib import Path
 import pytest
 
 from specserve.bench import figures as F
+from specserve.bench.load import mixed_requests, pass_record, reference_outputs
+from specserve.bench.load_figures import derive_load
+from specserve.bench.peers import left_padded, run_generate_batch, run_static, until_eos
 from specserve.bench.report import render_report
-from specserve.bench.samples import AUTO, ENGINE_OFF, ENGINE_TASK, GREEDY_PATHS, OFF, TASK, Sample
+from specserve.bench.samples import (AUTO, ENGINE_OFF, ENGINE_TASK, GREEDY_PATHS, OFF, OFF_UNBATCHED, PEER_BATCH,
+                                     PEER_STATIC, TASK, Sample)
+from specserve.bench.settings import BenchSettings
 from specserve.cluster.cli import main
+from specserve.workers.prompt import encode_prompt
 
 PROMPTS, CONCURRENCY, LOAD_REQUESTS = 2, (1, 2), 4
 SECTIONS = ("## Goals", "## 1. Speedup by task", "## 2. Cost of distribution", "## 3. The peer",
@@ -54,7 +62,7 @@ def test_the_run_writes_a_report_its_results_and_three_plots(run_dir, results):
         data = (run_dir / plot).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, plot
         assert f"]({plot})" in report
-    assert set(results) == {"meta", "samples", "memory", "policy", "figures"}
+    assert set(results) == {"meta", "samples", "memory", "policy", "load", "figures"}
     assert {r["task"] for r in results["policy"]} >= set(results["meta"]["tasks"])
     for goal in results["figures"]["goals"]:  # printed beside the figures
         assert goal["name"] in report and goal["threshold"] in report
@@ -62,7 +70,7 @@ def test_the_run_writes_a_report_its_results_and_three_plots(run_dir, results):
 
 def test_every_figure_is_derived_from_the_samples_and_the_report_from_the_figures(run_dir, results):
     samples = [Sample.from_record(r) for r in results["samples"]]
-    assert F.derive(results["meta"], samples, results["memory"]) == results["figures"]
+    assert F.derive(results["meta"], samples, results["memory"], results["load"]) == results["figures"]
     plots = sorted(p.name for p in run_dir.glob("*.png"))
     assert render_report(results, plots) == (run_dir / "report.md").read_text()
 
@@ -74,7 +82,7 @@ def test_the_figures_move_with_the_measurements(results):
     for s in slower:
         if s.section == "greedy" and s.path == TASK:
             s.seconds *= 2
-    before, after = F.derive(results["meta"], samples, results["memory"]), F.derive(results["meta"], slower, results["memory"])
+    before, after = (F.derive(results["meta"], s, results["memory"], results["load"]) for s in (samples, slower))
     for task, row in before["tasks"].items():
         assert after["tasks"][task]["speedup"]["median"] == pytest.approx(row["speedup"]["median"] / 2)
         assert after["tasks"][task]["bound"] == row["bound"]  # alpha, c and k did not change
@@ -94,15 +102,29 @@ def test_every_section_was_measured_and_every_output_is_the_targets(results, tin
     assert all(set(row) == set(tiny_zoo.draft_names) for row in f["alpha_matrix"].values())
     assert {t for t in f["sampling"]} == set(tiny_zoo.tasks)
     assert all(set(temps) == {"0.7", "1"} for temps in f["sampling"].values())
+    load = f["load"]
     for level in CONCURRENCY:
-        modes = f["load"][str(level)]
+        paths = load["levels"][str(level)]
+        assert set(paths) == {OFF, AUTO, PEER_STATIC, PEER_BATCH} | ({OFF_UNBATCHED} if level == 1 else set())
+        for path, m in paths.items():
+            assert m["requests"] == LOAD_REQUESTS and m["tokens_per_second"] > 0, (level, path)
+            # Greedy: every path's output is the target's alone, batched or not (the tiny target's
+            # logits are far apart; a flip on another model is reported by the bench, not hidden).
+            assert m["identical"] == m["compared"] == LOAD_REQUESTS, (level, path)
         for mode in (OFF, AUTO):
-            assert modes[mode]["requests"] == LOAD_REQUESTS and modes[mode]["tokens_per_second"] > 0
-            assert 0 < modes[mode]["ttft_p50"] <= modes[mode]["p50"]
-        assert modes[AUTO]["identical"] == LOAD_REQUESTS
+            assert 0 < paths[mode]["ttft_p50"] <= paths[mode]["p50"]
+        for mode in (OFF, AUTO, OFF_UNBATCHED) if level == 1 else (OFF, AUTO):
+            passes = load["passes"][str(level)][mode]["target"]
+            assert passes["passes"] > 0 and passes["sessions_per_pass"] >= 1 and passes["tokens_per_pass"] >= 1
+    assert load["passes"]["1"][OFF_UNBATCHED]["target"]["sessions_per_pass"] == 1  # batching off: one per pass
+    assert load["ratios"]["1"]["off_p50_over_unbatched"] > 0 and load["ratios"]["2"]["off_over_peer_static"] > 0
+    assert load["peer_errors"] == {}  # generate_batch runs on CPU in transformers 5.23
+    assert load["rss"]["clients"] == max(CONCURRENCY)
+    assert {p["component"] for p in load["rss"]["processes"]} == {"target replica", "draft worker", "router"}
     assert set(f["memory"]) == {"target replica", "draft worker", "router"}
     assert all(v > 50 for m in f["memory"].values() for v in m["rss_mib"])  # a Python process with torch loaded
-    assert {g["met"] for g in f["goals"] if "8 clients" in g["name"]} == {None}  # 8 clients were not run
+    assert {g["met"] for g in f["goals"] if "16 clients" in g["name"]} == {None}  # 16 clients were not run
+    assert next(g for g in f["goals"] if "batching on / off" in g["name"])["measured"] > 0
 
 
 def test_derived_figures_on_known_samples():
@@ -129,6 +151,8 @@ def test_derived_figures_on_known_samples():
 def test_bench_refuses_bad_settings_before_starting_anything(capsys):
     assert main(["bench", "--prompts", "0"]) == 2
     assert "prompts must be at least 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="sections must be among"):
+        BenchSettings(sections=("load", "speed"))
     with pytest.raises(SystemExit):
         main(["bench", "--concurrency", "1,x"])
 
@@ -141,3 +165,90 @@ def test_components_are_found_by_process_title_even_mid_call():
     assert component_of("ray::ServeReplica:specserve:target.Verify()") == "target replica"
     assert component_of("ray::DraftWorker.__init__") == "draft worker"
     assert component_of("ray::ServeController") is None and component_of("python -m pytest") is None
+
+
+def test_a_static_batch_decodes_each_prompt_as_it_decodes_alone(tiny_zoo, tiny_engine):
+    """Left padding and the attention mask leave every row's greedy output what the target gives the
+    prompt alone (the engine's target-only decode); the rows of a batch share its time."""
+    from specserve.workers.request import GenerationParams
+
+    from specserve.workers.loading import ModelSpec, load_model
+
+    tokenizer = tiny_engine.tokenizer
+    model = load_model(ModelSpec(str(tiny_zoo.target_dir)))  # as the peers' process loads it (no engine attention)
+    texts = [tiny_zoo.prompts(task)[0] for task in tiny_zoo.tasks]
+    prompts = [encode_prompt(tokenizer, text) for text in texts]
+    assert len(set(map(len, prompts))) > 1  # some rows are padded
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    batched, alone = run_static(model, prompts, 3, 12, eos, pad), run_static(model, prompts, 1, 12, eos, pad)
+    expected = [tiny_engine.generate(t, GenerationParams(max_tokens=12, speculation=False)).complete().token_ids
+                for t in texts]
+    assert [d.token_ids for d in batched] == [d.token_ids for d in alone] == expected
+    assert [d.index for d in batched] == list(range(len(prompts)))
+    assert batched[0].started == batched[2].started < batched[3].started  # batches of 3, one after another
+    assert batched[0].seconds == batched[2].seconds > 0
+    continuous = run_generate_batch(model, prompts, 2, 12, eos, pad)
+    assert [d.token_ids for d in continuous] == expected
+
+
+def test_left_padding_and_eos():
+    ids, mask = left_padded([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert until_eos([4, 9, 2, 9], 2) == [4, 9] and until_eos([4, 9], 2) == [4, 9]
+
+
+def test_load_levels_cycle_over_the_same_prompts():
+    prompts = {"code": ["c0", "c1"], "sql": ["s0", "s1"]}
+    assert mixed_requests(prompts, 5, 3) == [("code", 0, "c0"), ("sql", 0, "s0"), ("code", 1, "c1"),
+                                             ("code", 0, "c0"), ("sql", 0, "s0")]
+    settings = BenchSettings(concurrency=(1, 4, 16), load_requests=6, unbatched_levels=(1, 32))
+    assert [settings.level_requests(c) for c in settings.concurrency] == [6, 8, 32] and settings.unbatched() == (1,)
+
+
+def test_pass_counts_are_the_workers_growth_over_a_run():
+    def worker(kind: str, passes: int, tokens: int, sessions: int, pool: int = 0) -> dict:
+        return {"kind": kind, "passes": passes, "pass_tokens": tokens, "pass_sessions": sessions,
+                "kv_pool_bytes": pool, "kv_budget_bytes": 100, "max_pass_sessions": sessions and 4}
+
+    before = {"t": worker("target", 10, 40, 10), "d1": worker("draft", 0, 0, 0)}
+    after = {"t": worker("target", 20, 140, 40, pool=60), "d1": worker("draft", 8, 16, 16),
+             "d2": worker("draft", 5, 5, 5)}  # d2 came up during the run: no baseline, left out
+    record = pass_record(OFF, 8, before, after)
+    assert record["target"] == {"passes": 10, "pass_tokens": 100, "pass_sessions": 30, "max_pass_sessions": 4,
+                                "kv_pool_of_budget": 0.6}
+    assert record["draft"]["passes"] == 8 and record["draft"]["pass_sessions"] == 16
+    figures = derive_load([], {"passes": [record]})["passes"]["8"][OFF]
+    assert figures["target"]["sessions_per_pass"] == 3 and figures["target"]["tokens_per_pass"] == 10
+    assert figures["draft"]["sessions_per_pass"] == 2
+
+
+def test_load_figures_on_known_samples():
+    def request(path: str, clients: int, prompt: int, started: float, seconds: float, ids: list[int]) -> Sample:
+        return Sample("load", "sql", path, prompt, tokens=len(ids), seconds=seconds, concurrency=clients,
+                      started=started, token_ids=ids)
+
+    samples = [request(OFF_UNBATCHED, 1, 0, 0.0, 1.0, [1, 2]), request(OFF_UNBATCHED, 1, 1, 1.0, 1.0, [3, 4]),
+               request(OFF, 1, 0, 0.0, 0.5, [1, 2]), request(OFF, 1, 1, 0.5, 0.5, [3, 4]),
+               request(OFF, 2, 0, 0.0, 0.5, [1, 2]), request(OFF, 2, 1, 0.0, 0.5, [3, 4]),
+               request(AUTO, 2, 0, 0.0, 0.25, [1, 2]), request(AUTO, 2, 1, 0.0, 1.0, [3, 9]),
+               request(PEER_STATIC, 2, 0, 0.0, 0.25, [1, 2]), request(PEER_STATIC, 2, 1, 0.0, 0.25, [3, 4])]
+    reference = reference_outputs(samples)
+    assert reference == {("sql", 0): [1, 2], ("sql", 1): [3, 4]}  # batching off, fewest clients
+    for s in samples:
+        s.identical = s.token_ids == reference[(s.task, s.prompt)]
+    rss = {"clients": 2, "before": [{"component": "router", "pid": 7, "rss_bytes": 100 * 2**20}],
+           "after": [{"component": "router", "pid": 7, "rss_bytes": 110 * 2**20}]}
+    load = derive_load(samples, {"rss": rss, "unbatched": "levels 1"})
+    assert load["levels"]["1"][OFF]["tokens_per_second"] == 4.0 and load["levels"]["1"][OFF_UNBATCHED]["tokens_per_second"] == 2.0
+    assert load["levels"]["2"][OFF]["tokens_per_second"] == 8.0 and load["levels"]["2"][PEER_STATIC]["tokens_per_second"] == 16.0
+    assert load["levels"]["2"][AUTO]["identical"] == 1 and load["levels"]["2"][AUTO]["compared"] == 2
+    assert load["levels"]["2"][OFF]["ttft_p50"] is None  # not streamed
+    one, two = load["ratios"]["1"], load["ratios"]["2"]
+    assert one["off_over_unbatched"] == 2.0 and one["off_p50_over_unbatched"] == 0.5 and one["auto_over_off"] is None
+    assert two["auto_over_off"] == pytest.approx(4 / 1.0 / 8) and two["off_over_peer_static"] == 0.5
+    assert two["off_over_one_client"] == 2.0
+    assert load["rss"]["processes"][0]["growth"] == pytest.approx(1.1)
+    goals = {g.name: g for g in F.load_goals(load, F.Goals())}
+    assert goals["2 clients: RSS after over before"].met is False
+    assert goals["1 client: OFF p50, batching on / off"].met is True
+    assert goals["16 clients: OFF over static-batch peer"].met is None  # 16 clients not run

@@ -1,8 +1,9 @@
-"""The Leviathan et al. cost model against values worked by hand."""
+"""The Leviathan et al. cost model, priced with the pass a step runs in, against values worked by hand."""
 
 import pytest
 
-from specserve.router.cost_model import best_k, expected_speedup, expected_tokens_per_pass
+from specserve.router.cost_model import (Load, PassFit, PassTime, best_k, expected_speedup, expected_tokens_per_pass,
+                                         speedup_at)
 
 
 def test_tokens_per_pass():
@@ -36,3 +37,61 @@ def test_best_k():
     assert 3 <= k <= 8  # Leviathan et al., fig. 3: the optimum for alpha 0.8 and c 0.05 lies here
     assert best_k(0.3, 0.5, 1, 8)[0] == 1  # a poor, expensive draft: draft as little as possible
     assert best_k(0.99, 0.0, 1, 8)[0] == 8  # a free, near-perfect draft: as many as allowed
+
+
+# A pass of t tokens takes 10 ms + 1 ms per token: a CPU-like target, where width is never free.
+CPU_PASS = PassTime(fixed=0.010, per_token=0.001)
+
+
+def test_a_step_is_priced_with_the_pass_it_runs_in():
+    # N = 1, k = 4: a pass of 5 tokens over one of 1, plus drafting: the paper's 1 + k w + k c, w = b / (a + b).
+    assert Load(1, CPU_PASS).step_cost(4, 0.05) == pytest.approx(15 / 11 + 0.2)
+    assert Load(1, CPU_PASS).step_cost(4, 0.05) == pytest.approx(Load(w=1 / 11).step_cost(4, 0.05))
+    # 16 sessions: one pass of 80 tokens instead of one of 16, and the draft hidden when saturated.
+    assert Load(16, CPU_PASS, saturated=True).step_cost(4, 0.05) == pytest.approx(90 / 26)
+    assert speedup_at(0.8, 0.05, 4, Load(16, CPU_PASS)) == pytest.approx(3.3616 / (90 / 26 + 0.2))
+
+
+def test_k_falls_as_the_load_grows_until_no_k_pays():
+    ks, speedups = zip(*(best_k(0.8, 0.05, 1, 8, Load(n, CPU_PASS)) for n in (1, 2, 4, 8, 16, 32, 64)), strict=True)
+    assert list(ks) == sorted(ks, reverse=True) and ks[0] >= 4 and ks[-1] == 1  # a real slope, not a step
+    assert speedups[0] > 2 and speedups[-1] < 1  # compute-bound passes: target-only wins
+    # A memory-bound target (a GPU at small batches): the same load leaves speculation worth a lot more.
+    gpu = PassTime(fixed=0.020, per_token=0.0001)
+    assert best_k(0.8, 0.05, 1, 8, Load(16, gpu))[0] > best_k(0.8, 0.05, 1, 8, Load(16, CPU_PASS))[0]
+
+
+def test_without_pass_data_the_load_is_only_saturation():
+    for n in (1, 16):
+        assert Load(n, None, w=0.05).step_cost(4, 0.05) == pytest.approx(1.4)
+    assert best_k(0.8, 0.05, 1, 8, Load(16, None, w=0.05)) == best_k(0.8, 0.05, 1, 8, Load(w=0.05))
+
+
+def fitted(line: PassTime, sizes, sessions: int = 1) -> PassFit:
+    fit = PassFit()
+    for t in sizes:
+        fit.add(t, line.seconds(t), sessions)
+    return fit
+
+
+def test_the_pass_fit_finds_the_line_and_follows_a_change():
+    line = fitted(CPU_PASS, range(1, 65)).line()
+    assert line.fixed == pytest.approx(0.010) and line.per_token == pytest.approx(0.001)
+    assert fitted(CPU_PASS, [5] * 100).line() is None  # one size only: the slope is unknown
+    assert fitted(CPU_PASS, [1, 5] * 3).line() is None  # too few passes
+    assert fitted(CPU_PASS, [0, 0] * 20).line() is None  # workers that report no pass teach nothing
+    # Ten half-lives later the old replica is forgotten.
+    fit = fitted(CPU_PASS, range(1, 65))
+    fit.fold(fitted(PassTime(0.002, 0.0001), range(1, 65)), factor=0.5 ** 10)
+    assert fit.line().fixed == pytest.approx(0.002, rel=0.05) and fit.line().per_token == pytest.approx(0.0001, rel=0.1)
+    # Superlinear passes would give a negative intercept: then the line goes through the origin.
+    fit = PassFit()
+    for t in (10, 20, 40) * 3:
+        fit.add(t, 1e-6 * t * t, 1)
+    assert fit.line().fixed == 0 and fit.line().per_token == pytest.approx(73_000e-6 / 2_100)  # sum t s / sum t^2
+
+
+def test_the_largest_pass_fades():
+    fit = fitted(CPU_PASS, [8] * 10, sessions=16)
+    fit.fold(fitted(CPU_PASS, [1] * 10, sessions=1), factor=0.25)
+    assert fit.most_sessions == 4

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from specserve.router.admission import Admission, Overloaded
+from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.model_host import SessionLimit, SessionSlots
 
 
@@ -55,28 +57,33 @@ def test_a_waiter_that_goes_away_leaves_the_queue():
     asyncio.run(scenario())
 
 
+def small_pool(positions: int) -> KVPool:
+    shape = KVShape(layers=1, heads=1, head_dim=1, dtype=torch.float32, device=torch.device("cpu"))
+    return KVPool(shape, Budget(positions * shape.bytes_per_position), arena_positions=positions)
+
+
 def test_worker_slots_bound_sessions_and_kv_memory_and_free_both():
-    slots = SessionSlots("target t1", max_sessions=3, budget_bytes=100)
-    with slots.hold(60):
-        with pytest.raises(SessionLimit, match="needs 0.0 MiB of KV cache"):
-            with slots.hold(41):  # would reserve 101 of 100
+    slots, pool = SessionSlots("target t1", max_sessions=3), small_pool(100)
+    with slots.hold(lambda: pool.take(60), pool.give_back):
+        with pytest.raises(SessionLimit, match="needs 41 positions of KV cache"):
+            with slots.hold(lambda: pool.take(41), pool.give_back):  # would hold 101 of 100
                 pass
-        with slots.hold(40):
-            assert (slots.live, slots.reserved_bytes) == (2, 100)
+        with slots.hold(lambda: pool.take(40), pool.give_back):
+            assert (slots.live, pool.in_use) == (2, 100)
             with pytest.raises(SessionLimit, match="limit of 3 sessions"):
-                with slots.hold(0), slots.hold(0):
+                with slots.hold(), slots.hold():
                     pass
-    assert (slots.live, slots.reserved_bytes) == (0, 0)  # every refusal and exit gave back what it took
+    assert (slots.live, pool.in_use) == (0, 0)  # every refusal and exit gave back what it took
 
 
 def test_a_session_slot_released_by_its_rpc_ending_first_is_released_once():
     """grpc may finish a cancelled RPC without closing its handler: the RPC's done callback
     releases the slot, and the handler's own exit later does not release it again."""
-    slots = SessionSlots("draft d1", max_sessions=2, budget_bytes=100)
+    slots, pool = SessionSlots("draft d1", max_sessions=2), small_pool(100)
     callbacks = []
-    with slots.hold(30, on_done=callbacks.append):
-        with slots.hold(30):
+    with slots.hold(lambda: pool.take(30), pool.give_back, on_done=callbacks.append):
+        with slots.hold(lambda: pool.take(30), pool.give_back):
             callbacks[0]()  # the first session's RPC ended
-            assert (slots.live, slots.reserved_bytes) == (1, 30)
+            assert (slots.live, pool.in_use) == (1, 30)
         callbacks[0]()
-    assert (slots.live, slots.reserved_bytes) == (0, 0)
+    assert (slots.live, pool.in_use) == (0, 0)

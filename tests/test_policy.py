@@ -7,7 +7,8 @@ import random
 import pytest
 
 from specserve.router.config import PolicyConfig
-from specserve.router.policy import FALLBACK, SPECULATE, Observation, Policy
+from specserve.router.cost_model import Load, PassFit, PassTime, best_k
+from specserve.router.policy import FALLBACK, SPECULATE, TARGET_SATURATED, Observation, Policy
 
 STEP = 0.010  # a target-only step: 10 ms
 
@@ -24,6 +25,21 @@ def observation(alpha: float, c: float, k: int = 4, steps: int = 50, verify_cost
 
 def plain(passes: int = 100) -> Observation:
     return Observation(plain_passes=passes, plain_seconds=passes * STEP, plain_device_seconds=passes * STEP)
+
+
+# A batching replica: a pass of t tokens takes 10 ms + 1 ms per token (CPU-like: width is never free).
+CPU_PASS = PassTime(fixed=0.010, per_token=0.001)
+
+
+def batched_plain(line: PassTime = CPU_PASS, most_sessions: int = 64, k: int = 4) -> Observation:
+    """Target-only steps of `plain()`, with the passes they ran in: of 1..most_sessions sessions,
+    beside speculating neighbours (k + 1 tokens each) and target-only ones (1 token each)."""
+    obs, fit = plain(), PassFit()
+    for n in range(1, most_sessions + 1):
+        for tokens in (n, n * (k + 1)):
+            fit.add(tokens, line.seconds(tokens), n)
+    obs.passes = fit
+    return obs
 
 
 def policy(drafts=("a", "b"), seed: int = 0, **config) -> Policy:
@@ -174,3 +190,58 @@ def test_per_position_acceptance_is_kept_for_each_draft():
     obs.accepted_per_position, obs.tested_per_position = [3, 1, 0], [4, 3, 0]  # no step reached position 2
     p.observe("t", "a", obs)
     assert p.view("t").arms[0].alpha_per_position == pytest.approx((0.75, 1 / 3))
+
+
+def load_policy(**config) -> Policy:
+    """One draft at alpha 0.8, c 0.05, on the batching replica above, known well enough to judge."""
+    p = policy(drafts=("a",), explore=False, probe_fraction=0, min_trials=0, **config)
+    p.observe("t", None, batched_plain())
+    p.observe("t", "a", observation(alpha=0.8, c=0.05, steps=500))
+    return p
+
+
+def test_k_falls_as_sessions_share_a_pass():
+    p = load_policy()
+    routes = [p.route("t", pressure=n) for n in (1, 2, 4, 8, 16)]
+    ks = [r.k for r in routes]
+    assert ks == sorted(ks, reverse=True) and ks[0] - ks[-1] >= 3, ks  # a real slope
+    assert routes[0].load == "" and all(r.load == "lowered_k" for r in routes[2:])
+    assert all(r.draft == "a" for r in routes) and p.view("t").decision == SPECULATE
+    alpha = p.view("t").best.alpha
+    assert ks[-1] == best_k(alpha, 0.05, 1, 8, Load(16, p.passes.line(), saturated=True))[0]
+
+
+def test_falls_back_when_passes_are_full_and_speculates_again_as_the_load_falls():
+    p = load_policy()
+    route = p.route("t", pressure=64)
+    view = p.view("t")
+    assert route.draft is None and route.reason == "fallback" and route.load == TARGET_SATURATED
+    assert view.decision == FALLBACK and view.cause == TARGET_SATURATED
+    # "target_saturated: at 64.0 sessions per pass a step of k=1 costs 1.86 target steps: ..."
+    assert view.reason.startswith(f"{TARGET_SATURATED}: at 64.0 sessions per pass a step of k=1 costs 1.8"), view.reason
+    assert view.best.unloaded_speedup > 2  # the same draft unloaded: the load alone made it lose
+    on = p.route("t", mode="on", pressure=64)
+    assert on.draft == "a" and on.k >= 1  # a request that asks for speculation still drafts
+    assert p.route("t", pressure=40).draft is None  # between the thresholds: hysteresis holds it
+    back = p.route("t", pressure=2)
+    assert back.draft == "a" and back.k >= 4 and p.view("t").reason.startswith("recovered")
+
+
+def test_a_replica_that_does_not_batch_caps_the_load():
+    # Passes never held more than one session: a step's price does not grow with the router's sessions.
+    p = policy(drafts=("a",), explore=False, min_trials=0)
+    p.observe("t", None, batched_plain(most_sessions=1))
+    p.observe("t", "a", observation(alpha=0.8, c=0.05, steps=500))
+    route = p.route("t", pressure=32)
+    assert p.view("t").load.sessions == 1 and route.draft == "a" and p.view("t").decision == SPECULATE
+
+
+def test_without_pass_data_the_load_changes_nothing_but_saturation():
+    p = policy(drafts=("a",), explore=False, min_trials=0)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.8, c=0.05, steps=500))
+    assert p.passes.line() is None
+    unloaded = p.route("t", pressure=1)
+    assert p.route("t", pressure=4) == unloaded and unloaded.load == ""
+    view = p.view("t")
+    assert "with no pass timings yet" in view.reason and view.best.step_cost == pytest.approx(1 + 0.05 * view.best.k)

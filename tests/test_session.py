@@ -25,9 +25,11 @@ from specserve.router.tasks import ResolvedTask
 from specserve.router.validation import ValidRequest
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.draft_worker import DraftStream
+from specserve.workers.model_host import reserved_length
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.registry import Endpoint
 from specserve.workers.request import GenerationParams
+from specserve.workers.steps import private_sequence, run_alone
 from specserve.workers.target_replica import target_session
 from specserve.workers.wire import proposal_from, proposal_message, verdict_message
 
@@ -56,7 +58,8 @@ class FakeWorker:
 
     def open(self, opened: pb.SessionOpen):
         self.opened.append(len(opened.prompt_ids))
-        return target_session(self.model, opened) if self.endpoint.kind == "target" else DraftStream(self.model, opened)
+        self.pool, sequence = private_sequence(self.model, opened.prompt_ids, reserved_length(opened, self.model))
+        return target_session(sequence, opened) if self.endpoint.kind == "target" else DraftStream(sequence, opened)
 
     def answer(self, session, request):
         self.steps += 1
@@ -64,10 +67,11 @@ class FakeWorker:
             self.dead = True
             raise WorkerFailed(self.endpoint, "failed: UNAVAILABLE: killed by the test", grpc.StatusCode.UNAVAILABLE)
         if self.endpoint.kind == "target":
-            verdict = session.verify(proposal_from(request.step))
+            verdict = run_alone(self.model, self.pool, session.step(proposal_from(request.step)))
             self.verdicts.append(verdict.num_accepted)
             return pb.VerifyReply(verdict=verdict_message(verdict))
-        reply = proposal_message(session.step(request.step), session.greedy)
+        session.last = run_alone(self.model, self.pool, session.step(request.step))
+        reply = proposal_message(session.last, session.greedy)
         position = self.corrupt(self.steps)
         if position is not None and position < len(reply.ids):
             reply.ids[position] = (reply.ids[position] + 1) % self.model.config.vocab_size

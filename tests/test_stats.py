@@ -1,7 +1,10 @@
-"""Per-request speculation statistics: the definitions the demo, the service and the policy rely on."""
+"""Per-request speculation statistics, and the batches steps ran in: the definitions the demo, the
+service, `specserve stats` and the policy rely on."""
 
 import pytest
 
+from specserve.proto.v1 import internal_pb2 as pb
+from specserve.router.passes import PassLog, PassWindow
 from specserve.workers.stats import SpecStats
 
 
@@ -35,3 +38,23 @@ def test_add_sums_requests():
     assert (a.proposed, a.accepted, a.rejections, a.target_passes) == (6, 5, 1, 2)
     assert a.accepted_per_position == [2, 2, 1, 0] and a.draft_seconds == 0.5
     assert a.tested_per_position == [2, 2, 1, 1]
+
+
+def test_a_request_logs_the_pass_each_step_ran_in():
+    log = PassLog()
+    log.add(pb.PassInfo(tokens=20, sessions=4, queue_seconds=0.002))
+    log.add(pb.PassInfo())  # a worker that does not batch reports no pass: no entry
+    log.add(pb.Proposal(ids=[1, 2]).pass_info)  # nor does a proposal without one
+    assert (log.tokens, log.sessions, log.queue_seconds) == ([20], [4], [0.002])
+
+
+def test_the_window_keeps_the_latest_steps_and_summarises_them():
+    window = PassWindow(size=4)
+    assert window.summary().steps == 0 and window.summary().mean_sessions == 0.0
+    window.add(PassLog(tokens=[100] * 4, sessions=[16] * 4, queue_seconds=[1.0] * 4))  # pushed out below
+    window.add(PassLog(tokens=[5, 10, 10, 30], sessions=[1, 2, 2, 6], queue_seconds=[0.0, 0.001, 0.001, 0.006]))
+    s = window.summary()
+    assert s.steps == 4
+    assert (s.mean_sessions, s.p50_sessions) == (2.75, 2)
+    assert (s.mean_tokens, s.p50_tokens) == (13.75, 10)
+    assert s.mean_queue_seconds == pytest.approx(0.002) and s.p50_queue_seconds == pytest.approx(0.001)

@@ -19,6 +19,23 @@ class FrozenConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class BatchingConfig(FrozenConfig):
+    """How a process batches its sessions' steps into forward passes (continuous batching).
+
+    Its device thread runs one pass at a time; each pass takes the steps pending at that moment, up
+    to these limits, so sessions join and leave between passes. ``max_sessions_per_pass: 1`` turns
+    batching off (one session per pass, first come first served).
+    """
+
+    max_sessions_per_pass: int = Field(32, ge=1)
+    # Tokens one pass may run over all its sessions. A prompt longer than what is left is cut into
+    # chunks that ride along with decode steps (chunked prefill), so it never stalls them.
+    max_tokens_per_pass: int = Field(512, ge=64)  # >= a whole verify step (MAX_K + 1)
+    # Prefer passes of one task (code, sql, ...): a step of another task waits at most this long
+    # for its task's turn. 0: passes take every pending step (the default; see the bench's load notes).
+    same_task_wait_ms: float = Field(0.0, ge=0)
+
+
 class WorkerConfig(FrozenConfig):
     """How a model process runs: its device, its threads and (on CPU) its cores."""
 
@@ -41,6 +58,7 @@ class WorkerConfig(FrozenConfig):
     # died without closing the stream, or hangs. Routers wait at most a target step or a target
     # wait (router.timeouts) between steps, well under this.
     session_idle_seconds: float = Field(120.0, gt=0)
+    batching: BatchingConfig = BatchingConfig()
 
 
 class TargetConfig(WorkerConfig):

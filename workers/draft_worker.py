@@ -14,13 +14,13 @@ from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .config import DraftPoolConfig
-from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal, score_continuation
-from .kv_cache import kv_bytes_per_token
+from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftStep, Proposal, score_continuation
 from .loading import ModelSpec, load_model
-from .model_host import ModelHost, SessionIdle, SessionLimit, first_open, reserved_length
+from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
+from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import request_generators
-from .wire import proposal_message, sampling_from
+from .wire import pass_info, proposal_message, sampling_from
 
 
 class DraftWorker:
@@ -30,7 +30,7 @@ class DraftWorker:
                  registration: Registration) -> None:
         self.models = {name: load_model(spec) for name, spec in drafts.items()}
         servicer = DrafterServicer(self)
-        self.host = ModelHost("draft", worker_id, tuple(drafts), config, registration,
+        self.host = ModelHost("draft", worker_id, self.models, config, registration,
                               lambda server: rpc.add_DrafterServicer_to_server(servicer, server))
 
     def ping(self) -> str:
@@ -44,17 +44,17 @@ class DraftWorker:
 class DraftStream:
     """One Draft stream's session: each step brings the draft to what stands, then proposes."""
 
-    def __init__(self, model, opened: pb.SessionOpen) -> None:
+    def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen) -> None:
         sampling = sampling_from(opened.sampling)
         self.greedy = sampling.greedy
-        self.session = DraftSession(model, list(opened.prompt_ids), sampling, request_generators(opened.sampling.seed)[1],
-                                    DRAFT_MAX_SUPPORT, reserved_length(opened, model))
+        self.session = DraftSession(sequence, sampling, request_generators(opened.sampling.seed)[1], DRAFT_MAX_SUPPORT)
         self.last: Proposal | None = None
 
-    def step(self, step: pb.DraftStep) -> Proposal:
+    def step(self, step: pb.DraftStep) -> DraftStep:
+        """The drafting this step asks for, after moving the session to what stands (bookkeeping)."""
         self.session.resync(self.last, step.keep, list(step.append))
-        self.last = self.session.propose(step.k, step.min_confidence, max(step.min_tokens, 1))
-        return self.last
+        self.last = None  # until the step's proposal is known: a failed step leaves nothing to rewind
+        return self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1))
 
 
 class DrafterServicer(rpc.DrafterServicer):
@@ -69,11 +69,12 @@ class DrafterServicer(rpc.DrafterServicer):
                                 f"this worker has no draft {opened.model!r}; it has {', '.join(self.worker.models)}")
         host = self.worker.host
         try:
-            with host.session(reserved_length(opened, model) * kv_bytes_per_token(model), context):
-                stream = DraftStream(model, opened)
+            with host.session(opened.model, opened, context) as (scheduler, sequence):
+                stream = DraftStream(sequence, opened)
                 async for request in host.steps(requests):
-                    proposal, seconds = await host.device.run_timed(stream.step, request.step)
-                    yield proposal_message(proposal, stream.greedy, seconds)
+                    done = await scheduler.run(stream.step(request.step), opened.task)
+                    stream.last = done.result
+                    yield proposal_message(done.result, stream.greedy, done.device_seconds, pass_info(done))
         except SessionLimit as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except SessionIdle as exc:

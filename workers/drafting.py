@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .acceptance import SamplingParams, SparseDist, Verdict, one_hot, sample_sparse, sparsify, warp
-from .kv_cache import SequenceCache
+from .ragged_pass import PooledSequence, Segment
 
 # The draft samples from its warped distribution truncated to this many tokens. q stays exact (the
 # draft samples from the truncation itself) and a proposal stays a few hundred bytes on the wire;
@@ -29,46 +29,28 @@ class Proposal:
 class DraftSession:
     """Proposes continuations of one request's committed tokens with a draft model."""
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        generator: torch.Generator,
-        max_support: int = DRAFT_MAX_SUPPORT,
-        max_length: int | None = None,  # positions its cache may hold (kv_cache.session_capacity)
-    ) -> None:
-        self.sequence = SequenceCache(model, prompt_ids, max_length)
+    def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator,
+                 max_support: int = DRAFT_MAX_SUPPORT) -> None:
+        self.sequence = sequence
         self.sampling = sampling
         self.generator = generator
         self.max_support = max_support
 
-    def propose(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1) -> Proposal:
+    def step(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1) -> DraftStep:
         """Up to k tokens; with `min_confidence`, stop after a token (past the first `min_tokens`)
         the draft gave less probability than that. The stopping rule looks at the draft's own
         draws only, so the verified output keeps the target's distribution."""
-        ids: list[int] = []
-        rows: list[SparseDist] = []
-        logits = self.sequence.catch_up()  # [1, V] after the last committed token
-        for i in range(k):
-            if i:
-                logits = self.sequence.lm.extend(ids[-1:])
-            token, q = self._draw(logits)
-            ids.append(token)
-            rows.append(q)
-            if min_confidence and i + 1 >= min_tokens and self._confidence(logits, token, q) < min_confidence:
-                break
-        return Proposal(ids, _stack(rows))
+        return DraftStep(self, k, min_confidence, min_tokens)
 
     def commit(self, proposal: Proposal, verdict: Verdict) -> None:
         """Take the verifier's verdict: keep the accepted prefix, drop the rest of the cache."""
         self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
 
     def resync(self, proposal: Proposal | None, keep: int, append: list[int]) -> None:
-        """The router's word on what stands (see SequenceCache.resync)."""
+        """The router's word on what stands (see PooledSequence.resync)."""
         self.sequence.resync(proposal.ids if proposal else [], keep, append)
 
-    def _draw(self, logits: torch.Tensor) -> tuple[int, SparseDist]:
+    def draw(self, logits: torch.Tensor) -> tuple[int, SparseDist]:
         if self.sampling.greedy:
             token = logits[0].argmax()
             return int(token), one_hot(token)
@@ -76,13 +58,46 @@ class DraftSession:
         u = float(torch.rand(1, generator=self.generator))
         return sample_sparse(q, u), q
 
-
-    def _confidence(self, logits: torch.Tensor, token: int, q: SparseDist) -> float:
+    def confidence(self, logits: torch.Tensor, token: int, q: SparseDist) -> float:
         """The probability the draft gave its token: of its plain softmax under greedy (where q is
         one-hot), of the distribution it sampled from otherwise."""
         if self.sampling.greedy:
             return float(torch.softmax(logits[0].float(), dim=-1)[token])
         return float(q.probs[q.ids == token].sum())
+
+
+class DraftStep:
+    """Drafting one proposal, one pass per token: the first runs what the cache lacks (the verdict's
+    tokens, or the prompt, in chunks if long), each later one the token drawn last."""
+
+    def __init__(self, session: DraftSession, k: int, min_confidence: float, min_tokens: int) -> None:
+        self.session = session
+        self.k = k
+        self.min_confidence = min_confidence
+        self.min_tokens = min_tokens
+        self.ids: list[int] = []
+        self.rows: list[SparseDist] = []
+        self.planned: Segment | None = None
+        self.result: Proposal | None = Proposal.empty() if k < 1 else None
+
+    def plan(self, room: int) -> Segment | None:
+        self.planned = self.session.sequence.segment(self.ids[-1:], 1, room)
+        return self.planned
+
+    def advance(self, logits: torch.Tensor) -> bool:
+        session = self.session
+        session.sequence.ran(self.planned)
+        if not self.planned.logits:  # a prefill chunk
+            return False
+        token, q = session.draw(logits)
+        self.ids.append(token)
+        self.rows.append(q)
+        confident = (not self.min_confidence or len(self.ids) < self.min_tokens
+                     or session.confidence(logits, token, q) >= self.min_confidence)
+        if len(self.ids) < self.k and confident:
+            return False
+        self.result = Proposal(self.ids, _stack(self.rows))
+        return True
 
 
 def score_continuation(model: PreTrainedModel, ids: list[int], start: int) -> tuple[int, int]:

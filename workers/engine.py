@@ -15,11 +15,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .acceptance import Verdict
 from .decoding import Completion, Decoding
 from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal
+from .kv_cache import session_capacity
 from .loading import ModelSpec, load_model, load_tokenizer
 from .prompt import encode_prompt
 from .request import GenerationParams
 from .seeds import request_generators
+from .ragged_pass import use_pooled_attention
 from .stats import SpecStats
+from .steps import private_sequence, run_alone
 from .stopping import Chunk, OutputAssembler
 from .tokenizer_check import check_compatible
 from .verifying import TargetSession
@@ -35,9 +38,9 @@ class SpecEngine:
         drafts: dict[str, PreTrainedModel],
         draft_max_support: int = DRAFT_MAX_SUPPORT,
     ) -> None:
-        self.target = target
+        self.target = use_pooled_attention(target)
         self.tokenizer = tokenizer
-        self.drafts = drafts
+        self.drafts = {name: use_pooled_attention(model) for name, model in drafts.items()}
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.context_window = int(target.config.max_position_embeddings)
 
@@ -71,11 +74,14 @@ class Generation:
         self.draft = draft
         self.decoding = Decoding(engine.tokenizer, prompt_ids, params, params.resolved_seed())
         verify_gen, draft_gen = request_generators(self.decoding.stats.seed)
-        self.target = TargetSession(engine.target, prompt_ids, params.sampling, verify_gen)
-        self.drafter = (
-            DraftSession(engine.drafts[draft], prompt_ids, params.sampling, draft_gen, engine.draft_max_support)
-            if draft else None
-        )
+        capacity = session_capacity(len(prompt_ids), params.max_tokens, engine.context_window)
+        self.target_model, self.draft_model = engine.target, engine.drafts.get(draft)
+        self.target_pool, sequence = private_sequence(self.target_model, prompt_ids, capacity)
+        self.target = TargetSession(sequence, params.sampling, verify_gen)
+        self.drafter = None
+        if draft:
+            self.draft_pool, sequence = private_sequence(self.draft_model, prompt_ids, capacity)
+            self.drafter = DraftSession(sequence, params.sampling, draft_gen, engine.draft_max_support)
 
     @property
     def stats(self) -> SpecStats:
@@ -101,13 +107,13 @@ class Generation:
         if not self.drafter or k < 1:
             return Proposal.empty()
         start = time.perf_counter()
-        proposal = self.drafter.propose(k)
+        proposal = run_alone(self.draft_model, self.draft_pool, self.drafter.step(k))
         self.decoding.record_draft(len(proposal.ids), time.perf_counter() - start)
         return proposal
 
     def _verify(self, proposal: Proposal) -> Verdict:
         start = time.perf_counter()
-        verdict = self.target.verify(proposal)
+        verdict = run_alone(self.target_model, self.target_pool, self.target.step(proposal))
         self.decoding.record_verify(len(proposal.ids), verdict.num_accepted, time.perf_counter() - start)
         return verdict
 

@@ -7,18 +7,24 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
 
 import grpc
+from transformers import PreTrainedModel
 
 from specserve.proto.v1 import internal_pb2 as pb
 
+from .batching import Scheduler
 from .config import WorkerConfig
 from .grpc_host import BackgroundServer, Device, advertised_host
 from .kv_cache import session_capacity
+from .kv_pool import Budget, KVPool, KVShape, PoolFull
+from .ragged_pass import PooledSequence, use_pooled_attention
 from .registry import Endpoint, Heartbeat, Registration
 from .security import SecuritySettings
 
 log = logging.getLogger("specserve.workers")
+T = TypeVar("T")
 
 
 class SessionLimit(Exception):
@@ -30,31 +36,30 @@ class SessionIdle(Exception):
 
 
 class SessionSlots:
-    """The sessions a process holds and the KV cache memory they may grow to, each bounded.
+    """The sessions a process holds, bounded, each with what it took from the KV pool.
 
-    A session reserves its KV memory when it opens (what its longest possible sequence needs), so
-    the bound holds however sessions grow. Touched only on the server's event loop: no lock.
+    A session takes its KV memory when it opens (a pool region for its longest possible sequence),
+    so the bound holds however sessions grow. Touched only on the server's event loop: no lock.
     """
 
-    def __init__(self, owner: str, max_sessions: int, budget_bytes: int) -> None:
+    def __init__(self, owner: str, max_sessions: int) -> None:
         self.owner = owner
         self.max_sessions = max_sessions
-        self.budget_bytes = budget_bytes
         self.live = 0
-        self.reserved_bytes = 0
 
     @contextlib.contextmanager
-    def hold(self, kv_bytes: int, on_done: Callable[[Callable], None] = lambda release: None) -> Iterator[None]:
-        """``on_done(release)`` is given the release, for a caller that may learn of the session's end
-        first (an RPC's done callback: grpc does not always close a cancelled handler's generator)."""
+    def hold(self, take: Callable[[], T] = lambda: None, give: Callable[[T], None] = lambda held: None,
+             on_done: Callable[[Callable], None] = lambda release: None) -> Iterator[T]:
+        """A slot and what ``take()`` returns, until ``give(held)`` at the end. ``on_done(release)``
+        is given the release, for a caller that may learn of the session's end first (an RPC's
+        done callback: grpc does not always close a cancelled handler's generator)."""
         if self.live >= self.max_sessions:
             raise SessionLimit(f"{self.owner} holds its limit of {self.max_sessions} sessions")
-        if self.reserved_bytes + kv_bytes > self.budget_bytes:
-            raise SessionLimit(f"{self.owner}: the session needs {kv_bytes / 2**20:.1f} MiB of KV cache and "
-                               f"{self.reserved_bytes / 2**20:.1f} of its {self.budget_bytes / 2**20:.1f} MiB are "
-                               f"taken (kv_cache_mib)")
+        try:
+            held = take()
+        except PoolFull as exc:
+            raise SessionLimit(f"{self.owner}: {exc}") from None
         self.live += 1
-        self.reserved_bytes += kv_bytes
         released = False
 
         def release(*_) -> None:
@@ -62,11 +67,11 @@ class SessionSlots:
             if not released:
                 released = True
                 self.live -= 1
-                self.reserved_bytes -= kv_bytes
+                give(held)
 
         on_done(release)
         try:
-            yield
+            yield held
         finally:
             release()
 
@@ -74,14 +79,17 @@ class SessionSlots:
 class ModelHost:
     """Runs ``add_servicer``'s service on a background gRPC server and keeps it registered."""
 
-    def __init__(self, kind: str, worker_id: str, models: tuple[str, ...], config: WorkerConfig,
+    def __init__(self, kind: str, worker_id: str, models: dict[str, PreTrainedModel], config: WorkerConfig,
                  registration: Registration, add_servicer: Callable[[grpc.aio.Server], None]) -> None:
         self.kind = kind
         self.worker_id = worker_id
-        self.models = models
-        self.slots = SessionSlots(f"{kind} {worker_id}", config.max_sessions, int(config.kv_cache_mib * 2**20))
+        self.models = tuple(models)
+        self.slots = SessionSlots(f"{kind} {worker_id}", config.max_sessions)
         self.idle_seconds = config.session_idle_seconds
         self.device = Device(config.threads, config.cpus)
+        self.budget = Budget(int(config.kv_cache_mib * 2**20))  # shared by the pools of all its models
+        self.schedulers = {name: Scheduler(use_pooled_attention(model), KVPool(KVShape.of(model), self.budget),
+                                           self.device, config.batching) for name, model in models.items()}
         security = SecuritySettings.from_env()  # the router is the only caller: mTLS and the internal token
         self.server = BackgroundServer(add_servicer, name=f"{kind}-grpc",
                                        credentials=security.internal_server_credentials(),
@@ -96,9 +104,16 @@ class ModelHost:
     def endpoint(self) -> Endpoint:
         return Endpoint(self.kind, self.worker_id, self.address, self.models, self.slots.live, self.node_id)
 
-    def session(self, kv_bytes: int, context: grpc.aio.ServicerContext) -> contextlib.AbstractContextManager[None]:
-        """Holds a session slot and ``kv_bytes`` of the KV budget until the session's stream ends."""
-        return self.slots.hold(kv_bytes, context.add_done_callback)
+    @contextlib.contextmanager
+    def session(self, model: str, opened: pb.SessionOpen,
+                context: grpc.aio.ServicerContext) -> Iterator[tuple[Scheduler, PooledSequence]]:
+        """A session slot and a region of ``model``'s KV pool for the longest sequence ``opened``
+        may reach, until the session's stream ends; with the scheduler its steps run on."""
+        scheduler = self.schedulers[model]
+        capacity = reserved_length(opened, scheduler.model)
+        with self.slots.hold(lambda: scheduler.pool.take(capacity), scheduler.release,
+                             context.add_done_callback) as region:
+            yield scheduler, PooledSequence(region, opened.prompt_ids)
 
     async def steps(self, requests) -> AsyncIterator:
         """A session's step requests, until its router closes the stream; SessionIdle when the
@@ -117,9 +132,15 @@ class ModelHost:
             yield request
 
     def state(self) -> pb.WorkerState:
-        return pb.WorkerState(worker_id=self.worker_id, models=self.models, live_sessions=self.slots.live,
-                              resources=self.resources, pid=os.getpid(), kv_reserved_bytes=self.slots.reserved_bytes,
-                              kv_budget_bytes=self.slots.budget_bytes)
+        schedulers = self.schedulers.values()
+        counts = [s.counts for s in schedulers]
+        return pb.WorkerState(
+            worker_id=self.worker_id, models=self.models, live_sessions=self.slots.live, resources=self.resources,
+            pid=os.getpid(), kv_budget_bytes=self.budget.limit_bytes,
+            kv_reserved_bytes=sum(s.pool.in_use * s.pool.shape.bytes_per_position for s in schedulers),
+            kv_pool_bytes=sum(s.pool.allocated_bytes for s in schedulers),
+            passes=sum(c.passes for c in counts), pass_tokens=sum(c.tokens for c in counts),
+            pass_sessions=sum(c.sessions for c in counts), max_pass_sessions=max((c.max_sessions for c in counts), default=0))
 
     def shutdown(self) -> None:
         self.heartbeat.stop()

@@ -1,8 +1,9 @@
 """A target replica: a Ray Serve deployment holding the target model on its own device.
 
-Each Verify stream is one session with its own KV cache. A step is one proposal (possibly empty:
-target-only decoding); the replica verifies it in one forward pass, commits the verdict to its cache
-and answers with the verdict. Serve deploys, places and restarts replicas; the per-step traffic
+Each Verify stream is one session with its own region of the replica's KV pool. A step is one
+proposal (possibly empty: target-only decoding); the replica's scheduler verifies it in a forward
+pass shared with the steps of other sessions pending at that moment (continuous batching), commits
+the verdict to the session's cache and answers with the verdict. Serve deploys, places and restarts replicas; the per-step traffic
 goes over the stream, never through Serve handles (a handle hop costs ~4 ms).
 """
 
@@ -16,13 +17,13 @@ from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .config import TargetConfig
-from .kv_cache import kv_bytes_per_token
 from .loading import ModelSpec, load_model
-from .model_host import ModelHost, SessionIdle, SessionLimit, first_open, reserved_length
+from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
+from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import request_generators
 from .verifying import TargetSession
-from .wire import proposal_from, sampling_from, verdict_message
+from .wire import pass_info, proposal_from, sampling_from, verdict_message
 
 
 class TargetReplica:
@@ -30,10 +31,9 @@ class TargetReplica:
 
     def __init__(self, config: dict, target: ModelSpec, registration: Registration) -> None:
         cfg = TargetConfig.model_validate(config)  # plain data across Serve, checked again here
-        self.model = load_model(target)
         servicer = VerifierServicer(self)
-        self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", ("target",), cfg, registration,
-                              lambda server: rpc.add_VerifierServicer_to_server(servicer, server))
+        self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", {"target": load_model(target)}, cfg,
+                              registration, lambda server: rpc.add_VerifierServicer_to_server(servicer, server))
 
     def check_health(self) -> None:
         """Serve restarts a replica whose stream server has died."""
@@ -46,10 +46,9 @@ class TargetReplica:
             host.shutdown()
 
 
-def target_session(model, opened: pb.SessionOpen) -> TargetSession:
+def target_session(sequence: PooledSequence, opened: pb.SessionOpen) -> TargetSession:
     """The session a Verify stream's open message asks for."""
-    return TargetSession(model, list(opened.prompt_ids), sampling_from(opened.sampling),
-                         request_generators(opened.sampling.seed)[0], reserved_length(opened, model))
+    return TargetSession(sequence, sampling_from(opened.sampling), request_generators(opened.sampling.seed)[0])
 
 
 class VerifierServicer(rpc.VerifierServicer):
@@ -58,14 +57,14 @@ class VerifierServicer(rpc.VerifierServicer):
 
     async def Verify(self, requests, context: grpc.aio.ServicerContext):
         opened = await first_open(requests, context)
-        host, model = self.replica.host, self.replica.model
+        host = self.replica.host
         try:
-            with host.session(reserved_length(opened, model) * kv_bytes_per_token(model), context):
-                session = target_session(model, opened)
+            with host.session("target", opened, context) as (scheduler, sequence):
+                session = target_session(sequence, opened)
                 async for request in host.steps(requests):
-                    proposal = proposal_from(request.step)
-                    verdict, seconds = await host.device.run_timed(session.verify, proposal)
-                    yield pb.VerifyReply(verdict=verdict_message(verdict), seconds=seconds)
+                    done = await scheduler.run(session.step(proposal_from(request.step)), opened.task)
+                    yield pb.VerifyReply(verdict=verdict_message(done.result), seconds=done.device_seconds,
+                                         pass_info=pass_info(done))
         except SessionLimit as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except SessionIdle as exc:

@@ -1,41 +1,59 @@
-"""The target side of one session: verify a proposal in one forward pass and commit the verdict."""
+"""The target side of one session: verify a proposal in one pass and commit the verdict."""
 
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedModel
 
 from .acceptance import SamplingParams, Verdict, verify, verify_greedy, warp
 from .drafting import Proposal
-from .kv_cache import SequenceCache
+from .ragged_pass import PooledSequence, Segment
 
 
 class TargetSession:
-    """Holds one request's target KV cache; a proposal of k tokens costs one target pass.
+    """Holds one request's target cache; a proposal of k tokens costs one target pass.
 
     An empty proposal is plain target-only decoding: the same pass, the same sampling rule.
     """
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        generator: torch.Generator,
-        max_length: int | None = None,  # positions its cache may hold (kv_cache.session_capacity)
-    ) -> None:
-        self.sequence = SequenceCache(model, prompt_ids, max_length)
+    def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator) -> None:
+        self.sequence = sequence
         self.sampling = sampling
         self.generator = generator
 
-    def verify(self, proposal: Proposal) -> Verdict:
-        k = len(proposal.ids)
-        logits = self.sequence.catch_up(proposal.ids)  # [k+1, V]
+    def step(self, proposal: Proposal) -> VerifyStep:
+        return VerifyStep(self, proposal)
+
+    def judge(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
+        """The verdict on ``proposal`` from the target's logits after the committed tokens and after
+        each proposed one ([k+1, V]), committed to the session. Only the session's own generator
+        draws, so a sampled verdict depends on its seed, never on what shared its pass."""
         draft_ids = torch.tensor(proposal.ids, dtype=torch.long)
         if self.sampling.greedy:
             verdict = verify_greedy(logits.argmax(-1), draft_ids)
         else:
-            uniforms = torch.rand(k + 1, generator=self.generator)
+            uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
             verdict = verify(warp(logits, self.sampling), draft_ids, proposal.q, uniforms)
         self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
         return verdict
+
+
+class VerifyStep:
+    """Verifying one proposal: prefill chunks first if the session's prompt needs them, then one pass."""
+
+    def __init__(self, session: TargetSession, proposal: Proposal) -> None:
+        self.session = session
+        self.proposal = proposal
+        self.planned: Segment | None = None
+        self.result: Verdict | None = None
+
+    def plan(self, room: int) -> Segment | None:
+        ids = self.proposal.ids
+        self.planned = self.session.sequence.segment(ids, len(ids) + 1, room)
+        return self.planned
+
+    def advance(self, logits: torch.Tensor) -> bool:
+        self.session.sequence.ran(self.planned)
+        if not self.planned.logits:  # a prefill chunk
+            return False
+        self.result = self.session.judge(self.proposal, logits)
+        return True

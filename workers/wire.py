@@ -6,6 +6,7 @@ import torch
 
 from specserve.proto.v1 import internal_pb2 as pb
 
+from .batching import StepResult
 from .acceptance import SamplingParams, SparseDist, Verdict, one_hot
 from .drafting import Proposal
 
@@ -19,9 +20,10 @@ def sampling_from(msg: pb.Sampling) -> SamplingParams:
     return SamplingParams(temperature=msg.temperature, top_k=msg.top_k, top_p=msg.top_p)
 
 
-def proposal_message(proposal: Proposal, greedy: bool, seconds: float = 0.0) -> pb.Proposal:
+def proposal_message(proposal: Proposal, greedy: bool, seconds: float = 0.0,
+                     info: pb.PassInfo | None = None) -> pb.Proposal:
     """Greedy proposals are one-hot, so only their ids travel."""
-    msg = pb.Proposal(ids=proposal.ids, seconds=seconds)
+    msg = pb.Proposal(ids=proposal.ids, seconds=seconds, pass_info=info)
     if not greedy:
         for ids, probs in zip(proposal.q.ids.tolist(), proposal.q.probs.tolist(), strict=True):
             msg.q.add(ids=ids, probs=probs)
@@ -43,6 +45,10 @@ def proposal_from(msg: pb.Proposal) -> Proposal:
         q_ids[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
         q_probs[i, : len(row.probs)] = torch.tensor(row.probs)
     return Proposal(ids, SparseDist(q_ids, q_probs))
+
+
+def pass_info(done: StepResult) -> pb.PassInfo:
+    return pb.PassInfo(tokens=done.pass_tokens, sessions=done.pass_sessions, queue_seconds=done.queue_seconds)
 
 
 def verdict_message(verdict: Verdict) -> pb.Verdict:

@@ -27,18 +27,20 @@ class SparseRow(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens")
+    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: Sampling
     model: str
     max_new_tokens: int
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    task: str
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("num_accepted", "token")
@@ -71,14 +73,16 @@ class DraftRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., step: _Optional[_Union[DraftStep, _Mapping]] = ...) -> None: ...
 
 class Proposal(_message.Message):
-    __slots__ = ("ids", "q", "seconds")
+    __slots__ = ("ids", "q", "seconds", "pass_info")
     IDS_FIELD_NUMBER: _ClassVar[int]
     Q_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PASS_INFO_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     q: _containers.RepeatedCompositeFieldContainer[SparseRow]
     seconds: float
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseRow, _Mapping]]] = ..., seconds: _Optional[float] = ...) -> None: ...
+    pass_info: PassInfo
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseRow, _Mapping]]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("open", "step")
@@ -88,20 +92,32 @@ class VerifyRequest(_message.Message):
     step: Proposal
     def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., step: _Optional[_Union[Proposal, _Mapping]] = ...) -> None: ...
 
+class PassInfo(_message.Message):
+    __slots__ = ("tokens", "sessions", "queue_seconds")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    sessions: int
+    queue_seconds: float
+    def __init__(self, tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
+
 class VerifyReply(_message.Message):
-    __slots__ = ("verdict", "seconds")
+    __slots__ = ("verdict", "seconds", "pass_info")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PASS_INFO_FIELD_NUMBER: _ClassVar[int]
     verdict: Verdict
     seconds: float
-    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ...) -> None: ...
+    pass_info: PassInfo
+    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker_id", "models", "live_sessions", "resources", "pid", "kv_reserved_bytes", "kv_budget_bytes")
+    __slots__ = ("worker_id", "models", "live_sessions", "resources", "pid", "kv_reserved_bytes", "kv_budget_bytes", "kv_pool_bytes", "passes", "pass_tokens", "pass_sessions", "max_pass_sessions")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +132,11 @@ class WorkerState(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     KV_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    PASS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     models: _containers.RepeatedScalarFieldContainer[str]
     live_sessions: int
@@ -123,7 +144,12 @@ class WorkerState(_message.Message):
     pid: int
     kv_reserved_bytes: int
     kv_budget_bytes: int
-    def __init__(self, worker_id: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ..., kv_reserved_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ...) -> None: ...
+    kv_pool_bytes: int
+    passes: int
+    pass_tokens: int
+    pass_sessions: int
+    max_pass_sessions: int
+    def __init__(self, worker_id: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ..., kv_reserved_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., kv_pool_bytes: _Optional[int] = ..., passes: _Optional[int] = ..., pass_tokens: _Optional[int] = ..., pass_sessions: _Optional[int] = ..., max_pass_sessions: _Optional[int] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
     __slots__ = ("model", "ids", "start")

@@ -124,7 +124,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TaskStats(_message.Message):
-    __slots__ = ("task", "draft", "requests", "proposed_tokens", "accepted_tokens", "target_passes", "output_tokens", "acceptance_rate", "tokens_per_pass", "alpha", "cost_ratio", "k", "expected_speedup", "decision", "reason", "scored_tokens", "alpha_per_position")
+    __slots__ = ("task", "draft", "requests", "proposed_tokens", "accepted_tokens", "target_passes", "output_tokens", "acceptance_rate", "tokens_per_pass", "alpha", "cost_ratio", "k", "expected_speedup", "decision", "reason", "scored_tokens", "alpha_per_position", "step_cost", "unloaded_k")
     TASK_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,8 @@ class TaskStats(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     SCORED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ALPHA_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    STEP_COST_FIELD_NUMBER: _ClassVar[int]
+    UNLOADED_K_FIELD_NUMBER: _ClassVar[int]
     task: str
     draft: str
     requests: int
@@ -159,7 +161,9 @@ class TaskStats(_message.Message):
     reason: str
     scored_tokens: int
     alpha_per_position: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., requests: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., output_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_pass: _Optional[float] = ..., alpha: _Optional[float] = ..., cost_ratio: _Optional[float] = ..., k: _Optional[int] = ..., expected_speedup: _Optional[float] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., scored_tokens: _Optional[int] = ..., alpha_per_position: _Optional[_Iterable[float]] = ...) -> None: ...
+    step_cost: float
+    unloaded_k: int
+    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., requests: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., output_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_pass: _Optional[float] = ..., alpha: _Optional[float] = ..., cost_ratio: _Optional[float] = ..., k: _Optional[int] = ..., expected_speedup: _Optional[float] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., scored_tokens: _Optional[int] = ..., alpha_per_position: _Optional[_Iterable[float]] = ..., step_cost: _Optional[float] = ..., unloaded_k: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("kind", "worker_id", "address", "models", "live_sessions", "node_id")
@@ -177,16 +181,52 @@ class WorkerInfo(_message.Message):
     node_id: str
     def __init__(self, kind: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
 
+class PassStats(_message.Message):
+    __slots__ = ("kind", "steps", "mean_sessions", "p50_sessions", "mean_tokens", "p50_tokens", "mean_queue_seconds", "p50_queue_seconds")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    P50_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    P50_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    P50_QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    steps: int
+    mean_sessions: float
+    p50_sessions: float
+    mean_tokens: float
+    p50_tokens: float
+    mean_queue_seconds: float
+    p50_queue_seconds: float
+    def __init__(self, kind: _Optional[str] = ..., steps: _Optional[int] = ..., mean_sessions: _Optional[float] = ..., p50_sessions: _Optional[float] = ..., mean_tokens: _Optional[float] = ..., p50_tokens: _Optional[float] = ..., mean_queue_seconds: _Optional[float] = ..., p50_queue_seconds: _Optional[float] = ...) -> None: ...
+
+class LoadPricing(_message.Message):
+    __slots__ = ("sessions", "pass_fixed_seconds", "pass_seconds_per_token", "saturated")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PASS_FIXED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PASS_SECONDS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SATURATED_FIELD_NUMBER: _ClassVar[int]
+    sessions: float
+    pass_fixed_seconds: float
+    pass_seconds_per_token: float
+    saturated: bool
+    def __init__(self, sessions: _Optional[float] = ..., pass_fixed_seconds: _Optional[float] = ..., pass_seconds_per_token: _Optional[float] = ..., saturated: _Optional[bool] = ...) -> None: ...
+
 class ServiceStats(_message.Message):
-    __slots__ = ("tasks", "workers", "requests_in_flight", "requests_rejected", "requests_queued")
+    __slots__ = ("tasks", "workers", "requests_in_flight", "requests_rejected", "requests_queued", "passes", "load")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_REJECTED_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStats]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
     requests_in_flight: int
     requests_rejected: int
     requests_queued: int
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_queued: _Optional[int] = ...) -> None: ...
+    passes: _containers.RepeatedCompositeFieldContainer[PassStats]
+    load: LoadPricing
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_queued: _Optional[int] = ..., passes: _Optional[_Iterable[_Union[PassStats, _Mapping]]] = ..., load: _Optional[_Union[LoadPricing, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,107 @@
+"""The load section's figures, derived from its samples and the workers' counters alone (pure).
+
+Per level (concurrent clients, or a peer's batch size) and path: throughput is the tokens of all its
+requests over the level's wall time (first start to last finish); latency is per request, request
+to last token. The ratios the goals need are taken between paths at the same level.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from .samples import AUTO, LOAD_PATHS, OFF, OFF_UNBATCHED, PEER_BATCH, PEER_STATIC, Sample
+
+MIB = 1024 * 1024
+
+
+def derive_load(samples: list[Sample], info: dict | None) -> dict:
+    info = info or {}
+    levels = _levels(samples)
+    return {
+        "levels": levels,
+        "ratios": {level: _ratios(paths, levels.get("1", {})) for level, paths in levels.items()},
+        "passes": _passes(info.get("passes", [])),
+        "rss": _rss(info.get("rss")),
+        "peer_errors": info.get("peer_errors", {}),
+        "unbatched": info.get("unbatched"),
+    }
+
+
+def _levels(samples: list[Sample]) -> dict[str, dict[str, dict]]:
+    grouped: dict[tuple[int, str], list[Sample]] = defaultdict(list)
+    for s in samples:
+        grouped[(s.concurrency, s.path)].append(s)
+    out: dict[str, dict[str, dict]] = defaultdict(dict)
+    for (level, path), group in sorted(grouped.items(), key=lambda item: (item[0][0], _order(item[0][1]))):
+        out[str(level)][path] = path_figures(group)
+    return dict(out)
+
+
+def _order(path: str) -> int:
+    return LOAD_PATHS.index(path) if path in LOAD_PATHS else len(LOAD_PATHS)
+
+
+def path_figures(group: list[Sample]) -> dict:
+    """Throughput, latency, time to first token and output identity of one path at one level."""
+    wall = max(s.started + s.seconds for s in group) - min(s.started for s in group)
+    latencies = [s.seconds for s in group]
+    first = [s.first_token_seconds for s in group if s.first_token_seconds is not None]
+    return {
+        "requests": len(group),
+        "tokens_per_second": sum(s.tokens for s in group) / wall if wall > 0 else None,
+        "p50": float(np.percentile(latencies, 50)),
+        "p99": float(np.percentile(latencies, 99)),
+        "ttft_p50": float(np.percentile(first, 50)) if first else None,
+        "ttft_p99": float(np.percentile(first, 99)) if first else None,
+        "identical": sum(s.identical is True for s in group),
+        "compared": sum(s.identical is not None for s in group),  # requests whose prompt has a reference output
+    }
+
+
+def _over(a: dict | None, b: dict | None, key: str) -> float | None:
+    return a[key] / b[key] if a and b and a.get(key) and b.get(key) else None
+
+
+def _ratios(paths: dict[str, dict], one_client: dict[str, dict]) -> dict[str, float | None]:
+    """At one level: AUTO against OFF, OFF against batching off and the peers, OFF against 1 client."""
+    off = paths.get(OFF)
+    return {
+        "auto_over_off": _over(paths.get(AUTO), off, "tokens_per_second"),
+        "auto_p99_over_off": _over(paths.get(AUTO), off, "p99"),
+        "off_over_unbatched": _over(off, paths.get(OFF_UNBATCHED), "tokens_per_second"),
+        "off_p50_over_unbatched": _over(off, paths.get(OFF_UNBATCHED), "p50"),
+        "off_over_peer_static": _over(off, paths.get(PEER_STATIC), "tokens_per_second"),
+        "off_over_peer_batch": _over(off, paths.get(PEER_BATCH), "tokens_per_second"),
+        "off_over_one_client": _over(off, one_client.get(OFF), "tokens_per_second"),
+    }
+
+
+def _passes(records: list[dict]) -> dict[str, dict[str, dict]]:
+    """Per level and path, per worker kind: mean sessions and tokens per forward pass over the
+    run (None where the workers counted no pass), and the most sessions any pass has held."""
+    out: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in records:
+        out[str(r["clients"])][r["path"]] = {kind: _per_pass(r[kind]) for kind in ("target", "draft")}
+    return dict(out)
+
+
+def _per_pass(counts: dict) -> dict:
+    passes = counts["passes"]
+    return {"passes": passes,
+            "sessions_per_pass": counts["pass_sessions"] / passes if passes else None,
+            "tokens_per_pass": counts["pass_tokens"] / passes if passes else None,
+            "max_pass_sessions": counts["max_pass_sessions"] or None,
+            "kv_pool_of_budget": counts["kv_pool_of_budget"] or None}
+
+
+def _rss(rss: dict | None) -> dict | None:
+    """Each component process's resident memory before and after the most-clients level."""
+    if not rss:
+        return None
+    before = {row["pid"]: row for row in rss["before"]}
+    rows = [{"component": row["component"], "pid": row["pid"], "before_mib": before[row["pid"]]["rss_bytes"] / MIB,
+             "after_mib": row["rss_bytes"] / MIB, "growth": row["rss_bytes"] / before[row["pid"]]["rss_bytes"]}
+            for row in rss["after"] if row["pid"] in before]
+    return {"clients": rss["clients"], "processes": rows}

@@ -1,0 +1,200 @@
+"""Continuous batching without Ray: the ragged pass, the KV pool and the scheduler on the tiny zoo.
+
+The property everything rests on: a session's result never depends on what shared its passes.
+Greedy steps run in a batch give the tokens they give alone; sampled steps give the same draws
+(each session draws from its own generator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from specserve.workers.acceptance import SamplingParams
+from specserve.workers.batching import Scheduler, Ticket, candidates
+from specserve.workers.config import BatchingConfig
+from specserve.workers.drafting import DraftSession, Proposal
+from specserve.workers.grpc_host import Device
+from specserve.workers.kv_cache import CachedLM
+from specserve.workers.kv_pool import Budget, KVPool, KVShape, PoolFull
+from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass
+from specserve.workers.steps import private_sequence, run_alone
+from specserve.workers.verifying import TargetSession
+
+GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.9)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_engine):
+    return tiny_engine.target
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_engine):
+    return next(iter(tiny_engine.drafts.values()))
+
+
+def prompts(count: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 300, (int(n),), generator=gen).tolist()
+            for n in torch.randint(2, 60, (count,), generator=gen)]
+
+
+def test_a_ragged_pass_gives_each_session_its_own_logits(target):
+    pool = KVPool(KVShape.of(target), Budget(2**26))
+    sequences = prompts(5)
+    regions = [pool.take(128) for _ in sequences]
+    batched = run_pass(target, pool, [Segment(r, 0, p, 2) for r, p in zip(regions, sequences, strict=True)])
+    then = run_pass(target, pool, [Segment(r, len(p), [7, 8, 9][: i % 3 + 1], i % 3 + 1)
+                                   for i, (r, p) in enumerate(zip(regions, sequences, strict=True))])
+    for i, (prompt, first, second) in enumerate(zip(sequences, batched, then, strict=True)):
+        alone = CachedLM(target)
+        assert torch.allclose(first, alone.extend(prompt, 2), atol=1e-5)
+        assert torch.allclose(second, alone.extend([7, 8, 9][: i % 3 + 1], i % 3 + 1), atol=1e-5)
+
+
+def test_the_pool_reuses_freed_regions_and_refuses_past_its_budget(target):
+    shape = KVShape.of(target)
+    pool = KVPool(shape, Budget(1000 * shape.bytes_per_position), arena_positions=600)
+    a, b = pool.take(300), pool.take(300)
+    assert pool.allocated_bytes == 600 * shape.bytes_per_position  # one arena holds both
+    with pytest.raises(PoolFull, match="kv_cache_mib"):
+        pool.take(500)  # a second arena would pass the budget (only 400 positions are left)
+    c = pool.take(400)  # what the budget has left, as a last arena
+    pool.give_back(a)
+    pool.give_back(b)
+    assert pool.take(600).arena == a.arena  # freed neighbours merged into one region
+    pool.give_back(c)
+    assert pool.in_use == 600 and pool.allocated_bytes == 1000 * shape.bytes_per_position
+
+
+def test_chunked_prefill_cuts_a_long_prompt_and_keeps_every_row_with_logits(target):
+    pool = KVPool(KVShape.of(target), Budget(2**26))
+    sequence = PooledSequence(pool.take(128), list(range(3, 83)))  # 80 prompt tokens
+    chunk = sequence.segment([5, 6], logits=3, room=32)
+    assert (chunk.start, len(chunk.tokens), chunk.logits) == (0, 32, 0)
+    sequence.ran(chunk)
+    assert len(sequence.segment([5, 6], logits=3, room=64).tokens) == 50  # the rest, then the proposal
+    sequence.ran(sequence.segment([5, 6], logits=3, room=47))  # all but the last prompt token
+    assert sequence.segment([5, 6], logits=3, room=2) is None  # never split the rows that want logits
+    assert len(sequence.segment([5, 6], logits=3, room=3).tokens) == 3
+
+
+def verify_session(model, prompt, sampling, seed):
+    pool, sequence = private_sequence(model, prompt, 256)
+    return pool, TargetSession(sequence, sampling, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_verdicts_in_a_batch_equal_verdicts_alone(target, sampling):
+    """Target-only decoding of eight sessions, lengths mixed, a pass shared by all: each session's
+    tokens equal what it decodes alone, greedy or sampled (its own generator)."""
+    sequences = prompts(8, seed=1)
+    alone = []
+    for i, prompt in enumerate(sequences):
+        pool, session = verify_session(target, prompt, sampling, seed=i)
+        alone.append([run_alone(target, pool, session.step(Proposal.empty())).token for _ in range(12)])
+
+    pool = KVPool(KVShape.of(target), Budget(2**28))
+    sessions = [TargetSession(PooledSequence(pool.take(256), p), sampling, torch.Generator().manual_seed(i))
+                for i, p in enumerate(sequences)]
+
+    async def scenario():
+        scheduler = Scheduler(target, pool, Device(1), BatchingConfig(max_tokens_per_pass=64))
+        tokens = [[] for _ in sessions]
+
+        async def decode(i):
+            for _ in range(12):
+                done = await scheduler.run(sessions[i].step(Proposal.empty()))
+                tokens[i].append(done.result.token)
+        await asyncio.gather(*(decode(i) for i in range(len(sessions))))
+        return scheduler, tokens
+
+    scheduler, batched = asyncio.run(scenario())
+    assert batched == alone
+    assert scheduler.counts.max_sessions > 1  # passes really were shared
+    assert scheduler.counts.passes < 12 * len(sessions)
+
+
+def test_drafts_in_a_batch_equal_drafts_alone_and_leave_when_done(draft):
+    """Draft steps of different k share passes position by position; a short one leaves early."""
+    sequences, ks = prompts(6, seed=2), [1, 2, 3, 4, 5, 6]
+
+    alone = []
+    for i, (prompt, k) in enumerate(zip(sequences, ks, strict=True)):
+        pool, sequence = private_sequence(draft, prompt, 256)
+        alone.append(run_alone(draft, pool, DraftSession(sequence, SAMPLED, torch.Generator().manual_seed(i)).step(k)).ids)
+
+    pool = KVPool(KVShape.of(draft), Budget(2**28))
+    steps = [DraftSession(PooledSequence(pool.take(256), p), SAMPLED, torch.Generator().manual_seed(i)).step(k)
+             for i, (p, k) in enumerate(zip(sequences, ks, strict=True))]
+
+    async def scenario():
+        scheduler = Scheduler(draft, pool, Device(1), BatchingConfig())
+        return scheduler, await asyncio.gather(*(scheduler.run(step) for step in steps))
+
+    scheduler, results = asyncio.run(scenario())
+    assert [r.result.ids for r in results] == alone
+    assert scheduler.counts.passes == max(ks)  # one pass per draft position, shared
+    assert [r.pass_sessions for r in results] == [6, 5, 4, 3, 2, 1]  # each left after its last token
+
+
+def test_a_step_that_cannot_fit_its_session_fails_alone(target):
+    pool = KVPool(KVShape.of(target), Budget(2**28))
+    small = TargetSession(PooledSequence(pool.take(4), list(range(3, 10))), GREEDY, torch.Generator())
+    fine = TargetSession(PooledSequence(pool.take(64), list(range(3, 10))), GREEDY, torch.Generator())
+
+    async def scenario():
+        scheduler = Scheduler(target, pool, Device(1), BatchingConfig())
+        return await asyncio.gather(scheduler.run(small.step(Proposal.empty())),
+                                    scheduler.run(fine.step(Proposal.empty())), return_exceptions=True)
+
+    failed, verified = asyncio.run(scenario())
+    assert isinstance(failed, ValueError) and "past the 4 it reserved" in str(failed)
+    assert verified.result.token >= 0
+
+
+def test_a_cancelled_step_leaves_the_batch_and_its_region_returns_after_the_pass(target):
+    pool = KVPool(KVShape.of(target), Budget(2**28))
+    sessions = [TargetSession(PooledSequence(pool.take(64), list(range(3, 40))), GREEDY, torch.Generator())
+                for _ in range(3)]
+
+    async def scenario():
+        scheduler = Scheduler(target, pool, Device(1), BatchingConfig())
+        tasks = [asyncio.create_task(scheduler.run(s.step(Proposal.empty()))) for s in sessions]
+        while not scheduler.passing:  # the first pass starts with all three
+            await asyncio.sleep(0)
+        tasks[0].cancel()  # its client went away mid-pass
+        scheduler.release(sessions[0].sequence.region)
+        assert pool.in_use == 3 * 64  # still written by the pass in flight
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return tasks
+
+    tasks = asyncio.run(scenario())
+    assert tasks[0].cancelled() and all(t.result().result is not None for t in tasks[1:])
+    assert pool.in_use == 2 * 64
+
+
+def ticket(task: str, queued_at: float) -> Ticket:
+    loop = asyncio.new_event_loop()
+    try:
+        return Ticket(step=None, task=task, future=loop.create_future(), queued_at=queued_at)
+    finally:
+        loop.close()
+
+
+def test_candidates_keep_steps_under_way_first_and_bound_the_pass():
+    active, waiting = [ticket("code", 0.0)], [ticket("sql", 0.1), ticket("code", 0.2), ticket("math", 0.3)]
+    chosen = candidates(active, waiting, BatchingConfig(max_sessions_per_pass=3), now=1.0)
+    assert chosen == [active[0], waiting[0], waiting[1]]
+    assert candidates(active, waiting, BatchingConfig(max_sessions_per_pass=1), now=1.0) == active
+
+
+def test_same_task_passes_hold_other_tasks_back_until_their_wait_is_over():
+    waiting = [ticket("code", 0.0), ticket("sql", 0.9), ticket("code", 0.95), ticket("sql", 0.5)]
+    config = BatchingConfig(same_task_wait_ms=200)
+    assert [t.task for t in candidates([], waiting, config, now=1.0)] == ["code", "code", "sql"]  # sql@0.5 waited 500 ms
+    assert [t.task for t in candidates([], waiting, BatchingConfig(), now=1.0)] == ["code", "sql", "code", "sql"]

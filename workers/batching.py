@@ -1,0 +1,215 @@
+"""Continuous batching: one model's pending steps, from every live session, run as shared passes.
+
+The scheduler lives on the process's gRPC event loop. Sessions submit steps and await them; while
+the device runs a pass, new steps queue, and the next pass takes what is pending then (up to the
+limits of ``BatchingConfig``), so sessions join and leave between passes. Steps that need several
+passes (a prompt run in chunks, a draft's k tokens) stay in the batch until they are done.
+
+Which steps share a pass never changes a step's result: each session attends to its own positions
+only and draws from its own generator; only low bits of shared matrix products can differ
+(``tests/test_batching.py`` checks greedy outputs token for token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedModel
+
+from .config import BatchingConfig
+from .grpc_host import Device
+from .kv_pool import KVPool, Region
+from .ragged_pass import Segment, run_pass
+from .steps import Step
+
+log = logging.getLogger("specserve.workers")
+
+
+@dataclass(eq=False)  # identity: a ticket is one submission
+class Ticket:
+    """A submitted step and what the scheduler learns of it on the way."""
+
+    step: Step
+    task: str
+    future: asyncio.Future
+    queued_at: float = field(default_factory=time.monotonic)
+    queue_seconds: float | None = None  # until its first pass began
+    device_seconds: float = 0.0  # of the passes it took part in
+    pass_tokens: int = 0  # of its last pass
+    pass_sessions: int = 0
+
+    @property
+    def dropped(self) -> bool:
+        return self.future.done()  # cancelled: its session ended while the step waited
+
+
+@dataclass(frozen=True)
+class StepResult:
+    result: object
+    device_seconds: float
+    pass_tokens: int
+    pass_sessions: int
+    queue_seconds: float
+
+
+@dataclass
+class PassCounts:
+    """Totals over a scheduler's passes (the worker's Inspect reports them)."""
+
+    passes: int = 0
+    tokens: int = 0
+    sessions: int = 0
+    max_sessions: int = 0
+
+    def add(self, tokens: int, sessions: int) -> None:
+        self.passes += 1
+        self.tokens += tokens
+        self.sessions += sessions
+        self.max_sessions = max(self.max_sessions, sessions)
+
+
+def candidates(active: Sequence[Ticket], waiting: Sequence[Ticket], config: BatchingConfig,
+               now: float) -> list[Ticket]:
+    """The steps the next pass considers, in the order they get room.
+
+    Steps already under way come first (a draft mid-proposal), then waiting ones first come first
+    served, at most ``max_sessions_per_pass``. With ``same_task_wait_ms``, a waiting step of
+    another task than the pass's (the oldest step's) joins only once it has waited that long.
+    Steps needing the fewest tokens plan first, so decode steps are never crowded out by a prompt:
+    a long prompt takes the room left and runs in chunks.
+    """
+    pool = list(active) + list(waiting)
+    if config.same_task_wait_ms and pool:
+        task, patience = pool[0].task, config.same_task_wait_ms / 1000
+        pool = [t for t in pool if t in active or t.task == task or now - t.queued_at >= patience]
+    return pool[: config.max_sessions_per_pass]
+
+
+class Scheduler:
+    """Runs the steps of one model's sessions in batched passes on the process's device."""
+
+    def __init__(self, model: PreTrainedModel, pool: KVPool, device: Device, config: BatchingConfig) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = device
+        self.config = config
+        self.waiting: list[Ticket] = []
+        self.active: list[Ticket] = []
+        self.counts = PassCounts()
+        self._driver: asyncio.Task | None = None
+        self._in_flight: set[int] = set()  # ids of regions the running pass touches
+        self._to_release: list[Region] = []
+
+    async def run(self, step: Step, task: str = "") -> StepResult:
+        """Run ``step`` in as many passes as it needs, sharing them with other sessions' steps."""
+        if step.result is not None:  # nothing to compute (a draft of k = 0)
+            return StepResult(step.result, 0.0, 0, 0, 0.0)
+        ticket = Ticket(step, task, asyncio.get_running_loop().create_future())
+        self.waiting.append(ticket)
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.create_task(self._drive())
+        await ticket.future
+        return StepResult(step.result, ticket.device_seconds, ticket.pass_tokens, ticket.pass_sessions,
+                          ticket.queue_seconds or 0.0)
+
+    @property
+    def passing(self) -> bool:
+        """A pass is running on the device."""
+        return bool(self._in_flight)
+
+    def release(self, region: Region) -> None:
+        """A session's stream ended: its region goes back to the pool, after the running pass if
+        that pass still writes into it."""
+        if id(region) in self._in_flight:
+            self._to_release.append(region)
+        else:
+            self.pool.give_back(region)
+
+    async def _drive(self) -> None:
+        while self.waiting or self.active:
+            self.waiting = [t for t in self.waiting if not t.dropped]
+            self.active = [t for t in self.active if not t.dropped]
+            members = self._plan(candidates(self.active, self.waiting, self.config, time.monotonic()))
+            if not members:
+                if self.waiting or self.active:
+                    await asyncio.sleep(0.001)  # only steps of a task still inside its wait: let it pass
+                continue
+            self._in_flight = {id(segment.region) for _, segment in members}
+            started = time.monotonic()
+            try:
+                outcomes, seconds = await self.device.run_timed(_run, self.model, self.pool, members)
+            except Exception as exc:  # the whole pass failed: every step in it fails, the scheduler goes on
+                log.exception("a batched pass of %d sessions failed", len(members))
+                outcomes, seconds = [exc] * len(members), 0.0
+            finally:
+                self._in_flight = set()
+                for region in self._to_release:
+                    self.pool.give_back(region)
+                self._to_release.clear()
+            self._settle(members, outcomes, seconds, started)
+
+    def _plan(self, tickets: list[Ticket]) -> list[tuple[Ticket, Segment]]:
+        """Each ticket's segment within the pass's token budget; a step that cannot be planned fails alone."""
+        room, members = self.config.max_tokens_per_pass, []
+        for ticket in sorted(tickets, key=_pending_tokens):
+            try:
+                segment = ticket.step.plan(room)
+            except ValueError as exc:
+                self._finish(ticket, exc)
+                continue
+            if segment is not None:
+                members.append((ticket, segment))
+                room -= len(segment.tokens)
+        return members
+
+    def _settle(self, members: list[tuple[Ticket, Segment]], outcomes: list, seconds: float, started: float) -> None:
+        tokens = sum(len(segment.tokens) for _, segment in members)
+        self.counts.add(tokens, len(members))
+        for (ticket, _), outcome in zip(members, outcomes, strict=True):
+            if ticket.queue_seconds is None:
+                ticket.queue_seconds = started - ticket.queued_at
+            ticket.device_seconds += seconds
+            ticket.pass_tokens, ticket.pass_sessions = tokens, len(members)
+            if isinstance(outcome, Exception):
+                self._finish(ticket, outcome)
+            elif outcome:
+                self._finish(ticket)
+            elif ticket not in self.active:
+                self.waiting.remove(ticket)
+                self.active.append(ticket)
+
+    def _finish(self, ticket: Ticket, error: Exception | None = None) -> None:
+        for queue in (self.waiting, self.active):
+            if ticket in queue:
+                queue.remove(ticket)
+        if not ticket.future.done():
+            if error is None:
+                ticket.future.set_result(None)
+            else:
+                ticket.future.set_exception(error)
+
+
+def _pending_tokens(ticket: Ticket) -> int:
+    try:
+        plan = ticket.step.plan(2**31)  # planning is bookkeeping: asking costs nothing
+    except ValueError:
+        return 0  # planned for real next, where it fails alone
+    return len(plan.tokens) if plan else 0
+
+
+def _run(model: PreTrainedModel, pool: KVPool, members: list[tuple[Ticket, Segment]]) -> list:
+    """On the device thread: the pass, then each step's advance (its acceptance rule, its draws).
+    A step whose advance fails fails alone."""
+    logits = run_pass(model, pool, [segment for _, segment in members])
+    outcomes: list = []
+    for (ticket, _), rows in zip(members, logits, strict=True):
+        try:
+            outcomes.append(ticket.step.advance(rows))
+        except (ValueError, RuntimeError) as exc:
+            outcomes.append(exc)
+    return outcomes
+

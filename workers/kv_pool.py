@@ -1,0 +1,167 @@
+"""One pool of KV cache memory per model in a process, shared by all its sessions.
+
+Each session takes one contiguous *region* of positions when it opens (what its longest possible
+sequence needs: ``kv_cache.session_capacity``) and gives it back when its stream ends. Its keys and
+values live at the region's positions in every layer, so attention reads them as a view, with no
+gather and no per-step copy; rollback after a rejection only moves the session's length.
+
+Memory comes in *arenas*, one tensor per layer for keys and one for values, allocated when the
+regions in use no longer fit and never past the budget (``kv_cache_mib``, shared by every pool of
+the process). Freed regions merge with their free neighbours. A session whose region cannot be
+found is refused (SessionLimit), never run out of memory.
+
+Why regions and not pages: paged blocks (vLLM, transformers' ``PagedAttentionCache``) waste less
+memory on sequences shorter than their reservation, but attention over pages needs a paged kernel
+or a gather per layer per pass; on CPU, and in plain PyTorch on CUDA, that copy costs more than the
+pass saves. Sessions here reserve their bound at open anyway (so admission is exact), which is what
+regions need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+# Positions per arena: big enough that most sessions share one, small enough that a little load
+# allocates a little memory. A session that needs more gets an arena of its own size.
+ARENA_POSITIONS = 4096
+
+
+class PoolFull(Exception):
+    """No region of the size asked for fits in the pool's budget."""
+
+
+@dataclass
+class Budget:
+    """The KV bytes a process may allocate over all its pools (``kv_cache_mib``)."""
+
+    limit_bytes: int
+    allocated_bytes: int = 0
+
+    def take(self, nbytes: int) -> bool:
+        if self.allocated_bytes + nbytes > self.limit_bytes:
+            return False
+        self.allocated_bytes += nbytes
+        return True
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What one position holds in one layer: ``heads`` key and value vectors of ``head_dim``."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def bytes_per_position(self) -> int:
+        return 2 * self.layers * self.heads * self.head_dim * self.dtype.itemsize
+
+    @staticmethod
+    def of(model: PreTrainedModel) -> KVShape:
+        config = model.config.get_text_config()
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return KVShape(config.num_hidden_layers, heads, head_dim, model.dtype, model.device)
+
+
+@dataclass
+class Arena:
+    """``keys[layer]`` and ``values[layer]``: [heads, positions, head_dim]."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    free: list[tuple[int, int]] = field(default_factory=list)  # (start, length), sorted by start
+
+    @property
+    def positions(self) -> int:
+        return self.keys[0].shape[1]
+
+
+@dataclass(frozen=True)
+class Region:
+    """A session's positions in the pool: ``arena``'s [start, start + capacity)."""
+
+    arena: int
+    start: int
+    capacity: int
+
+
+class KVPool:
+    """The KV memory of one model's sessions in this process."""
+
+    def __init__(self, shape: KVShape, budget: Budget, arena_positions: int = ARENA_POSITIONS) -> None:
+        self.shape = shape
+        self.budget = budget
+        self.arena_positions = arena_positions
+        self.arenas: list[Arena] = []
+        self.in_use = 0  # positions held by live regions
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(arena.positions for arena in self.arenas) * self.shape.bytes_per_position
+
+    def take(self, capacity: int) -> Region:
+        """A region of ``capacity`` positions: first fit in an arena, else a new arena if the budget allows."""
+        for index, arena in enumerate(self.arenas):
+            region = _first_fit(arena, index, capacity)
+            if region is not None:
+                self.in_use += capacity
+                return region
+        arena = self._new_arena(max(capacity, self.arena_positions), capacity)
+        self.arenas.append(arena)
+        region = _first_fit(arena, len(self.arenas) - 1, capacity)
+        self.in_use += capacity
+        return region
+
+    def give_back(self, region: Region) -> None:
+        arena = self.arenas[region.arena]
+        arena.free.append((region.start, region.capacity))
+        arena.free[:] = _merged(sorted(arena.free))
+        self.in_use -= region.capacity
+
+    def keys(self, region: Region, layer: int) -> torch.Tensor:
+        """[heads, capacity, head_dim]: a view of the region's keys in ``layer``."""
+        return self.arenas[region.arena].keys[layer][:, region.start : region.start + region.capacity]
+
+    def values(self, region: Region, layer: int) -> torch.Tensor:
+        return self.arenas[region.arena].values[layer][:, region.start : region.start + region.capacity]
+
+    def _new_arena(self, positions: int, needed: int) -> Arena:
+        left = (self.budget.limit_bytes - self.budget.allocated_bytes) // self.shape.bytes_per_position
+        positions = min(positions, left)  # the last arena takes what the budget has left
+        if positions < needed or not self.budget.take(positions * self.shape.bytes_per_position):
+            raise PoolFull(f"the session needs {needed} positions of KV cache "
+                           f"({needed * self.shape.bytes_per_position / 2**20:.1f} MiB) and the pool has no room "
+                           f"left in its {self.budget.limit_bytes / 2**20:.0f} MiB (kv_cache_mib)")
+        s = self.shape
+        dims = (s.heads, positions, s.head_dim)
+        return Arena([torch.zeros(dims, dtype=s.dtype, device=s.device) for _ in range(s.layers)],
+                     [torch.zeros(dims, dtype=s.dtype, device=s.device) for _ in range(s.layers)],
+                     [(0, positions)])
+
+
+def _first_fit(arena: Arena, index: int, capacity: int) -> Region | None:
+    for i, (start, length) in enumerate(arena.free):
+        if length >= capacity:
+            if length == capacity:
+                del arena.free[i]
+            else:
+                arena.free[i] = (start + capacity, length - capacity)
+            return Region(index, start, capacity)
+    return None
+
+
+def _merged(free: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent free ranges as one."""
+    merged: list[tuple[int, int]] = []
+    for start, length in free:
+        if merged and merged[-1][0] + merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], merged[-1][1] + length)
+        else:
+            merged.append((start, length))
+    return merged

@@ -1,0 +1,156 @@
+"""One forward pass over many sessions' tokens: ragged query lengths, ragged cache lengths.
+
+The pass packs every session's new tokens into one row (batch 1, like a varlen kernel), so the
+model's matrix products run once for all of them. Attention is the one part that must keep sessions
+apart: each layer's attention, replaced by ``pooled_attention``, writes a session's new keys and
+values into its pool region and attends its queries over that region's first positions only.
+Positions (and so rotary embeddings) are each session's own.
+
+Works for any causal LM whose attention layers go through transformers' attention interface (every
+modern architecture in transformers 5: Llama, Mistral, Qwen, SmolLM, ...): the model is switched to
+the ``specserve`` attention implementation, which behaves exactly as ``sdpa`` unless a pass is in
+flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .kv_pool import KVPool, Region
+
+ATTENTION = "specserve"
+
+
+@dataclass
+class Segment:
+    """One session's part of a pass: ``tokens`` appended after its first ``start`` cached positions,
+    and logits wanted for the last ``logits`` of them (0: a prefill chunk that needs none)."""
+
+    region: Region
+    start: int
+    tokens: Sequence[int]
+    logits: int = 1
+
+
+@dataclass
+class _Layout:
+    """Where each segment's rows sit in the packed pass; read by every layer's attention."""
+
+    pool: KVPool
+    segments: Sequence[Segment]
+    offsets: list[int]  # row where each segment starts; offsets[-1] = total rows
+
+
+def pooled_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The attention of one layer. query: [1, Hq, T, D]; key, value: [1, Hkv, T, D] (the new rows)."""
+    layout: _Layout | None = kwargs.pop("ragged_layout", None)
+    if layout is None:  # an ordinary forward (scoring, the in-process engine): plain sdpa
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    layer, pool = module.layer_idx, layout.pool
+    out = torch.empty_like(query)
+    for segment, begin, end in zip(layout.segments, layout.offsets, layout.offsets[1:], strict=False):
+        stop = segment.start + end - begin
+        keys, values = pool.keys(segment.region, layer), pool.values(segment.region, layer)
+        keys[:, segment.start : stop] = key[0, :, begin:end]
+        values[:, segment.start : stop] = value[0, :, begin:end]
+        n = end - begin
+        # Row i of this segment sees positions 0 .. start + i (bottom-right aligned causality).
+        mask = None if n == 1 else _causal(n, stop, query.device)
+        out[0, :, begin:end] = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, begin:end], keys[None, :, :stop], values[None, :, :stop], attn_mask=mask, scale=scaling,
+            enable_gqa=keys.shape[0] != query.shape[1])
+    return out.transpose(1, 2), None  # [1, T, Hq, D], as transformers' attention functions return
+
+
+def _causal(queries: int, keys: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
+
+
+AttentionInterface.register(ATTENTION, pooled_attention)
+AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # ordinary forwards build the masks sdpa gets
+
+
+def use_pooled_attention(model: PreTrainedModel) -> PreTrainedModel:
+    """Switch ``model`` to the attention that ragged passes need (plain sdpa outside them)."""
+    model.set_attn_implementation(ATTENTION)
+    return model
+
+
+# A 4-D mask is taken as prepared and passed through untouched: the pass needs none, and building
+# transformers' own would cost a [T, T] tensor per pass.
+_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+
+
+@torch.inference_mode()
+def run_pass(model: PreTrainedModel, pool: KVPool, segments: Sequence[Segment]) -> list[torch.Tensor]:
+    """Run every segment's tokens in one forward; each segment's wanted logits, [logits, V] float32."""
+    offsets, positions, wanted = [0], [], []
+    for segment in segments:
+        if not segment.tokens:
+            raise ValueError("a segment needs at least one token")
+        if segment.start + len(segment.tokens) > segment.region.capacity:
+            raise ValueError(f"the session needs {segment.start + len(segment.tokens)} positions, past the "
+                             f"{segment.region.capacity} it reserved")
+        positions.extend(range(segment.start, segment.start + len(segment.tokens)))
+        offsets.append(offsets[-1] + len(segment.tokens))
+        wanted.extend(range(offsets[-1] - segment.logits, offsets[-1]))
+    device = model.device
+    ids = torch.tensor([[t for segment in segments for t in segment.tokens]], device=device)
+    out = model(input_ids=ids, position_ids=torch.tensor([positions], device=device), attention_mask=_NO_MASK,
+                use_cache=False, logits_to_keep=torch.tensor(wanted, dtype=torch.long, device=device),
+                ragged_layout=_Layout(pool, segments, offsets))
+    logits = out.logits[0].float().cpu()  # [len(wanted), V]
+    return list(logits.split([segment.logits for segment in segments]))
+
+
+class PooledSequence:
+    """One side (draft or target) of a session: its committed tokens and the pool region whose
+    first ``length`` positions hold their keys and values (plus, on a draft, the proposal in flight).
+
+    Both sides commit a verdict the same way: keep the accepted prefix of the proposal, drop the
+    rest, append the verifier's own token. Dropping is a length: nothing is copied.
+    """
+
+    def __init__(self, region: Region, prompt_ids: Sequence[int]) -> None:
+        self.region = region
+        self.committed = list(prompt_ids)
+        self.length = 0  # positions of the region written so far
+
+    def segment(self, extra: Sequence[int], logits: int, room: int) -> Segment | None:
+        """This sequence's part of the next pass: the committed tokens its cache lacks, then
+        ``extra``, with logits for the last ``logits`` of them; or, when that is more than ``room``
+        tokens, a chunk of the committed ones (chunked prefill); None when nothing fits."""
+        pending = self.committed[self.length :] + list(extra)
+        if self.length + len(pending) > self.region.capacity:
+            raise ValueError(f"the session needs {self.length + len(pending)} positions, past the "
+                             f"{self.region.capacity} it reserved")
+        if len(pending) <= room:
+            return Segment(self.region, self.length, pending, logits)
+        chunk = min(room, len(pending) - logits)  # the final segment keeps every row with logits
+        return Segment(self.region, self.length, pending[:chunk], 0) if chunk > 0 else None
+
+    def ran(self, segment: Segment) -> None:
+        """The pass wrote the segment's tokens."""
+        self.length = segment.start + len(segment.tokens)
+
+    def commit(self, proposed: Sequence[int], num_accepted: int, token: int) -> None:
+        self.resync(proposed, len(self.committed) + num_accepted, [token])
+
+    def resync(self, proposed: Sequence[int], keep: int, append: Sequence[int]) -> None:
+        """Committed becomes the first ``keep`` tokens of committed + proposed, then ``append``.
+
+        ``keep`` may reach into the proposal (a verdict) or back before the last commit (undoing a
+        lookahead that assumed a whole proposal accepted); either way the cache only moves its length.
+        """
+        held = self.committed + list(proposed)
+        if not 1 <= keep <= len(held):
+            raise ValueError(f"keep must be 1..{len(held)} (the tokens this session holds), got {keep}")
+        self.length = min(self.length, keep)
+        self.committed = held[:keep] + list(append)
