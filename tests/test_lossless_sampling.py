@@ -11,6 +11,7 @@ three output tokens (a lossless sampler's prefix has the target's prefix distrib
 Fixed seeds make the test deterministic; the tolerances say how far a correct sampler could drift.
 """
 
+import asyncio
 import math
 
 import pytest
@@ -172,3 +173,66 @@ def test_draft_disjoint_from_target_accepts_nothing(tokenizer):
     counts, alpha = sample_distribution(engine, params_for(sampling, 2), SAMPLES // 4, "far")
     assert alpha == 0.0
     assert_same_distribution(exact, counts, SAMPLES // 4)
+
+
+NEIGHBOURS = 64  # sessions in flight at once: each step shares its passes with up to 63 others
+
+
+def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n) -> dict[tuple, int]:
+    """As ``sample_distribution``, through the router's request loop (``Session``) against workers
+    that batch: every draft and verify step runs in passes shared with other requests' steps."""
+    from fake_workers import DRAFT, FakeDirectory, FakeWorker
+
+    from specserve.router.config import TimeoutsConfig
+    from specserve.router.draft_length import DraftLength
+    from specserve.router.policy import Route
+    from specserve.router.session import Session
+    from specserve.router.tasks import ResolvedTask
+    from specserve.router.validation import ValidRequest
+    from specserve.workers.batching import Scheduler
+    from specserve.workers.config import BatchingConfig
+    from specserve.workers.grpc_host import Device
+    from specserve.workers.kv_pool import Budget, KVPool, KVShape
+
+    counts: dict[tuple, int] = {}
+    passes = {}
+
+    async def scenario():
+        device = Device(1)
+        schedulers = {name: Scheduler(m, KVPool(KVShape.of(m), Budget(2**26)), device,
+                                         BatchingConfig(max_sessions_per_pass=NEIGHBOURS))
+                      for name, m in (("target", target), ("draft", draft))}
+        directory = FakeDirectory(FakeWorker("target", "t0", target, scheduler=schedulers["target"]),
+                                  FakeWorker("draft", "d0", draft, scheduler=schedulers["draft"]))
+        gate = asyncio.Semaphore(NEIGHBOURS)
+
+        async def one(seed: int) -> None:
+            params = params_for_seed(seed)
+            request = ValidRequest([tokenizer.bos_token_id], params, "t", DRAFT, params.k, "on")
+            session = Session(request, ResolvedTask("t", "request", 1.0), Route(DRAFT, params.k, "requested"),
+                              DraftLength("fixed", params.k, params.k), tokenizer, directory, TimeoutsConfig(),
+                              lookahead=False)
+            async with gate:
+                tokens = [t async for chunk in session.run() for t in chunk.token_ids]
+            outcome = tuple(tokens[:LENGTH])
+            if session.decoding.output.finish_reason == "eos" and len(tokens) < LENGTH:
+                outcome += (tokenizer.eos_token_id,)
+            counts[outcome] = counts.get(outcome, 0) + 1
+
+        await asyncio.gather(*(one(seed) for seed in range(n)))
+        passes.update({name: s.counts for name, s in schedulers.items()})
+
+    asyncio.run(scenario())
+    return counts, passes
+
+
+def test_sampling_through_batching_workers_matches_target_distribution(tokenizer):
+    """The default setting again, each request's steps batched with up to 63 neighbours'."""
+    sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
+    target, draft = tiny_model(0), tiny_model(1)
+    engine = SpecEngine(target, tokenizer, {"d": draft})  # switches both to the pooled attention
+    exact = exact_distribution(engine.target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    counts, passes = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer,
+                                                 params_for(sampling, k), SAMPLES)
+    assert passes["target"].max_sessions > NEIGHBOURS // 2 and passes["draft"].max_sessions > NEIGHBOURS // 2
+    assert_same_distribution(exact, counts, SAMPLES)

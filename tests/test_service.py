@@ -95,6 +95,49 @@ def test_four_concurrent_clients_get_the_sequential_results(client, tiny_zoo):
     assert got == expected
 
 
+def mixed_requests(tiny_zoo) -> list[pb.GenerateRequest]:
+    """Tasks, modes, lengths, greedy and sampled; a sampled request names its seed, draft and k
+    (what its output may depend on)."""
+    modes = [pb.SPECULATION_AUTO, pb.SPECULATION_ON, pb.SPECULATION_OFF]
+    requests = []
+    for i, task in enumerate(tiny_zoo.tasks * 2):
+        prompt = tiny_zoo.prompts(task)[i % 2]
+        if i % 3 == 2:
+            requests.append(request(prompt, task=task, temperature=0.8, top_p=0.95, seed=100 + i, draft=task, k=2 + i % 3,
+                                    speculation=modes[i % 2 + 1], max_tokens=16 + 4 * i))
+        else:
+            requests.append(request(prompt, task=task, speculation=modes[i % 3], max_tokens=16 + 4 * i))
+    return requests
+
+
+def target_passes(client) -> tuple[int, int, int]:
+    """Over the target replicas: passes run, session-steps in them, the most sessions in one pass."""
+    states = [s for s in worker_states(client) if "target" in s.models]
+    return (sum(s.passes for s in states), sum(s.pass_sessions for s in states),
+            max(s.max_pass_sessions for s in states))
+
+
+def test_concurrent_mixed_requests_share_passes_and_each_gets_what_it_gets_alone(client, tiny_zoo):
+    """Batched with whatever else is running, a greedy request's tokens are its target-only tokens
+    alone, and a sampled one's are what its seed, draft and k give alone."""
+    requests = mixed_requests(tiny_zoo)
+    alone = []
+    for r in requests:
+        if r.temperature:
+            alone.append(list(client.generate(r).token_ids))
+        else:
+            target_only = pb.GenerateRequest()
+            target_only.CopyFrom(r)
+            target_only.speculation = pb.SPECULATION_OFF
+            alone.append(list(client.generate(target_only).token_ids))
+    passes, sessions, _ = target_passes(client)
+    with ThreadPoolExecutor(SERVICE_CONCURRENCY) as pool:
+        together = list(pool.map(lambda r: list(client.generate(r).token_ids), requests))
+    assert together == alone
+    more_passes, more_sessions, most = target_passes(client)
+    assert most > 1 and (more_sessions - sessions) > (more_passes - passes), "no pass held several sessions"
+
+
 def test_a_seeded_sampled_request_is_reproducible(client, tiny_zoo):
     # The sample drawn for a seed depends on the proposals it was verified against (the
     # distribution does not): replaying takes the same draft and k, both reported in the stats.

@@ -9,124 +9,25 @@ asserts that the committed tokens equal target-only decoding.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
-import grpc
 import pytest
 
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.router.config import TimeoutsConfig
-from specserve.router.directory import NoWorker
 from specserve.router.draft_length import DraftLength
 from specserve.router.policy import Route
 from specserve.router.session import DRAFT_LOST, Session
-from specserve.router.streams import WorkerFailed
 from specserve.router.tasks import ResolvedTask
 from specserve.router.validation import ValidRequest
 from specserve.workers.acceptance import SamplingParams
-from specserve.workers.draft_worker import DraftStream
-from specserve.workers.model_host import reserved_length
 from specserve.workers.prompt import encode_prompt
-from specserve.workers.registry import Endpoint
 from specserve.workers.request import GenerationParams
-from specserve.workers.steps import private_sequence, run_alone
-from specserve.workers.target_replica import target_session
-from specserve.workers.wire import proposal_from, proposal_message, verdict_message
+
+from fake_workers import DRAFT, FakeDirectory, FakeWorker
 
 PROMPT = "def parse_header(line):\n    "
 MAX_TOKENS = 40
 K = 4
-DRAFT = "echo"  # a draft that is the target model itself: it proposes the target's own greedy tokens
-# Corruptions: a draft reply's token at this position is replaced by another token.
-Corrupt = Callable[[int], int | None]  # (the worker's step number) -> position to corrupt, or None
-
-
-class FakeWorker:
-    """One worker: it answers its sessions' steps with the workers' own code, and can fail."""
-
-    def __init__(self, kind: str, name: str, model, corrupt: Corrupt = lambda step: None,
-                 fail_at_step: int | None = None) -> None:
-        self.endpoint = Endpoint(kind, name, f"fake:{name}", (DRAFT,) if kind == "draft" else ("target",))
-        self.model = model
-        self.corrupt = corrupt
-        self.fail_at_step = fail_at_step  # its n-th step (over all its sessions) fails: UNAVAILABLE
-        self.steps = 0
-        self.dead = False
-        self.verdicts: list[int] = []  # num_accepted of every verdict it gave
-        self.opened: list[int] = []  # the length of every session it opened
-        self.streams: list[FakeStream] = []
-
-    def open(self, opened: pb.SessionOpen):
-        self.opened.append(len(opened.prompt_ids))
-        self.pool, sequence = private_sequence(self.model, opened.prompt_ids, reserved_length(opened, self.model))
-        return target_session(sequence, opened) if self.endpoint.kind == "target" else DraftStream(sequence, opened)
-
-    def answer(self, session, request):
-        self.steps += 1
-        if self.dead or self.steps == self.fail_at_step:
-            self.dead = True
-            raise WorkerFailed(self.endpoint, "failed: UNAVAILABLE: killed by the test", grpc.StatusCode.UNAVAILABLE)
-        if self.endpoint.kind == "target":
-            verdict = run_alone(self.model, self.pool, session.step(proposal_from(request.step)))
-            self.verdicts.append(verdict.num_accepted)
-            return pb.VerifyReply(verdict=verdict_message(verdict))
-        session.last = run_alone(self.model, self.pool, session.step(request.step))
-        reply = proposal_message(session.last, session.greedy)
-        position = self.corrupt(self.steps)
-        if position is not None and position < len(reply.ids):
-            reply.ids[position] = (reply.ids[position] + 1) % self.model.config.vocab_size
-        return reply
-
-
-class FakeStream:
-    """A session stream as ``SessionStream`` offers it: send the open, ask a step, close, cancel."""
-
-    def __init__(self, worker: FakeWorker) -> None:
-        self.worker = worker.endpoint
-        self.owner = worker
-        self.session = None
-        self.closed = self.cancelled = False
-
-    async def send(self, request) -> None:
-        await asyncio.sleep(0)
-        if self.owner.dead:
-            raise WorkerFailed(self.worker, "failed: UNAVAILABLE: gone", grpc.StatusCode.UNAVAILABLE)
-        self.session = self.owner.open(request.open)
-
-    async def ask(self, request):
-        await asyncio.sleep(0)  # let a lookahead interleave with the verify step, as on the wire
-        return self.owner.answer(self.session, request)
-
-    async def close(self) -> None:
-        self.closed = True
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class FakeDirectory:
-    """The router's view of the workers (``WorkerDirectory``'s interface) over fake workers."""
-
-    def __init__(self, *workers: FakeWorker) -> None:
-        self.workers = {w.endpoint.worker_id: w for w in workers}
-        self.failed: list[str] = []
-
-    async def refresh(self, force: bool = False) -> list[Endpoint]:
-        return [w.endpoint for w in self.workers.values() if not w.dead]
-
-    async def pick(self, kind: str, model: str | None = None) -> Endpoint:
-        for endpoint in await self.refresh():
-            if endpoint.kind == kind and (model is None or model in endpoint.models):
-                return endpoint
-        raise NoWorker(f"no {kind} worker")
-
-    def mark_failed(self, worker: Endpoint) -> None:
-        self.failed.append(worker.worker_id)
-
-    def stream(self, worker: Endpoint, step_timeout: float, first_step_timeout: float | None = None) -> FakeStream:
-        stream = FakeStream(self.workers[worker.worker_id])
-        self.workers[worker.worker_id].streams.append(stream)
-        return stream
 
 
 @pytest.fixture(scope="module")
