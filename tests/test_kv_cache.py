@@ -4,7 +4,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specserve.workers.kv_cache import STEP_ROOM, CachedLM, kv_bytes_per_token, session_capacity
+from specserve.workers.kv_cache import STEP_ROOM, CachedLM, session_capacity
+from specserve.workers.kv_pool import KVShape
+from specserve.workers.ragged_pass import use_pooled_attention
 
 
 def model():
@@ -76,20 +78,28 @@ def test_growing_past_capacity_with_rollbacks_matches_a_fresh_prefill():
 
 def test_resync_rewinds_a_lookahead_to_what_the_verdict_kept():
     """A lookahead commits a whole proposal and drafts on; a verdict that kept less rewinds it, and
-    the logits then equal a fresh prefill of what stands."""
+    the logits then equal a fresh prefill of what stands (a session's sequence in the KV pool)."""
     import pytest
 
-    from specserve.workers.kv_cache import SequenceCache
+    from specserve.workers.ragged_pass import run_pass
+    from specserve.workers.steps import private_sequence
 
-    m = model()
+    m = use_pooled_attention(model())
     prompt, proposal = [1, 5, 9], [20, 21, 22, 23]
-    seq = SequenceCache(m, prompt)
-    seq.catch_up(proposal[:-1])  # the draft fed its own proposal while drafting it
+    pool, seq = private_sequence(m, prompt, 64)
+
+    def catch_up(extra=()):
+        segment = seq.segment(list(extra), len(extra) + 1, room=64)
+        logits = run_pass(m, pool, [segment])[0]
+        seq.ran(segment)
+        return logits
+
+    catch_up(proposal[:-1])  # the draft fed its own proposal while drafting it
     seq.resync(proposal, keep=len(prompt) + 4, append=[])  # lookahead: assume all 4 accepted
-    seq.catch_up([40, 41])  # and draft two more
+    catch_up([40, 41])  # and draft two more
     seq.resync([40, 41], keep=len(prompt) + 1, append=[50])  # the verdict: 1 accepted, then 50
     assert seq.committed == prompt + [20, 50]
-    assert torch.allclose(seq.catch_up(), CachedLM(m).extend(prompt + [20, 50]), atol=1e-5)
+    assert torch.allclose(catch_up()[-1:], CachedLM(m).extend(prompt + [20, 50]), atol=1e-5)
     with pytest.raises(ValueError, match="keep must be 1..7"):
         seq.resync([60, 61], keep=8, append=[])
 
@@ -104,7 +114,7 @@ def test_a_session_cache_never_grows_past_its_reserved_length():
     layer = lm.cache.layers[0]
     assert layer._key_buffer.shape[-2] == 300
     buffer_bytes = sum(b.numel() * b.element_size() for l in lm.cache.layers for b in (l._key_buffer, l._value_buffer))
-    assert buffer_bytes == 300 * kv_bytes_per_token(m)
+    assert buffer_bytes == 300 * KVShape.of(m).bytes_per_position
     with pytest.raises(ValueError, match="past the 300 it reserved"):
         lm.extend(list(range(1, 40)))
 

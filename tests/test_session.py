@@ -12,7 +12,6 @@ import asyncio
 
 import pytest
 
-from specserve.proto.v1 import internal_pb2 as pb
 from specserve.router.config import TimeoutsConfig
 from specserve.router.draft_length import DraftLength
 from specserve.router.policy import Route

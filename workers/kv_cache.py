@@ -1,4 +1,9 @@
-"""One sequence's KV cache beside its model, with rollback as bookkeeping.
+"""One sequence's KV cache beside its model, with rollback as bookkeeping; and how many positions
+a session reserves (``session_capacity``).
+
+Workers keep their sessions' caches in a shared pool instead (``kv_pool.py``, ``ragged_pass.py``);
+this single-sequence cache is the reference the batched pass is checked against and what the
+microbenchmarks of a verify pass and of rollback measure (``bench/verify_cost.py``, ``bench/kv_rollback.py``).
 
 The cache holds a prefix of the session's committed tokens plus, transiently, the tokens of the step
 in flight. Each layer's keys and values live in a buffer that grows by doubling; the model sees views
@@ -6,8 +11,7 @@ of the first ``length`` positions. Appending writes into the buffer (amortised O
 transformers' ``DynamicLayer`` concatenates, copying the whole cache on every step), and rolling back
 after a rejection only moves ``length``: no allocation, no copy (``tests/test_kv_cache.py``).
 
-A session's buffers never grow past the length it reserved when it opened (``session_capacity``),
-so a worker's KV memory is bounded by what it has reserved (workers/model_host.py).
+Its buffers never grow past the length it was given (``max_length``).
 """
 
 from __future__ import annotations
@@ -31,14 +35,6 @@ def session_capacity(prompt_tokens: int, max_new_tokens: int, context_window: in
     up to the context window) and the step in flight."""
     committed = prompt_tokens + max_new_tokens if max_new_tokens else max(prompt_tokens, context_window)
     return committed + STEP_ROOM
-
-
-def kv_bytes_per_token(model: PreTrainedModel) -> int:
-    """Keys and values of one position over every layer."""
-    config = model.config.get_text_config()
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * head_dim * model.dtype.itemsize
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -145,34 +141,3 @@ class CachedLM:
         if length < self.length:
             self.cache.crop(length - self.length)  # crop takes minus the number of tokens to drop
             self.length = length
-
-
-class SequenceCache:
-    """One side (draft or target) of a request: the committed tokens and the cache that follows them.
-
-    Both sides commit a verdict the same way: keep the accepted prefix of the proposal, drop the
-    rest of the cache, and append the accepted tokens plus the verifier's own token.
-    """
-
-    def __init__(self, model: PreTrainedModel, prompt_ids: Sequence[int], max_length: int | None = None) -> None:
-        self.lm = CachedLM(model, max_length)
-        self.committed = list(prompt_ids)
-
-    def catch_up(self, extra: Sequence[int] = ()) -> torch.Tensor:
-        """Logits after the committed tokens and after each of ``extra``: [len(extra) + 1, V]."""
-        return self.lm.catch_up(self.committed, extra)
-
-    def commit(self, proposed: Sequence[int], num_accepted: int, token: int) -> None:
-        self.resync(proposed, len(self.committed) + num_accepted, [token])
-
-    def resync(self, proposed: Sequence[int], keep: int, append: Sequence[int]) -> None:
-        """Committed becomes the first ``keep`` tokens of committed + proposed, then ``append``.
-
-        ``keep`` may reach into the proposal (a verdict) or back before the last commit (undoing a
-        lookahead that assumed a whole proposal accepted); either way the cache only moves its length.
-        """
-        held = self.committed + list(proposed)
-        if not 1 <= keep <= len(held):
-            raise ValueError(f"keep must be 1..{len(held)} (the tokens this session holds), got {keep}")
-        self.lm.rollback(keep)
-        self.committed = held[:keep] + list(append)
