@@ -45,6 +45,7 @@ class _Layout:
     pool: KVPool
     segments: Sequence[Segment]
     offsets: list[int]  # row where each segment starts; offsets[-1] = total rows
+    masks: list[torch.Tensor | None]  # per segment, built once for every layer (None: one query row)
 
 
 def pooled_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -55,21 +56,22 @@ def pooled_attention(module, query, key, value, attention_mask, scaling=None, dr
                                       **kwargs)
     layer, pool = module.layer_idx, layout.pool
     out = torch.empty_like(query)
-    for segment, begin, end in zip(layout.segments, layout.offsets, layout.offsets[1:], strict=False):
+    for segment, begin, end, mask in zip(layout.segments, layout.offsets, layout.offsets[1:], layout.masks,
+                                         strict=False):
         stop = segment.start + end - begin
         keys, values = pool.keys(segment.region, layer), pool.values(segment.region, layer)
         keys[:, segment.start : stop] = key[0, :, begin:end]
         values[:, segment.start : stop] = value[0, :, begin:end]
-        n = end - begin
-        # Row i of this segment sees positions 0 .. start + i (bottom-right aligned causality).
-        mask = None if n == 1 else _causal(n, stop, query.device)
         out[0, :, begin:end] = torch.nn.functional.scaled_dot_product_attention(
             query[:, :, begin:end], keys[None, :, :stop], values[None, :, :stop], attn_mask=mask, scale=scaling,
             enable_gqa=keys.shape[0] != query.shape[1])
     return out.transpose(1, 2), None  # [1, T, Hq, D], as transformers' attention functions return
 
 
-def _causal(queries: int, keys: int, device: torch.device) -> torch.Tensor:
+def _causal(queries: int, keys: int, device: torch.device) -> torch.Tensor | None:
+    """Row i of a segment sees positions 0 .. start + i (bottom-right aligned causality)."""
+    if queries == 1:
+        return None
     return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
 
 
@@ -105,7 +107,8 @@ def run_pass(model: PreTrainedModel, pool: KVPool, segments: Sequence[Segment]) 
     ids = torch.tensor([[t for segment in segments for t in segment.tokens]], device=device)
     out = model(input_ids=ids, position_ids=torch.tensor([positions], device=device), attention_mask=_NO_MASK,
                 use_cache=False, logits_to_keep=torch.tensor(wanted, dtype=torch.long, device=device),
-                ragged_layout=_Layout(pool, segments, offsets))
+                ragged_layout=_Layout(pool, segments, offsets, [_causal(len(s.tokens), s.start + len(s.tokens), device)
+                                                                for s in segments]))
     logits = out.logits[0].float().cpu()  # [len(wanted), V]
     return list(logits.split([segment.logits for segment in segments]))
 
