@@ -64,11 +64,15 @@ def stream_with_fault(client, request, fault, timeout=None) -> tuple[list[int], 
     return tokens, rest[-1].stats if rest else first.stats
 
 
-def with_draft_struck(client, tiny_zoo, strike, **fields):
+def with_draft_struck(client, tiny_zoo, strike, times: dict | None = None, **fields):
     """A long request streamed while ``strike(worker)`` hits the draft worker holding its session
-    (thawed afterwards, should it have been frozen): (tokens, stats, undisturbed tokens, worker)."""
+    (thawed afterwards, should it have been frozen): (tokens, stats, undisturbed tokens, worker).
+    ``times`` gets the seconds of the undisturbed request and of the struck one."""
     request = long_request(tiny_zoo, **fields)
+    started = time.monotonic()
     undisturbed = list(client.generate(request).token_ids)
+    times = {} if times is None else times
+    times["undisturbed"] = time.monotonic() - started
     drafts = workers(client, "draft")
     struck = []
 
@@ -76,9 +80,11 @@ def with_draft_struck(client, tiny_zoo, strike, **fields):
         struck.append(holding_a_session(drafts))
         strike(struck[0])
 
+    started = time.monotonic()
     try:
         tokens, stats = stream_with_fault(client, request, fault)
     finally:
+        times["struck"] = time.monotonic() - started
         for worker in struck:
             thaw(worker.pid)
     return tokens, stats, undisturbed, struck[0]
@@ -122,12 +128,15 @@ def test_draft_pool_replaces_a_worker_gone_for_good(client, recovered):
 
 
 def test_stuck_draft_is_dropped_and_the_request_goes_on(client, tiny_zoo, recovered):
-    started = time.monotonic()
-    tokens, stats, undisturbed, _ = with_draft_struck(client, tiny_zoo, lambda w: freeze(w.pid))
+    times = {}
+    tokens, stats, undisturbed, _ = with_draft_struck(client, tiny_zoo, lambda w: freeze(w.pid), times)
     assert tokens == undisturbed
     assert stats.draft_reopens == 1 or stats.route == "lost", stats
-    took = time.monotonic() - started
-    assert took < SERVICE_TIMEOUTS["draft_step_seconds"] + 10, "the stuck draft held the request up"
+    # The struck request pays one draft step timeout, then goes on at about its undisturbed pace
+    # (measured in the same minute, so a loaded machine slows both alike); a draft that held it
+    # up would cost the session idle time (120 s) or the client's deadline.
+    bound = SERVICE_TIMEOUTS["draft_step_seconds"] + 2 * times["undisturbed"] + 5
+    assert times["struck"] < bound, f"the stuck draft held the request up: {times}"
 
 
 def test_stuck_target_and_no_other_replica_answers_unavailable_within_the_deadline(client, tiny_zoo, recovered):
