@@ -70,8 +70,7 @@ class FakeWorker:
             verdict = await self.run(session.step(proposal_from(request.step)))
             self.verdicts.append(verdict.num_accepted)
             return pb.VerifyReply(verdict=verdict_message(verdict))
-        session.last = await self.run(session.step(request.step))
-        reply = proposal_message(session.last, session.greedy)
+        reply = proposal_message(await self.run(session.step(request.step)), session.greedy)
         position = self.corrupt(self.steps)
         if position is not None and position < len(reply.ids):
             reply.ids[position] = (reply.ids[position] + 1) % self.model.config.vocab_size

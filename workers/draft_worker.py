@@ -14,7 +14,7 @@ from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .config import DraftPoolConfig
-from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftStep, Proposal, score_continuation
+from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftStep, score_continuation
 from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
 from .ragged_pass import PooledSequence
@@ -48,13 +48,13 @@ class DraftStream:
         sampling = sampling_from(opened.sampling)
         self.greedy = sampling.greedy
         self.session = DraftSession(sequence, sampling, request_generators(opened.sampling.seed)[1], DRAFT_MAX_SUPPORT)
-        self.last: Proposal | None = None
+        self.last: DraftStep | None = None  # its result is the proposal the next step's lengths refer to
 
     def step(self, step: pb.DraftStep) -> DraftStep:
         """The drafting this step asks for, after moving the session to what stands (bookkeeping)."""
-        self.session.resync(self.last, step.keep, list(step.append))
-        self.last = None  # until the step's proposal is known: a failed step leaves nothing to rewind
-        return self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1))
+        self.session.resync(self.last.result if self.last else None, step.keep, list(step.append))
+        self.last = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1))
+        return self.last  # a step that failed has no result: nothing to rewind
 
 
 class DrafterServicer(rpc.DrafterServicer):
@@ -73,7 +73,6 @@ class DrafterServicer(rpc.DrafterServicer):
                 stream = DraftStream(sequence, opened)
                 async for request in host.steps(requests):
                     done = await scheduler.run(stream.step(request.step), opened.task)
-                    stream.last = done.result
                     yield proposal_message(done.result, stream.greedy, done.device_seconds, pass_info(done))
         except SessionLimit as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
