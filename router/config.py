@@ -98,6 +98,10 @@ class RouterConfig(FrozenConfig):
     default_task: str = GENERAL_DRAFT  # for requests that name no task
     # Greedy requests: draft the next proposal while the target verifies this one (router/session.py).
     lookahead: bool = True
+    # A request decoding target-only asks its replica for up to this many tokens ahead, answered one
+    # by one, so it stays in every batched pass instead of sitting out a round trip per token; at
+    # most this many minus one are drawn in vain past a stop. 1: one round trip per token.
+    decode_run_tokens: int = Field(8, ge=1, le=256)
     # The drafts allowed to serve each task, preferred first. Empty: the zoo's own table.
     tasks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     # How often workers re-register and how long an entry lives without that.

@@ -142,7 +142,7 @@ class SpecServeService:
         schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
         length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
         return Session(request, task, route, length, self.tokenizer, self.directory, self.config.timeouts,
-                       self.config.lookahead, deadline)
+                       self.config.lookahead, deadline, self.config.decode_run_tokens)
 
     def _learn(self, session: Session) -> None:
         """A finished request: into the totals and the policy; maybe scored by the other drafts."""

@@ -96,11 +96,15 @@ class Session:
     was proposed, so this changes speed only.
 
     ``deadline`` (time.monotonic(), None: none) is the client's: waits for a replica end before it.
+
+    Target-only (no draft, or none left), the target decodes in runs of up to ``decode_run`` tokens:
+    the router keeps that many granted ahead and reads the verdicts as they come, so the session
+    stays in every batched pass of its replica rather than sitting out a round trip per token.
     """
 
     def __init__(self, request: ValidRequest, task: ResolvedTask, route: Route, length: DraftLength,
                  tokenizer: PreTrainedTokenizerBase, directory: WorkerDirectory, timeouts: TimeoutsConfig,
-                 lookahead: bool = False, deadline: float | None = None) -> None:
+                 lookahead: bool = False, deadline: float | None = None, decode_run: int = 1) -> None:
         self.request = request
         self.task = task
         self.route = route
@@ -109,6 +113,8 @@ class Session:
         self.timeouts = timeouts
         self.deadline = deadline
         self.lookahead = lookahead and request.params.sampling.greedy
+        self.decode_run = decode_run
+        self.owed = 0  # target-only tokens granted to the target replica and not yet received
         self.decoding = Decoding(tokenizer, request.prompt_ids, request.params, request.params.resolved_seed())
         self.times = StepTimes()
         self.session_id = uuid.uuid4().hex[:12]
@@ -145,6 +151,8 @@ class Session:
                 ahead.cancel()
                 if self.drafter is not None:
                     self.drafter.cancel()
+            if self.owed and self.target is not None:  # decoded past the end: drop the rest of the run
+                self.target.cancel()
             for stream in self._streams():
                 await stream.close()
             finished = True
@@ -184,7 +192,7 @@ class Session:
         reply = None
         while reply is None:
             try:
-                reply = await self.target.ask(pb.VerifyRequest(step=proposal))
+                reply = await self._target_answer(proposal)
             except WorkerFailed as exc:
                 await self._resume_target(exc)
                 waited = None  # this step's wait includes a prefill: no cost sample
@@ -192,6 +200,21 @@ class Session:
             self.times.record(bool(proposal.ids), time.perf_counter() - waited, reply)
         self.decoding.record_verify(len(proposal.ids), reply.verdict.num_accepted, reply.seconds)
         return reply.verdict
+
+    async def _target_answer(self, proposal: pb.Proposal) -> pb.VerifyReply:
+        """The target's answer to this step: one round trip, or target-only for good, the next token
+        of a decode run, topped up to ``decode_run`` tokens ahead once half of it has arrived (never
+        past the request's token budget)."""
+        if proposal.ids or self.drafter is not None or self.decode_run == 1:
+            return await self.target.ask(pb.VerifyRequest(step=proposal))
+        ungranted = self.decoding.remaining - self.owed
+        if self.owed <= self.decode_run // 2 and ungranted > 0:
+            grant = min(self.decode_run - self.owed, ungranted)
+            await self.target.send(pb.VerifyRequest(decode=grant))
+            self.owed += grant
+        reply = await self.target.receive()
+        self.owed -= 1
+        return reply
 
     def _commit(self, proposal: pb.Proposal, verdict: pb.Verdict) -> Chunk:
         """Commit the verdict everywhere the router keeps it: the output, the k schedule, and the
@@ -355,6 +378,7 @@ class Session:
             raise TargetUnavailable(f"request {self.session_id} lost its target replica "
                                     f"{self.target_resumes + 1} times; giving up ({failure}); retry") from None
         self.target_resumes += 1
+        self.owed = 0  # the failed replica's run is gone; the next one starts afresh
         log.warning("request %s resumes after %d tokens on another target replica: %s", self.session_id,
                     len(self.decoding.committed), failure)
         await self._open_target(after=failure)

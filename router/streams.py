@@ -38,7 +38,8 @@ class WorkerFailed(Exception):
 
 
 class SessionStream:
-    """One bidirectional session stream to a worker: write a request, read its answer.
+    """One bidirectional session stream to a worker: write a request, read its answer (or, after
+    a request for a target-only decode run, read its answers one by one).
 
     It counts itself in ``load`` (the router's open sessions per worker) from creation until it is
     closed or cancelled, whichever comes first.
@@ -63,8 +64,17 @@ class SessionStream:
         self.step_timeout = self._later_steps_timeout
         return reply
 
+    async def receive(self):
+        """The next answer to a request already sent (a decode run answers once per token)."""
+        reply = await self._guard(self._read())
+        self.step_timeout = self._later_steps_timeout
+        return reply
+
     async def _exchange(self, request):
         await self.call.write(request)
+        return await self._read()
+
+    async def _read(self):
         reply = await self.call.read()
         if reply is grpc.aio.EOF:
             raise WorkerFailed(self.worker, "ended its session stream unexpectedly")

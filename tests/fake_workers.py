@@ -62,10 +62,7 @@ class FakeWorker:
         return run_alone(self.model, self.pool, step)
 
     async def answer(self, session, request):
-        self.steps += 1
-        if self.dead or self.steps == self.fail_at_step:
-            self.dead = True
-            raise WorkerFailed(self.endpoint, "failed: UNAVAILABLE: killed by the test", grpc.StatusCode.UNAVAILABLE)
+        self._count_step()
         if self.endpoint.kind == "target":
             verdict = await self.run(session.step(proposal_from(request.step)))
             self.verdicts.append(verdict.num_accepted)
@@ -77,24 +74,49 @@ class FakeWorker:
         return reply
 
 
+    async def decode(self, session, n: int) -> list[pb.VerifyReply]:
+        """A target-only decode run's replies (all of them once the run is done)."""
+        self._count_step()
+        verdicts = await self.run(session.decode(n))
+        self.verdicts.extend(v.num_accepted for v in verdicts)
+        return [pb.VerifyReply(verdict=verdict_message(v)) for v in verdicts]
+
+    def _count_step(self) -> None:
+        self.steps += 1
+        if self.dead or self.steps == self.fail_at_step:
+            self.dead = True
+            raise WorkerFailed(self.endpoint, "failed: UNAVAILABLE: killed by the test", grpc.StatusCode.UNAVAILABLE)
+
+
 class FakeStream:
-    """A session stream as ``SessionStream`` offers it: send the open, ask a step, close, cancel."""
+    """A session stream as ``SessionStream`` offers it: send the open or a decode run, ask a step,
+    receive a decode run's replies, close, cancel."""
 
     def __init__(self, worker: FakeWorker) -> None:
         self.worker = worker.endpoint
         self.owner = worker
         self.session = None
         self.closed = self.cancelled = False
+        self.unread: list[pb.VerifyReply] = []  # a decode run's replies, not yet received
+        self.decode_runs: list[int] = []  # the tokens each decode request asked for
 
     async def send(self, request) -> None:
         await asyncio.sleep(0)
         if self.owner.dead:
             raise WorkerFailed(self.worker, "failed: UNAVAILABLE: gone", grpc.StatusCode.UNAVAILABLE)
-        self.session = self.owner.open(request.open)
+        if request.WhichOneof("kind") == "decode":
+            self.decode_runs.append(request.decode)
+            self.unread += await self.owner.decode(self.session, request.decode)
+        else:
+            self.session = self.owner.open(request.open)
 
     async def ask(self, request):
         await asyncio.sleep(0)  # let a lookahead interleave with the verify step, as on the wire
         return await self.owner.answer(self.session, request)
+
+    async def receive(self):
+        await asyncio.sleep(0)
+        return self.unread.pop(0)
 
     async def close(self) -> None:
         self.closed = True

@@ -119,6 +119,40 @@ def test_verdicts_in_a_batch_equal_verdicts_alone(target, sampling):
     assert scheduler.counts.passes < 12 * len(sessions)
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_decode_runs_stay_in_every_pass_and_draw_what_steps_draw(target, sampling):
+    """Eight sessions decode 12 tokens each as one run (prompts chunked at 32 tokens a pass): each
+    draws what 12 plain steps alone draw, hears of every token as its pass settles, and all share
+    every pass once their prompts are in, with no pass lost to a round trip."""
+    sequences = prompts(8, seed=2)
+    alone = []
+    for i, prompt in enumerate(sequences):
+        pool, session = verify_session(target, prompt, sampling, seed=i)
+        alone.append([run_alone(target, pool, session.step(Proposal.empty())).token for _ in range(12)])
+
+    pool = KVPool(KVShape.of(target), Budget(2**28))
+    sessions = [TargetSession(PooledSequence(pool.take(256), p), sampling, torch.Generator().manual_seed(i))
+                for i, p in enumerate(sequences)]
+
+    async def scenario():
+        scheduler = Scheduler(target, pool, Device(1), BatchingConfig(max_tokens_per_pass=64))
+        heard = [[] for _ in sessions]
+
+        async def decode(i):
+            run = sessions[i].decode(12)
+            done = await scheduler.run(run, on_pass=lambda _: heard[i].append(len(run.verdicts)))
+            assert [v.token for v in done.result] == [v.token for v in run.verdicts]
+            return [v.token for v in done.result]
+        tokens = await asyncio.gather(*(decode(i) for i in range(len(sessions))))
+        return scheduler, tokens, heard
+
+    scheduler, batched, heard = asyncio.run(scenario())
+    assert batched == alone
+    assert all(h[-12:] == list(range(1, 13)) for h in heard)  # each token heard in the pass that drew it
+    assert scheduler.counts.max_sessions == len(sessions)
+    assert scheduler.counts.passes <= 12 + sum(len(p) for p in sequences) // 64 + 2  # prefill, then 12 shared
+
+
 def test_drafts_in_a_batch_equal_drafts_alone_and_leave_when_done(draft):
     """Draft steps of different k share passes position by position; a short one leaves early."""
     sequences, ks = prompts(6, seed=2), [1, 2, 3, 4, 5, 6]

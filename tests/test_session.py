@@ -40,12 +40,13 @@ def target_only(tiny_engine) -> list[int]:
 
 
 def make_session(models, directory: FakeDirectory, *, lookahead: bool, sampling: SamplingParams = SamplingParams(),
-                 schedule: str = "fixed", seed: int = 7) -> Session:
+                 schedule: str = "fixed", seed: int = 7, route: Route = Route(DRAFT, K, "requested"),
+                 decode_run: int = 1) -> Session:
     target, tokenizer = models
     params = GenerationParams(max_tokens=MAX_TOKENS, sampling=sampling, k=K, seed=seed)
-    request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", DRAFT, K, "on")
-    return Session(request, ResolvedTask("code", "request", 1.0), Route(DRAFT, K, "requested"),
-                   DraftLength(schedule, K, 8), tokenizer, directory, TimeoutsConfig(), lookahead=lookahead)
+    request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", route.draft, route.k, "on")
+    return Session(request, ResolvedTask("code", "request", 1.0), route, DraftLength(schedule, route.k, 8),
+                   tokenizer, directory, TimeoutsConfig(), lookahead=lookahead, decode_run=decode_run)
 
 
 async def drain(session: Session) -> list[int]:
@@ -142,3 +143,58 @@ def test_a_cancelled_request_frees_its_workers(models, target_only):
     assert tokens == target_only[: len(tokens)]
     assert target.streams[0].cancelled and draft.streams[0].cancelled
     assert not target.streams[0].closed  # abandoned, not finished
+
+
+TARGET_ONLY = Route(None, 0, "requested")
+
+
+def test_target_only_decodes_in_runs_granted_ahead(models, target_only):
+    target = FakeWorker("target", "t0", models[0])
+    session = make_session(models, FakeDirectory(target), lookahead=False, route=TARGET_ONLY, decode_run=8)
+    assert run(session) == target_only
+    runs = target.streams[0].decode_runs
+    # Topped up to 8 ahead once half has arrived, never past the request's budget: 8, then 4s.
+    assert runs[0] == 8 and set(runs[1:]) <= {4} and sum(runs) == MAX_TOKENS, runs
+    assert target.streams[0].closed and not target.streams[0].unread
+
+
+def test_a_stop_mid_run_drops_the_rest_of_it(models, target_only):
+    target, tokenizer = models
+    stop = tokenizer.decode(target_only[20:22])  # ends the request by then, with tokens of a run owed
+    params = GenerationParams(max_tokens=MAX_TOKENS, stop=(stop,))
+    request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", None, None, "off")
+    worker = FakeWorker("target", "t0", target)
+    session = Session(request, ResolvedTask("code", "request", 1.0), TARGET_ONLY, DraftLength("fixed", 0, 8),
+                      tokenizer, FakeDirectory(worker), TimeoutsConfig(), decode_run=8)
+    tokens = run(session)
+    assert session.decoding.output.finish_reason == "stop" and tokens == target_only[: len(tokens)]
+    assert len(tokens) <= 22 and worker.streams[0].cancelled  # the run's remaining tokens are dropped
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20)],
+                         ids=["greedy", "sampled"])
+def test_a_decode_run_draws_what_single_steps_draw(models, sampling):
+    """The same seed gives the same tokens with runs as with a round trip per token: a run is the
+    same plain steps, one per pass, drawing from the same generator."""
+    outputs = []
+    for decode_run in (1, 8):
+        target = FakeWorker("target", "t0", models[0])
+        outputs.append(run(make_session(models, FakeDirectory(target), lookahead=False, sampling=sampling,
+                                        route=TARGET_ONLY, decode_run=decode_run)))
+    assert outputs[0] == outputs[1]
+
+
+def test_a_target_lost_mid_run_resumes_on_another(models, target_only):
+    lost = FakeWorker("target", "t0", models[0], fail_at_step=3)  # its third grant
+    spare = FakeWorker("target", "t1", models[0])
+    session = make_session(models, FakeDirectory(lost, spare), lookahead=False, route=TARGET_ONLY, decode_run=8)
+    assert run(session) == target_only
+    assert session.target_resumes == 1 and spare.opened[0] > lost.opened[0]
+
+
+def test_a_request_whose_draft_is_lost_goes_on_in_runs(models, target_only):
+    target = FakeWorker("target", "t0", models[0])
+    draft = FakeWorker("draft", "d0", models[0], fail_at_step=2)
+    session = make_session(models, FakeDirectory(target, draft), lookahead=True, decode_run=8)
+    assert run(session) == target_only
+    assert session.drafter is None and target.streams[0].decode_runs

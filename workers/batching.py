@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel
@@ -36,6 +36,7 @@ class Ticket:
     step: Step
     task: str
     future: asyncio.Future
+    on_pass: PassCallback | None = None
     queued_at: float = field(default_factory=time.monotonic)
     queue_seconds: float | None = None  # until its first pass began
     device_seconds: float = 0.0  # of the passes it took part in
@@ -50,10 +51,13 @@ class Ticket:
 @dataclass(frozen=True)
 class StepResult:
     result: object
-    device_seconds: float
+    device_seconds: float  # of every pass the step took part in (to ``on_pass``: of that pass)
     pass_tokens: int
     pass_sessions: int
     queue_seconds: float
+
+
+PassCallback = Callable[[StepResult], None]
 
 
 @dataclass
@@ -104,11 +108,13 @@ class Scheduler:
         self._in_flight: set[int] = set()  # ids of regions the running pass touches
         self._to_release: list[Region] = []
 
-    async def run(self, step: Step, task: str = "") -> StepResult:
-        """Run ``step`` in as many passes as it needs, sharing them with other sessions' steps."""
+    async def run(self, step: Step, task: str = "", on_pass: PassCallback | None = None) -> StepResult:
+        """Run ``step`` in as many passes as it needs, sharing them with other sessions' steps.
+        ``on_pass`` is called on the event loop after each pass the step ran in (a decode run
+        answers each token as it is drawn), the last one included, before this returns."""
         if step.result is not None:  # nothing to compute (a draft of k = 0)
             return StepResult(step.result, 0.0, 0, 0, 0.0)
-        ticket = Ticket(step, task, asyncio.get_running_loop().create_future())
+        ticket = Ticket(step, task, asyncio.get_running_loop().create_future(), on_pass)
         self.waiting.append(ticket)
         if self._driver is None or self._driver.done():
             self._driver = asyncio.create_task(self._drive())
@@ -176,7 +182,10 @@ class Scheduler:
             ticket.pass_tokens, ticket.pass_sessions = tokens, len(members)
             if isinstance(outcome, Exception):
                 self._finish(ticket, outcome)
-            elif outcome:
+                continue
+            if ticket.on_pass is not None and not ticket.dropped:
+                ticket.on_pass(StepResult(None, seconds, tokens, len(members), ticket.queue_seconds))
+            if outcome:
                 self._finish(ticket)
             elif ticket not in self.active:
                 self.waiting.remove(ticket)

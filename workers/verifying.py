@@ -8,6 +8,8 @@ from .acceptance import SamplingParams, Verdict, verify, verify_greedy, warp
 from .drafting import Proposal
 from .ragged_pass import PooledSequence, Segment
 
+NO_PROPOSAL = Proposal.empty()
+
 
 class TargetSession:
     """Holds one request's target cache; a proposal of k tokens costs one target pass.
@@ -22,6 +24,9 @@ class TargetSession:
 
     def step(self, proposal: Proposal) -> VerifyStep:
         return VerifyStep(self, proposal)
+
+    def decode(self, n: int) -> DecodeRun:
+        return DecodeRun(self, n)
 
     def judge(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
         """The verdict on ``proposal`` from the target's logits after the committed tokens and after
@@ -56,4 +61,34 @@ class VerifyStep:
         if not self.planned.logits:  # a prefill chunk
             return False
         self.result = self.session.judge(self.proposal, logits)
+        return True
+
+
+class DecodeRun:
+    """Target-only decoding of ``n`` tokens, one per pass, as one step: the session stays in every
+    pass until they are drawn, instead of sitting out a round trip to its router after each token.
+    Each token is the verdict on an empty proposal, so a run draws exactly what ``n`` plain steps
+    would; ``verdicts`` grows by one as each pass settles (prefill chunks draw nothing)."""
+
+    def __init__(self, session: TargetSession, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"a decode run needs at least 1 token, got {n}")
+        self.session = session
+        self.n = n
+        self.planned: Segment | None = None
+        self.verdicts: list[Verdict] = []
+        self.result: list[Verdict] | None = None
+
+    def plan(self, room: int) -> Segment | None:
+        self.planned = self.session.sequence.segment((), 1, room)
+        return self.planned
+
+    def advance(self, logits: torch.Tensor) -> bool:
+        self.session.sequence.ran(self.planned)
+        if not self.planned.logits:  # a prefill chunk
+            return False
+        self.verdicts.append(self.session.judge(NO_PROPOSAL, logits))
+        if len(self.verdicts) < self.n:
+            return False
+        self.result = self.verdicts
         return True

@@ -85,12 +85,14 @@ class Proposal(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseRow, _Mapping]]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("open", "step")
+    __slots__ = ("open", "step", "decode")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
     open: SessionOpen
     step: Proposal
-    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., step: _Optional[_Union[Proposal, _Mapping]] = ...) -> None: ...
+    decode: int
+    def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., step: _Optional[_Union[Proposal, _Mapping]] = ..., decode: _Optional[int] = ...) -> None: ...
 
 class PassInfo(_message.Message):
     __slots__ = ("tokens", "sessions", "queue_seconds")
