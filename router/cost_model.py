@@ -7,6 +7,9 @@ Glossary
     c           the cost of one draft token relative to one target-only step
     w           what each verified token adds to a verify pass, relative to a target-only step (0 in
                 the paper); the router's request-level estimate, used while there is no pass data
+    r           what a verify step waits beyond its pass (the round trip to the replica, the wait for
+                the pass under way), relative to a target-only step; target-only tokens come in
+                decode runs and wait for nothing but their passes (0 in the paper)
     s(t)        a target replica's device seconds for one forward pass of t tokens over all the
                 sessions batched into it, fitted online as a + b t (PassFit)
     N           sessions sharing a target pass (the load)
@@ -16,9 +19,9 @@ Glossary
 A step's cost, in target-only steps at the same load: N sessions' target-only steps are one pass of
 N tokens, their speculative steps one pass of N (k + 1), so
 
-    cost(k) = s(N (k + 1)) / s(N) + (k c unless saturated)
+    cost(k) = s(N (k + 1)) / s(N) + r + (k c unless saturated)
 
-At N = 1 that is 1 + k b / (a + b) + k c: the paper's k c + 1 with w = b / (a + b). Where the pass is
+At N = 1 (and r = 0) that is 1 + k b / (a + b) + k c: the paper's k c + 1 with w = b / (a + b). Where the pass is
 compute-bound (a << b N) it approaches k + 1 + k c and no alpha pays for speculation. The expected
 speedup of k over target-only decoding is E(alpha, k) / cost(k).
 """
@@ -62,13 +65,14 @@ class Load:
     pass_time: PassTime | None = None  # None: no pass data, a verify pass costs 1 + k w as before
     w: float = 0.0
     saturated: bool = False
+    r: float = 0.0
 
     def step_cost(self, k: int, c: float) -> float:
         """cost(k) in target-only steps at this load (see the module docstring)."""
-        if c < 0 or self.w < 0:
-            raise ValueError(f"c and w must be >= 0, got c={c}, w={self.w}")
+        if c < 0 or self.w < 0 or self.r < 0:
+            raise ValueError(f"c, w and r must be >= 0, got c={c}, w={self.w}, r={self.r}")
         verify = self.pass_time.verify_cost(k, self.sessions) if self.pass_time else 1 + k * self.w
-        return verify + (0.0 if self.saturated else k * c)
+        return verify + self.r + (0.0 if self.saturated else k * c)
 
 
 UNLOADED = Load()
@@ -95,9 +99,9 @@ def best_k(alpha: float, c: float, k_min: int, k_max: int, load: Load = UNLOADED
 @dataclass
 class PassFit:
     """Faded statistics of the target passes that steps ran in: the least-squares line of pass
-    seconds s on tokens per pass t, s(t) ~ a + b t, and the most sessions a pass has held lately.
+    seconds s on tokens per pass t, s(t) ~ a + b t.
 
-    Holds sums (and a maximum) only, so a request's passes are summed on their own and folded in at
+    Holds sums only, so a request's passes are summed on their own and folded in at
     its end (`fold`), the old ones fading by a factor the caller derives from a half-life. One
     sample per step: a pass of n sessions is seen n times.
     """
@@ -107,7 +111,6 @@ class PassFit:
     seconds: float = 0.0  # sum of w s
     tokens_sq: float = 0.0  # sum of w t^2
     tokens_seconds: float = 0.0  # sum of w t s
-    most_sessions: float = 0.0  # the largest pass, fading like the sums (0: no passes seen)
 
     def add(self, tokens: int, seconds: float, sessions: int) -> None:
         if tokens > 0 and seconds > 0 and sessions > 0:  # a worker that reports no pass teaches nothing
@@ -116,13 +119,11 @@ class PassFit:
             self.seconds += seconds
             self.tokens_sq += tokens * tokens
             self.tokens_seconds += tokens * seconds
-            self.most_sessions = max(self.most_sessions, sessions)
 
     def fold(self, other: PassFit, factor: float) -> None:
         """Fade these statistics by `factor`, then add `other`'s."""
         for name in ("weight", "tokens", "seconds", "tokens_sq", "tokens_seconds"):
             setattr(self, name, getattr(self, name) * factor + getattr(other, name))
-        self.most_sessions = max(self.most_sessions * factor, other.most_sessions)
 
     def line(self) -> PassTime | None:
         """The fitted s(t), or None until enough passes of different sizes were seen. The slope and

@@ -79,6 +79,12 @@ class WorkerDirectory:
         targets = [e.worker_id for e in self.endpoints if e.kind == "target"]
         return sum(self.load[t] for t in targets) / len(targets) if targets else 0.0
 
+    def target_pass_cap(self) -> int:
+        """The most sessions a target replica's pass holds (the least over the replicas that say;
+        0: none says)."""
+        caps = [e.pass_sessions for e in self.endpoints if e.kind == "target" and e.pass_sessions]
+        return min(caps, default=0)
+
     def channel(self, endpoint: Endpoint) -> grpc.aio.Channel:
         """One persistent channel (HTTP/2 connection) per worker; each session is a stream on it."""
         if endpoint.address not in self.channels:

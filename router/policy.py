@@ -8,8 +8,10 @@ Glossary
                 (round trips included; a lookahead hit costs nothing)
     w           what each verified token adds to a target pass, relative to a target-only step
                 (request-level; superseded by the pass-time fit once there is one)
+    r           what a verify step waits beyond its pass (round trip, the pass under way), relative
+                to a target-only step, which comes in a decode run and waits for its passes alone
     load        N, the sessions sharing a target pass, and s(t), the fitted device time of a pass of t
-                tokens: a step of k is priced as s(N (k + 1)) / s(N) target-only steps plus its
+                tokens: a step of k is priced as s(N (k + 1)) / s(N) + r target-only steps plus its
                 drafting (router/cost_model.py), so under load k falls and speculation stops
     fallback    a task the policy serves target-only because no draft is expected to make it faster;
                 a `probe_fraction` of its requests still speculate so a recovery is noticed
@@ -150,6 +152,7 @@ class Policy:
     tasks: dict[str, tuple[str, ...]]  # task -> drafts allowed to serve it
     rng: random.Random = field(default_factory=random.Random)
     pressure: float = 0.0  # sessions per target replica, as of the latest request
+    pass_cap: int = 0  # the most sessions a target replica's pass holds (0: not known)
 
     def __post_init__(self) -> None:
         self._tasks = {task: _Task({name: Arm() for name in drafts}) for task, drafts in self.tasks.items()}
@@ -239,44 +242,47 @@ class Policy:
         best = max(arms, key=lambda view: view.expected_speedup)
         return TaskView(task, state.decision, state.reason, state.cause, best, arms, self.load())
 
-    def load(self, w: float = 0.0) -> Load:
-        """The load a step is priced at now. N: this router's sessions per target replica (it moves
-        at once with the load), but no more than the largest pass lately (a replica that batches
-        fewer sessions, or none, caps it; a measured mean would lag the load by many requests)."""
-        sessions = max(1.0, self.pressure)
-        if self.passes.most_sessions:
-            sessions = min(sessions, max(1.0, self.passes.most_sessions))
-        return Load(sessions, self.passes.line(), w, self._saturated())
+    def load(self, w: float = 0.0, r: float = 0.0) -> Load:
+        """The load a step is priced at now. N: the pressure, this router's sessions per target
+        replica, up to what one of their passes holds (``pass_cap``). It moves at once with the
+        load, and it is not what passes held lately: sessions that speculate sit out passes while
+        they draft, so their passes look light exactly when speculation crowds them."""
+        sessions = min(self.pressure, self.pass_cap) if self.pass_cap else self.pressure
+        return Load(max(1.0, sessions), self.passes.line(), w, self._saturated(), r)
 
     def _arm_view(self, task: str, draft: str, alpha: float | None = None) -> ArmView:
         arm = self._tasks[task].arms.get(draft) or Arm()  # no data: the prior
         alpha = arm.alpha if alpha is None else alpha
-        c, w = self._costs(task, arm)
-        load, unloaded = self.load(w), Load(1.0, self.passes.line(), w)
+        c, w, r = self._costs(task, arm)
+        load, unloaded = self.load(w, r), Load(1.0, self.passes.line(), w, r=r)
         k, speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, load)
         unloaded_k, unloaded_speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, unloaded)
         return ArmView(draft, alpha, c, k, speedup, load.step_cost(k, c), unloaded_k, unloaded_speedup, arm.trials,
                        arm.scored_tokens, arm.alpha_per_position)
 
-    def _costs(self, task: str, arm: Arm) -> tuple[float, float]:
-        """c and w in units of a target-only step.
+    def _costs(self, task: str, arm: Arm) -> tuple[float, float, float]:
+        """c, w and r in units of a target-only step.
 
         c: the router's wait per draft token over the task's target-only step (wall). w: from the
-        device time of a verify pass over that of a target-only pass, per verified token. Without
-        target-only timings a verify pass stands for one target step (w = 0, the paper's
-        assumption); without draft timings c is the mean of the drafts that have them, else the
-        configured prior.
+        device time of a verify pass over that of a target-only pass, per verified token. r: the
+        router's wait per verify step beyond its device time, over the target-only step (wall).
+        Without target-only timings a verify pass stands for one target step (w = r = 0, the
+        paper's assumption); without draft timings c is the mean of the drafts that have them, else
+        the configured prior.
         """
         plain = self._tasks[task].plain
-        plain_step = _per(plain.verify_seconds, plain.verify_passes) or _per(arm.verify_seconds, arm.verify_passes)
-        w = 0.0
+        plain_wall = _per(plain.verify_seconds, plain.verify_passes)
+        plain_step = plain_wall or _per(arm.verify_seconds, arm.verify_passes)
+        w = r = 0.0
         plain_device = _per(plain.verify_device_seconds, plain.verify_passes)
         if plain_device and arm.verify_passes and arm.draft_tokens:
             widening = arm.verify_device_seconds / arm.verify_passes / plain_device - 1
             w = max(0.0, widening / (arm.draft_tokens / arm.verify_passes))
+        if plain_wall and arm.verify_passes:
+            r = max(0.0, (arm.verify_seconds - arm.verify_device_seconds) / arm.verify_passes / plain_wall)
         if arm.draft_tokens and plain_step:
-            return arm.draft_seconds / arm.draft_tokens / plain_step, w
-        return self._typical_c(), w
+            return arm.draft_seconds / arm.draft_tokens / plain_step, w, r
+        return self._typical_c(), w, r
 
     def _typical_c(self) -> float:
         known = [_per(arm.draft_seconds, arm.draft_tokens) / _per(arm.verify_seconds, arm.verify_passes)

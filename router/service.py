@@ -137,6 +137,7 @@ class SpecServeService:
 
     def _session(self, request: ValidRequest, prompt: str, deadline: float | None) -> Session:
         task = self.resolver.resolve(request.task, prompt)
+        self.policy.pass_cap = self.directory.target_pass_cap()
         route = self.policy.route(task.task, request.mode, request.draft, request.k, self.directory.target_pressure())
         policy = self.config.policy
         schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
@@ -159,6 +160,7 @@ class SpecServeService:
                                  live_sessions=e.live_sessions, node_id=e.node_id)
                    for e in await self.directory.refresh(force=True) if e.kind != "router"]
         self.policy.pressure = self.directory.target_pressure()  # judged on the targets as they are now
+        self.policy.pass_cap = self.directory.target_pass_cap()
         return pb.ServiceStats(tasks=self._task_rows(), workers=workers, requests_in_flight=self.admission.running,
                                requests_rejected=self.admission.refused, requests_queued=self.admission.waiting,
                                passes=self._pass_rows(), load=self._load_pricing())

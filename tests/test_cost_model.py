@@ -90,8 +90,3 @@ def test_the_pass_fit_finds_the_line_and_follows_a_change():
         fit.add(t, 1e-6 * t * t, 1)
     assert fit.line().fixed == 0 and fit.line().per_token == pytest.approx(73_000e-6 / 2_100)  # sum t s / sum t^2
 
-
-def test_the_largest_pass_fades():
-    fit = fitted(CPU_PASS, [8] * 10, sessions=16)
-    fit.fold(fitted(CPU_PASS, [1] * 10, sessions=1), factor=0.25)
-    assert fit.most_sessions == 4

@@ -8,7 +8,9 @@ import pytest
 
 from specserve.router.config import PolicyConfig
 from specserve.router.cost_model import Load, PassFit, PassTime, best_k
+from specserve.router.directory import WorkerDirectory
 from specserve.router.policy import FALLBACK, SPECULATE, TARGET_SATURATED, Observation, Policy
+from specserve.workers.registry import Endpoint
 
 STEP = 0.010  # a target-only step: 10 ms
 
@@ -228,12 +230,41 @@ def test_falls_back_when_passes_are_full_and_speculates_again_as_the_load_falls(
 
 
 def test_a_replica_that_does_not_batch_caps_the_load():
-    # Passes never held more than one session: a step's price does not grow with the router's sessions.
+    # Its passes hold one session: a step's price does not grow with the router's sessions.
     p = policy(drafts=("a",), explore=False, min_trials=0)
+    p.pass_cap = 1
     p.observe("t", None, batched_plain(most_sessions=1))
     p.observe("t", "a", observation(alpha=0.8, c=0.05, steps=500))
     route = p.route("t", pressure=32)
     assert p.view("t").load.sessions == 1 and route.draft == "a" and p.view("t").decision == SPECULATE
+
+
+def test_light_passes_do_not_hide_the_load():
+    # Speculating sessions sit out passes while they draft: passes of a few sessions lately must not
+    # make 64 sessions per replica look like a few.
+    p = policy(drafts=("a",), explore=False, min_trials=0)
+    p.pass_cap = 64
+    p.observe("t", None, batched_plain(most_sessions=4))
+    p.observe("t", "a", observation(alpha=0.8, c=0.05, steps=500))
+    p.route("t", pressure=64)
+    assert p.view("t").load.sessions == 64 and p.view("t").decision == FALLBACK
+
+
+def test_a_verify_steps_wait_beyond_its_pass_is_priced():
+    """Target-only tokens come in decode runs and wait for their passes alone; a verify step also
+    waits out a round trip and the pass under way (r): at a wait of two target steps beyond its
+    pass, a draft that pays without it does not."""
+    cheap, waiting = observation(alpha=0.6, c=0.05, k=2, steps=500), observation(alpha=0.6, c=0.05, k=2, steps=500)
+    waiting.verify_seconds += 2 * 500 * STEP  # two target-only steps more per verify step, on the wall only
+    views = []
+    for obs in (cheap, waiting):
+        p = policy(drafts=("a",), explore=False, min_trials=0)
+        p.observe("t", None, plain())
+        p.observe("t", "a", obs)
+        views.append(p.view("t"))
+    assert views[0].decision == SPECULATE and views[0].best.expected_speedup > 1.2
+    assert views[1].decision == FALLBACK
+    assert views[1].best.step_cost == pytest.approx(1 + 2 + 0.05 * views[1].best.k)  # verify + r + k c
 
 
 def test_without_pass_data_the_load_changes_nothing_but_saturation():
@@ -245,3 +276,13 @@ def test_without_pass_data_the_load_changes_nothing_but_saturation():
     assert p.route("t", pressure=4) == unloaded and unloaded.load == ""
     view = p.view("t")
     assert "with no pass timings yet" in view.reason and view.best.step_cost == pytest.approx(1 + 0.05 * view.best.k)
+
+
+def test_the_directory_caps_the_load_at_what_a_replica_pass_holds():
+    directory = WorkerDirectory(registry=None, failed_cooldown=1.0)
+    directory.endpoints = [Endpoint("target", "t0", "a:1", pass_sessions=32), Endpoint("target", "t1", "a:2", pass_sessions=1),
+                           Endpoint("draft", "d0", "a:3", pass_sessions=64)]
+    directory.load.update({"t0": 30, "t1": 10, "d0": 40})
+    assert directory.target_pressure() == 20 and directory.target_pass_cap() == 1
+    directory.endpoints = directory.endpoints[:1] + [Endpoint("target", "t2", "a:4")]  # one that does not say
+    assert directory.target_pass_cap() == 32

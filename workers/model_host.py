@@ -86,6 +86,7 @@ class ModelHost:
         self.models = tuple(models)
         self.slots = SessionSlots(f"{kind} {worker_id}", config.max_sessions)
         self.idle_seconds = config.session_idle_seconds
+        self.pass_sessions = config.batching.max_sessions_per_pass
         self.device = Device(config.threads, config.cpus)
         self.budget = Budget(int(config.kv_cache_mib * 2**20))  # shared by the pools of all its models
         self.schedulers = {name: Scheduler(use_pooled_attention(model), KVPool(KVShape.of(model), self.budget),
@@ -102,7 +103,8 @@ class ModelHost:
                  sorted(self.device.cpus) or "unpinned", security.describe_internal())
 
     def endpoint(self) -> Endpoint:
-        return Endpoint(self.kind, self.worker_id, self.address, self.models, self.slots.live, self.node_id)
+        return Endpoint(self.kind, self.worker_id, self.address, self.models, self.slots.live, self.node_id,
+                        pass_sessions=self.pass_sessions)
 
     @contextlib.contextmanager
     def session(self, model: str, opened: pb.SessionOpen,

@@ -42,6 +42,7 @@ class Endpoint:
     models: tuple[str, ...] = ()
     live_sessions: int = 0
     node_id: str = ""  # the Ray node it runs on
+    pass_sessions: int = 0  # the most sessions one of its batched passes holds (0: not said)
     renewed: float = field(default=0.0, compare=False)
 
 
