@@ -291,6 +291,10 @@ class Policy:
         return sum(known) / len(known) if known else self.config.prior_cost_ratio
 
     def _saturated(self) -> bool:
+        """Sessions queue for the replica, so one's drafting hides behind the others' passes: more
+        of them than a pass holds, or (a replica that does not say) ``saturated_sessions``."""
+        if self.pass_cap:
+            return self.pressure > self.pass_cap
         return self.pressure >= self.config.saturated_sessions
 
 

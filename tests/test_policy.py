@@ -286,3 +286,17 @@ def test_the_directory_caps_the_load_at_what_a_replica_pass_holds():
     assert directory.target_pressure() == 20 and directory.target_pass_cap() == 1
     directory.endpoints = directory.endpoints[:1] + [Endpoint("target", "t2", "a:4")]  # one that does not say
     assert directory.target_pass_cap() == 32
+
+
+def test_drafting_hides_only_behind_sessions_that_queue():
+    # A slow draft at 12 sessions per replica: with passes of 8, sessions queue and drafting hides;
+    # with passes of 32 every session is in every pass it is ready for, and drafting is its own time.
+    decisions = {}
+    for cap in (8, 32):
+        p = policy(drafts=("a",), explore=False, min_trials=0)
+        p.pass_cap = cap
+        p.observe("t", None, plain())
+        p.observe("t", "a", observation(alpha=0.5, c=1.0, k=2, steps=200))
+        p.route("t", pressure=12)
+        decisions[cap] = (p.view("t").decision, p.view("t").load.saturated)
+    assert decisions == {8: (SPECULATE, True), 32: (FALLBACK, False)}
