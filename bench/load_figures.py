@@ -97,11 +97,19 @@ def _per_pass(counts: dict) -> dict:
 
 
 def _rss(rss: dict | None) -> dict | None:
-    """Each component process's resident memory before and after the most-clients level."""
+    """Each component process's resident memory before and after the most-clients level, and its
+    growth beside what its KV pools allocated meanwhile (bounded by their budget, checked apart):
+    a leak is growth the pools do not account for."""
     if not rss:
         return None
     before = {row["pid"]: row for row in rss["before"]}
-    rows = [{"component": row["component"], "pid": row["pid"], "before_mib": before[row["pid"]]["rss_bytes"] / MIB,
-             "after_mib": row["rss_bytes"] / MIB, "growth": row["rss_bytes"] / before[row["pid"]]["rss_bytes"]}
-            for row in rss["after"] if row["pid"] in before]
+    pools = {int(pid): grown for pid, grown in rss.get("kv_pool_growth", {}).items()}  # JSON keys are strings
+    rows = []
+    for row in rss["after"]:
+        if row["pid"] not in before:
+            continue
+        start, pool = before[row["pid"]]["rss_bytes"], pools.get(row["pid"], 0)
+        rows.append({"component": row["component"], "pid": row["pid"], "before_mib": start / MIB,
+                     "after_mib": row["rss_bytes"] / MIB, "kv_pool_mib": pool / MIB,
+                     "growth": row["rss_bytes"] / start, "growth_beyond_pool": (row["rss_bytes"] - pool) / start})
     return {"clients": rss["clients"], "processes": rows}

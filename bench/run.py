@@ -169,15 +169,18 @@ class Bench:
         for n, clients in enumerate(levels):
             requests = self.load_requests(clients)
             rss_before = resident_memory(self.own_cluster) if clients == rss_level else None
+            level_before = load_section.worker_counters(client)
+            counters = level_before
             for path in paths[::-1] if n % 2 else paths:
-                counters = load_section.worker_counters(client)
                 self.samples += load_section.run_level(client, requests, clients, path, self.s.max_tokens,
                                                        self.bar.update)
-                self.load_info["passes"].append(
-                    load_section.pass_record(path, clients, counters, load_section.worker_counters(client)))
+                after = load_section.worker_counters(client)
+                self.load_info["passes"].append(load_section.pass_record(path, clients, counters, after))
+                counters = after
             if rss_before is not None:
                 self.load_info["rss"] = {"clients": clients, "before": rss_before,
-                                         "after": resident_memory(self.own_cluster)}
+                                         "after": resident_memory(self.own_cluster),
+                                         "kv_pool_growth": load_section.pool_growth(level_before, counters)}
 
     def load_unbatched(self, overrides: dict) -> None:
         """The same levels on the same service with batching off: a second bring-up (this one's

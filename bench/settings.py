@@ -93,5 +93,5 @@ class Goals:
     auto_over_off: float = 0.95  # AUTO tokens/s over OFF's, at every level
     auto_p99_over_off: float = 1.05  # AUTO p99 over OFF's, at every level
     unbatched_latency: float = 1.05  # 1 client: OFF p50 latency with batching over without
-    rss_growth: float = 1.05  # a worker's RSS after the most-clients level over before it
+    rss_growth: float = 1.05  # a worker's RSS after the most-clients level, less its KV pools' new arenas, over before
     kv_pool_of_budget: float = 1.0  # a worker's KV pool never above its kv_cache_mib

@@ -236,8 +236,11 @@ def test_load_figures_on_known_samples():
     assert reference == {("sql", 0): [1, 2], ("sql", 1): [3, 4]}  # batching off, fewest clients
     for s in samples:
         s.identical = s.token_ids == reference[(s.task, s.prompt)]
-    rss = {"clients": 2, "before": [{"component": "router", "pid": 7, "rss_bytes": 100 * 2**20}],
-           "after": [{"component": "router", "pid": 7, "rss_bytes": 110 * 2**20}]}
+    rss = {"clients": 2, "before": [{"component": "router", "pid": 7, "rss_bytes": 100 * 2**20},
+                                    {"component": "target replica", "pid": 8, "rss_bytes": 100 * 2**20}],
+           "after": [{"component": "router", "pid": 7, "rss_bytes": 110 * 2**20},
+                     {"component": "target replica", "pid": 8, "rss_bytes": 150 * 2**20}],
+           "kv_pool_growth": {"8": 48 * 2**20}}  # a new arena: within the pool's budget, no leak
     load = derive_load(samples, {"rss": rss, "unbatched": "levels 1"})
     assert load["levels"]["1"][OFF]["tokens_per_second"] == 4.0 and load["levels"]["1"][OFF_UNBATCHED]["tokens_per_second"] == 2.0
     assert load["levels"]["2"][OFF]["tokens_per_second"] == 8.0 and load["levels"]["2"][PEER_STATIC]["tokens_per_second"] == 16.0
@@ -247,8 +250,11 @@ def test_load_figures_on_known_samples():
     assert one["off_over_unbatched"] == 2.0 and one["off_p50_over_unbatched"] == 0.5 and one["auto_over_off"] is None
     assert two["auto_over_off"] == pytest.approx(4 / 1.0 / 8) and two["off_over_peer_static"] == 0.5
     assert two["off_over_one_client"] == 2.0
-    assert load["rss"]["processes"][0]["growth"] == pytest.approx(1.1)
+    router, target = load["rss"]["processes"]
+    assert router["growth"] == router["growth_beyond_pool"] == pytest.approx(1.1)
+    assert target["growth"] == pytest.approx(1.5) and target["growth_beyond_pool"] == pytest.approx(1.02)
     goals = {g.name: g for g in F.load_goals(load, F.Goals())}
-    assert goals["2 clients: RSS after over before"].met is False
+    rss_goal = goals["2 clients: RSS after (less KV pool) over before"]
+    assert rss_goal.met is False and rss_goal.measured == pytest.approx(1.1)  # the router's growth is no pool's
     assert goals["1 client: OFF p50, batching on / off"].met is True
     assert goals["16 clients: OFF over static-batch peer"].met is None  # 16 clients not run
