@@ -60,16 +60,19 @@ def worker_counters(client: SpecServeClient) -> dict[str, dict]:
             state = inspect(worker.kind, worker.address)
         except grpc.RpcError:  # a dead worker's entry, until the registry drops it
             continue
-        counters[worker.worker_id] = {"kind": worker.kind, "pid": state.pid, **{c: getattr(state, c) for c in PASS_COUNTERS},
+        counters[worker.worker_id] = {"kind": worker.kind, "pid": state.pid, "gpu": state.resources.get("GPU", 0) > 0,
+                                      **{c: getattr(state, c) for c in PASS_COUNTERS},
                                       "kv_pool_bytes": state.kv_pool_bytes, "kv_budget_bytes": state.kv_budget_bytes,
                                       "max_pass_sessions": state.max_pass_sessions}
     return counters
 
 
 def pool_growth(before: dict[str, dict], after: dict[str, dict]) -> dict[int, int]:
-    """By worker pid: the bytes its KV pools allocated between the two readings (arenas are
-    allocated as sessions first need them, up to the pool's budget, and kept)."""
-    return {c["pid"]: max(0, c["kv_pool_bytes"] - before[w]["kv_pool_bytes"]) for w, c in after.items() if w in before}
+    """By worker pid: the bytes its KV pools allocated in host memory between the two readings
+    (arenas are allocated as sessions first need them, up to the pool's budget, and kept; a GPU
+    worker's are in device memory, not in its resident set)."""
+    return {c["pid"]: max(0, c["kv_pool_bytes"] - before[w]["kv_pool_bytes"]) for w, c in after.items()
+            if w in before and not c["gpu"]}
 
 
 def pass_record(path: str, clients: int, before: dict[str, dict], after: dict[str, dict]) -> dict:

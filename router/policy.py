@@ -14,8 +14,7 @@ Glossary
                 tokens: a step of k is priced as s(N (k + 1)) / s(N) + r target-only steps plus its
                 drafting (router/cost_model.py), so under load k falls and speculation stops
     fallback    a task the policy serves target-only because no draft is expected to make it faster;
-                a `probe_fraction` of its requests still speculate so a recovery is noticed (none
-                while the cause is the load: scoring keeps alpha current, and the load is re-judged)
+                a `probe_fraction` of its requests still speculate so a recovery is noticed
 
 Choices maximise the expected speedup of the cost model at the current load, not alpha. Draft
 choice uses Thompson sampling: each arm's alpha is drawn from its posterior, so an unseen draft gets
@@ -174,9 +173,7 @@ class Policy:
         if draft is not None:  # the client's choice, even a draft not allowed for the task
             return Route(draft, k, "requested") if k else _priced(self._arm_view(task, draft), "requested")
         probing = state.decision == FALLBACK and mode == "auto"
-        # A task the load alone made lose needs no probe: scoring keeps its alphas current, and the
-        # load is judged again as it changes. Probing then only adds speculation where it loses.
-        if probing and (state.cause == TARGET_SATURATED or self.rng.random() >= self.config.probe_fraction):
+        if probing and self.rng.random() >= self.config.probe_fraction:
             return Route(None, 0, "fallback", TARGET_SATURATED if state.cause == TARGET_SATURATED else "")
         chosen = self._thompson(task) if self.config.explore else self.view(task).best
         reason = "probe" if probing else ("best" if chosen.draft == self.view(task).best.draft else "explore")

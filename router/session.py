@@ -3,7 +3,8 @@
 The router owns the truth (DESIGN.md invariant 2): the committed tokens live here, in the output
 assembler; the workers' KV caches are derived from them. A proposal travels from the draft worker
 to the target replica as the same protobuf message, untouched; the verdict rides back to the draft
-worker on its next step request, so a step costs one round trip to each worker.
+worker on its next step request, so a step costs one round trip to each worker. Target-only, a
+request asks its replica for a run of tokens and reads them as they come (no round trip each).
 
 Because the truth is here, a worker that fails mid-request loses nothing: a target replica is
 replaced by another (or the restarted one) re-prefilled from the committed tokens, and the failed
@@ -197,7 +198,10 @@ class Session:
                 await self._resume_target(exc)
                 waited = None  # this step's wait includes a prefill: no cost sample
         if self.verdict is not None and waited is not None:  # the prefill is no decode step: left out
-            self.times.record(bool(proposal.ids), time.perf_counter() - waited, reply)
+            wait = time.perf_counter() - waited
+            if self._runs(proposal):  # replies queued while the router was busy arrive at once, but
+                wait = max(wait, reply.seconds)  # a token of a run costs at least its pass
+            self.times.record(bool(proposal.ids), wait, reply)
         self.decoding.record_verify(len(proposal.ids), reply.verdict.num_accepted, reply.seconds)
         return reply.verdict
 
@@ -205,7 +209,7 @@ class Session:
         """The target's answer to this step: one round trip, or target-only for good, the next token
         of a decode run, topped up to ``decode_run`` tokens ahead once half of it has arrived (never
         past the request's token budget)."""
-        if proposal.ids or self.drafter is not None or self.decode_run == 1:
+        if not self._runs(proposal):
             return await self.target.ask(pb.VerifyRequest(step=proposal))
         ungranted = self.decoding.remaining - self.owed
         if self.owed <= self.decode_run // 2 and ungranted > 0:
@@ -215,6 +219,10 @@ class Session:
         reply = await self.target.receive()
         self.owed -= 1
         return reply
+
+    def _runs(self, proposal: pb.Proposal) -> bool:
+        """Is this step a token of a decode run? (Target-only for good: no draft, none to come.)"""
+        return not proposal.ids and self.drafter is None and self.decode_run > 1
 
     def _commit(self, proposal: pb.Proposal, verdict: pb.Verdict) -> Chunk:
         """Commit the verdict everywhere the router keeps it: the output, the k schedule, and the

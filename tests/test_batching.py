@@ -232,3 +232,66 @@ def test_same_task_passes_hold_other_tasks_back_until_their_wait_is_over():
     config = BatchingConfig(same_task_wait_ms=200)
     assert [t.task for t in candidates([], waiting, config, now=1.0)] == ["code", "code", "sql"]  # sql@0.5 waited 500 ms
     assert [t.task for t in candidates([], waiting, BatchingConfig(), now=1.0)] == ["code", "sql", "code", "sql"]
+
+
+class FakeContext:
+    """What a replica's session handler uses of a gRPC servicer context: its done callbacks."""
+
+    def __init__(self) -> None:
+        self.callbacks = []
+
+    def add_done_callback(self, callback) -> None:
+        self.callbacks.append(callback)
+
+    def end(self) -> None:  # the RPC ended (cancelled, or the router went away)
+        for callback in self.callbacks:
+            callback(self)
+
+
+def test_a_replica_extends_a_run_with_grants_and_drops_it_when_its_rpc_ends(target):
+    """The replica side of decode runs: a grant that arrives mid-run extends it (one run, no pass
+    missed between grants), replies equal the tokens alone, and a run whose RPC ends while its
+    handler is paused at a reply leaves the batch at once, before its region can be reused."""
+    from specserve.proto.v1 import internal_pb2 as pb
+    from specserve.workers.target_replica import DecodeRuns
+
+    prompt = prompts(1, seed=3)[0]
+    pool, alone_session = verify_session(target, prompt, GREEDY, seed=0)
+    alone = [run_alone(target, pool, alone_session.step(Proposal.empty())).token for _ in range(12)]
+
+    async def scenario():
+        pool = KVPool(KVShape.of(target), Budget(2**28))
+        scheduler = Scheduler(target, pool, Device(1), BatchingConfig())
+        session = TargetSession(PooledSequence(pool.take(256), prompt), GREEDY, torch.Generator())
+        runs_made = []
+        decode = session.decode
+        session.decode = lambda n: runs_made.append(n) or decode(n)
+        grants: asyncio.Queue = asyncio.Queue()
+
+        async def inbox():
+            while (grant := await grants.get()) is not None:
+                yield pb.VerifyRequest(decode=grant)
+
+        runs = DecodeRuns(scheduler, session, "", inbox(), FakeContext())
+        tokens = []
+        async for reply in runs.replies(8):
+            tokens.append(reply.verdict.token)
+            if len(tokens) == 4:
+                grants.put_nowait(4)  # as the router tops up at half
+            if len(tokens) == 12:
+                grants.put_nowait(None)  # the router closes the stream
+        ended = scheduler.counts.passes
+
+        context = FakeContext()
+        other = TargetSession(PooledSequence(pool.take(256), prompt), GREEDY, torch.Generator())
+        replies = DecodeRuns(scheduler, other, "", inbox(), context).replies(100)
+        await anext(replies)
+        await anext(replies)  # paused at its second reply, as gRPC leaves a cancelled handler
+        context.end()
+        await asyncio.sleep(0.05)
+        return tokens, runs_made, ended, scheduler
+
+    tokens, runs_made, passes, scheduler = asyncio.run(scenario())
+    assert tokens == alone
+    assert runs_made == [8] and passes == 12  # one run, extended by the grant: a pass per token
+    assert not scheduler.waiting and not scheduler.active  # the dropped run left the batch

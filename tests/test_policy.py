@@ -301,10 +301,3 @@ def test_drafting_hides_only_behind_sessions_that_queue():
         decisions[cap] = (p.view("t").decision, p.view("t").load.saturated)
     assert decisions == {8: (SPECULATE, True), 32: (FALLBACK, False)}
 
-
-def test_a_task_the_load_made_lose_is_not_probed():
-    p = policy(drafts=("a",), explore=False, probe_fraction=1.0, min_trials=0)  # every fallback would probe
-    p.observe("t", None, batched_plain())
-    p.observe("t", "a", observation(alpha=0.8, c=0.05, steps=500))
-    routes = [p.route("t", pressure=64) for _ in range(20)]
-    assert p.view("t").cause == TARGET_SATURATED and all(r.draft is None for r in routes)

@@ -184,7 +184,12 @@ class Scheduler:
                 self._finish(ticket, outcome)
                 continue
             if ticket.on_pass is not None and not ticket.dropped:
-                ticket.on_pass(StepResult(None, seconds, tokens, len(members), ticket.queue_seconds))
+                try:
+                    ticket.on_pass(StepResult(None, seconds, tokens, len(members), ticket.queue_seconds))
+                except Exception as exc:  # its session's bug: that step fails, the scheduler goes on
+                    log.exception("a step's pass callback failed")
+                    self._finish(ticket, exc)
+                    continue
             if outcome:
                 self._finish(ticket)
             elif ticket not in self.active:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from collections.abc import AsyncIterator
 
 import grpc
@@ -61,26 +62,83 @@ def verify_reply(verdict: Verdict, done: StepResult) -> pb.VerifyReply:
     return pb.VerifyReply(verdict=verdict_message(verdict), seconds=done.device_seconds, pass_info=pass_info(done))
 
 
-async def decoded(scheduler: Scheduler, run: DecodeRun, task: str) -> AsyncIterator[pb.VerifyReply]:
-    """A decode run's replies, one per token as its pass settles, while the run stays in the
-    following passes: the router reads them at its own pace and never stalls the session."""
-    replies: asyncio.Queue = asyncio.Queue()
-    sent = 0
+class DecodeRuns:
+    """A session decoding target-only, from its first decode request to the end of its stream.
 
-    def on_pass(done: StepResult) -> None:
-        nonlocal sent
-        if len(run.verdicts) > sent:  # a prefill chunk draws no token
-            sent += 1
-            replies.put_nowait(verify_reply(run.verdicts[-1], done))
+    Each grant is a run of tokens the scheduler keeps in every pass, answered one reply per token
+    as its pass settles. The router grants more before a run ends; a grant that has arrived by the
+    end of a pass extends the run under way, so the session stays in the batch for as long as the
+    router keeps granting (one that comes too late starts the next run). A session decoding in
+    runs takes decode requests only: it has no draft, and never gets one back.
+    """
 
-    runner = asyncio.ensure_future(scheduler.run(run, task, on_pass))
-    runner.add_done_callback(replies.put_nowait)  # after the last pass's reply
-    try:
-        while (reply := await replies.get()) is not runner:
+    def __init__(self, scheduler: Scheduler, session: TargetSession, task: str, inbox: AsyncIterator,
+                 context: grpc.aio.ServicerContext) -> None:
+        self.scheduler = scheduler
+        self.session = session
+        self.task = task
+        self.inbox = inbox
+        self.reader = self._read()
+        self.runner: asyncio.Future | None = None
+        # The RPC may end while its handler is paused at a reply; the run must leave the batch then,
+        # before the session's region (given back by the same callbacks) is taken by another.
+        context.add_done_callback(lambda _: self.stop())
+
+    async def replies(self, grant: int) -> AsyncIterator[pb.VerifyReply]:
+        try:
+            while grant:
+                async for reply in self._run(self.session.decode(grant)):
+                    yield reply
+                grant = await self._next_grant()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self.reader.cancel()
+        if self.runner is not None:
+            self.runner.cancel()
+
+    async def _run(self, run: DecodeRun) -> AsyncIterator[pb.VerifyReply]:
+        replies: asyncio.Queue = asyncio.Queue()
+
+        drawn = 0
+
+        def on_pass(done: StepResult) -> None:  # between passes, on the event loop
+            nonlocal drawn
+            if len(run.verdicts) > drawn:  # a prefill chunk draws no token
+                drawn += 1  # the run's queue wait is its first token's only
+                replies.put_nowait(verify_reply(run.verdicts[-1], done if drawn == 1 else replace(done, queue_seconds=0.0)))
+            grant = self._arrived_grant()
+            if grant and run.extend(grant):
+                self.reader = self._read()
+
+        self.runner = asyncio.ensure_future(self.scheduler.run(run, self.task, on_pass))
+        self.runner.add_done_callback(replies.put_nowait)  # after the last pass's reply
+        while (reply := await replies.get()) is not self.runner:
             yield reply
-        runner.result()  # the run's error, if it failed
-    finally:
-        runner.cancel()  # the stream ended mid-run: the run leaves the batch
+        self.runner.result()  # the run's error, if it failed
+
+    def _arrived_grant(self) -> int:
+        """The tokens of a decode request read already (0: none yet, or not a valid grant)."""
+        if not self.reader.done() or self.reader.cancelled() or self.reader.exception() is not None:
+            return 0
+        request = self.reader.result()
+        return request.decode if request is not None and request.WhichOneof("kind") == "decode" else 0
+
+    async def _next_grant(self) -> int:
+        """The next run's tokens; 0 when the router closed the stream."""
+        request = await self.reader
+        if request is None:
+            return 0
+        if request.WhichOneof("kind") != "decode":
+            raise ValueError("a session decoding in runs takes decode requests only")
+        self.reader = self._read()
+        return request.decode
+
+    def _read(self) -> asyncio.Future:
+        reader = asyncio.ensure_future(anext(self.inbox, None))
+        reader.add_done_callback(lambda t: t.cancelled() or t.exception())  # surfaced by _next_grant, if awaited
+        return reader
 
 
 class VerifierServicer(rpc.VerifierServicer):
@@ -93,11 +151,13 @@ class VerifierServicer(rpc.VerifierServicer):
         try:
             with host.session("target", opened, context) as (scheduler, sequence):
                 session = target_session(sequence, opened)
-                async for request in host.steps(requests):
-                    if request.WhichOneof("kind") == "decode":
-                        async for reply in decoded(scheduler, session.decode(request.decode), opened.task):
+                inbox = host.steps(requests)
+                async for request in inbox:
+                    if request.WhichOneof("kind") == "decode":  # target-only from here to the end
+                        runs = DecodeRuns(scheduler, session, opened.task, inbox, context)
+                        async for reply in runs.replies(request.decode):
                             yield reply
-                        continue
+                        return
                     done = await scheduler.run(session.step(proposal_from(request.step)), opened.task)
                     yield verify_reply(done.result, done)
         except SessionLimit as exc:

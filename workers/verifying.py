@@ -79,6 +79,14 @@ class DecodeRun:
         self.verdicts: list[Verdict] = []
         self.result: list[Verdict] | None = None
 
+    def extend(self, n: int) -> bool:
+        """``n`` more tokens, if the run is still going (call between passes); False when it is
+        done, or ``n`` is not a valid grant."""
+        if self.result is not None or n < 1:
+            return False
+        self.n += n
+        return True
+
     def plan(self, room: int) -> Segment | None:
         self.planned = self.session.sequence.segment((), 1, room)
         return self.planned
