@@ -77,7 +77,8 @@ class RouterMetrics:
         self.load_decisions = metrics.Counter(
             "specserve_load_decisions", "Requests whose route the target's load shaped: lowered_k / raised_k (the "
             "policy's k at this load differs from its k unloaded), target_saturated (served target-only: at this "
-            "load a step costs more than it commits)", tag_keys=("task", "reason"))
+            "load a step costs more than it commits), measured_slower (served target-only: at this load "
+            "speculating requests ran slower than target-only ones)", tag_keys=("task", "reason"))
         self.priced_sessions = metrics.Gauge("specserve_priced_sessions_per_pass", "The sessions per target pass "
                                              "the policy prices a step at (its load)")
         self.failovers = metrics.Counter("specserve_failovers", "Workers that failed a request mid-way and were "

@@ -13,6 +13,9 @@ Glossary
     load        N, the sessions sharing a target pass, and s(t), the fitted device time of a pass of t
                 tokens: a step of k is priced as s(N (k + 1)) / s(N) + r target-only steps plus its
                 drafting (router/cost_model.py), so under load k falls and speculation stops
+    realized    tokens/s that speculating and target-only requests really got, by load level: where
+                speculating ones ran slower at this load, AUTO serves target-only whatever the
+                model expects (router/load_check.py; reason `measured_slower`)
     fallback    a task the policy serves target-only because no draft is expected to make it faster;
                 a `probe_fraction` of its requests still speculate so a recovery is noticed
 
@@ -31,10 +34,12 @@ from dataclasses import dataclass, field
 from .config import PolicyConfig
 
 from .cost_model import Load, PassFit, best_k
+from .load_check import LoadCheck
 
 SPECULATE, FALLBACK = "speculate", "fallback"
 LOW_SPEEDUP, TARGET_SATURATED = "low_speedup", "target_saturated"  # why a task falls back
 LOWERED_K, RAISED_K = "lowered_k", "raised_k"  # how the load changed a speculating request's k
+MEASURED_SLOWER = "measured_slower"  # speculating requests ran slower at this load (router/load_check.py)
 
 
 @dataclass
@@ -55,6 +60,9 @@ class Observation:
     accepted_per_position: list[int] = field(default_factory=list)  # see SpecStats
     tested_per_position: list[int] = field(default_factory=list)
     passes: PassFit = field(default_factory=PassFit)  # the target passes its decode steps ran in (unfaded)
+    tokens: int = 0  # what the request got: its tokens over its seconds (request to last token),
+    seconds: float = 0.0  # at `pressure` sessions per target replica when it was routed
+    pressure: float = 0.0
 
 
 @dataclass
@@ -157,6 +165,7 @@ class Policy:
     def __post_init__(self) -> None:
         self._tasks = {task: _Task({name: Arm() for name in drafts}) for task, drafts in self.tasks.items()}
         self.passes = PassFit()  # faded, over every task's target passes: they share the replicas
+        self.realized = LoadCheck(self.config.measured_min_requests)  # over every task: they share the load
 
     # --- choosing ---------------------------------------------------------------------------------
 
@@ -175,9 +184,19 @@ class Policy:
         probing = state.decision == FALLBACK and mode == "auto"
         if probing and self.rng.random() >= self.config.probe_fraction:
             return Route(None, 0, "fallback", TARGET_SATURATED if state.cause == TARGET_SATURATED else "")
+        if mode == "auto" and not probing and self._measured_slower():
+            if self.rng.random() >= self.config.probe_fraction:
+                return Route(None, 0, "fallback", MEASURED_SLOWER)
+            probing = True
         chosen = self._thompson(task) if self.config.explore else self.view(task).best
         reason = "probe" if probing else ("best" if chosen.draft == self.view(task).best.draft else "explore")
         return Route(chosen.draft, k, reason) if k else _priced(chosen, reason)
+
+    def _measured_slower(self) -> bool:
+        """At this load, did speculating requests run slower than target-only ones (on the wall
+        clock, whatever the model expects)?"""
+        ratio = self.realized.ratio(self.pressure)
+        return ratio is not None and ratio < self.config.fallback_below
 
     def _thompson(self, task: str) -> ArmView:
         """The arm with the best speedup under alphas drawn from each arm's posterior."""
@@ -191,6 +210,7 @@ class Policy:
         """Fold in a finished request, then revisit the task's decision."""
         state = self._tasks[task]
         self.passes.fold(obs.passes, 0.5 ** (obs.passes.weight / self.config.pass_half_life_steps))
+        self.realized.record(obs.pressure, obs.draft_tokens > 0, obs.tokens, obs.seconds)
         if draft in state.arms:  # a client's draft outside the task's allowed set teaches nothing here
             state.arms[draft].add(obs, self._fading(obs.draft_tokens))
         if obs.plain_passes:  # target-only steps are the unit every cost is measured in

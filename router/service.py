@@ -138,12 +138,15 @@ class SpecServeService:
     def _session(self, request: ValidRequest, prompt: str, deadline: float | None) -> Session:
         task = self.resolver.resolve(request.task, prompt)
         self.policy.pass_cap = self.directory.target_pass_cap()
-        route = self.policy.route(task.task, request.mode, request.draft, request.k, self.directory.target_pressure())
+        pressure = self.directory.target_pressure()
+        route = self.policy.route(task.task, request.mode, request.draft, request.k, pressure)
         policy = self.config.policy
         schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
         length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
-        return Session(request, task, route, length, self.tokenizer, self.directory, self.config.timeouts,
-                       self.config.lookahead, deadline, self.config.decode_run_tokens)
+        session = Session(request, task, route, length, self.tokenizer, self.directory, self.config.timeouts,
+                          self.config.lookahead, deadline, self.config.decode_run_tokens)
+        session.pressure = pressure
+        return session
 
     def _learn(self, session: Session) -> None:
         """A finished request: into the totals and the policy; maybe scored by the other drafts."""

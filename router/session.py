@@ -116,6 +116,7 @@ class Session:
         self.lookahead = lookahead and request.params.sampling.greedy
         self.decode_run = decode_run
         self.owed = 0  # target-only tokens granted to the target replica and not yet received
+        self.pressure = 0.0  # sessions per target replica when it was routed (the service sets it)
         self.decoding = Decoding(tokenizer, request.prompt_ids, request.params, request.params.resolved_seed())
         self.times = StepTimes()
         self.session_id = uuid.uuid4().hex[:12]
@@ -401,7 +402,8 @@ class Session:
                            verify_seconds=sum(t.verify_steps), verify_device_seconds=t.verify_device,
                            plain_passes=len(t.plain_steps), plain_seconds=sum(t.plain_steps),
                            plain_device_seconds=t.plain_device, accepted_per_position=s.accepted_per_position,
-                           tested_per_position=s.tested_per_position, passes=t.pass_fit)
+                           tested_per_position=s.tested_per_position, passes=t.pass_fit,
+                           tokens=len(self.decoding.committed), seconds=self.elapsed(), pressure=self.pressure)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

@@ -30,11 +30,14 @@ class FakeWorker:
     """One worker: it answers its sessions' steps with the workers' own code, and can fail."""
 
     def __init__(self, kind: str, name: str, model, corrupt: Corrupt = lambda step: None,
-                 fail_at_step: int | None = None, scheduler: Scheduler | None = None) -> None:
+                 fail_at_step: int | None = None, scheduler: Scheduler | None = None,
+                 fail_at_token: int | None = None) -> None:
         self.endpoint = Endpoint(kind, name, f"fake:{name}", (DRAFT,) if kind == "draft" else ("target",))
         self.model = model
         self.corrupt = corrupt
         self.fail_at_step = fail_at_step  # its n-th step (over all its sessions) fails: UNAVAILABLE
+        self.fail_at_token = fail_at_token  # so does the n-th decode-run reply the router reads
+        self.tokens_read = 0
         self.steps = 0
         self.dead = False
         self.verdicts: list[int] = []  # num_accepted of every verdict it gave
@@ -116,6 +119,10 @@ class FakeStream:
 
     async def receive(self):
         await asyncio.sleep(0)
+        self.owner.tokens_read += 1
+        if self.owner.dead or self.owner.tokens_read == self.owner.fail_at_token:
+            self.owner.dead = True
+            raise WorkerFailed(self.worker, "failed: UNAVAILABLE: killed mid-run by the test", grpc.StatusCode.UNAVAILABLE)
         return self.unread.pop(0)
 
     async def close(self) -> None:

@@ -9,7 +9,8 @@ import pytest
 from specserve.router.config import PolicyConfig
 from specserve.router.cost_model import Load, PassFit, PassTime, best_k
 from specserve.router.directory import WorkerDirectory
-from specserve.router.policy import FALLBACK, SPECULATE, TARGET_SATURATED, Observation, Policy
+from specserve.router.load_check import LoadCheck, level
+from specserve.router.policy import FALLBACK, MEASURED_SLOWER, SPECULATE, TARGET_SATURATED, Observation, Policy
 from specserve.workers.registry import Endpoint
 
 STEP = 0.010  # a target-only step: 10 ms
@@ -301,3 +302,33 @@ def test_drafting_hides_only_behind_sessions_that_queue():
         decisions[cap] = (p.view("t").decision, p.view("t").load.saturated)
     assert decisions == {8: (SPECULATE, True), 32: (FALLBACK, False)}
 
+
+
+def test_load_check_compares_at_the_nearest_level_measured_on_both_sides():
+    check = LoadCheck(min_requests=2)
+    for _ in range(2):
+        check.record(8, True, 100, 10.0)  # 10 tokens/s speculating at 8-15 sessions per replica
+        check.record(9, False, 100, 2.5)  # 40 target-only
+        check.record(1, True, 100, 1.0)
+    assert check.ratio(1) is None  # no target-only requests at 1 yet
+    assert check.ratio(12) == pytest.approx(0.25) and check.ratio(40) == pytest.approx(0.25)  # from 8-15
+    check.record(1, False, 100, 1.25)
+    assert check.ratio(1) is None  # one request is not enough
+    check.record(1, False, 100, 1.25)
+    assert check.ratio(3) == pytest.approx(1.25)
+    assert level(1) == level(1.9) == 0 and level(2) == 1 and level(15.9) == 3
+
+
+def test_speculation_stops_where_it_ran_slower_whatever_the_model_expects():
+    p = policy(drafts=("a",), explore=False, min_trials=0, probe_fraction=0, measured_min_requests=4)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.9, c=0.05, steps=500))  # the model expects a large speedup
+    assert p.route("t", pressure=8).draft == "a"
+    for _ in range(4):  # what requests at 8 sessions per replica really got
+        p.observe("t", "a", Observation(draft_tokens=40, tokens=96, seconds=8.0, pressure=8))
+        p.observe("t", None, Observation(tokens=96, seconds=2.4, pressure=9))
+    for pressure in (8, 16):
+        route = p.route("t", pressure=pressure)
+        assert route.draft is None and route.load == MEASURED_SLOWER
+    assert p.route("t", pressure=1).draft == "a"  # nothing measured there: the model decides
+    assert p.route("t", mode="on", pressure=8).draft == "a"  # a request that asks for speculation drafts

@@ -192,6 +192,15 @@ def test_a_target_lost_mid_run_resumes_on_another(models, target_only):
     assert session.target_resumes == 1 and spare.opened[0] > lost.opened[0]
 
 
+def test_a_target_lost_while_its_run_is_read_resumes_on_another(models, target_only):
+    lost = FakeWorker("target", "t0", models[0], fail_at_token=11)  # mid-way through its second grant
+    spare = FakeWorker("target", "t1", models[0])
+    session = make_session(models, FakeDirectory(lost, spare), lookahead=False, route=TARGET_ONLY, decode_run=8)
+    assert run(session) == target_only
+    assert session.target_resumes == 1 and spare.opened[0] == lost.opened[0] + 10
+    assert spare.streams[0].decode_runs[0] == 8  # granted afresh: what the lost one owed is not carried over
+
+
 def test_a_request_whose_draft_is_lost_goes_on_in_runs(models, target_only):
     target = FakeWorker("target", "t0", models[0])
     draft = FakeWorker("draft", "d0", models[0], fail_at_step=2)
