@@ -44,7 +44,7 @@ soak: $(INSTALLED)
 test-slow: $(INSTALLED)
 	$(BIN)/python -m pytest -m slow
 
-# The benchmark report (bench/results/<timestamp>/): builds the bench zoo first (~40 min, once).
+# The benchmark report (bench/results/<timestamp>/): builds the bench zoo first (over an hour on 2 CPU cores, once).
 bench: $(INSTALLED)
 	$(BIN)/specserve zoo build --preset bench
 	$(BIN)/specserve bench

@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     build = zoo.add_parser("build", help="build (or reuse) a zoo of a target and its distilled drafts",
                            description="Train a tokenizer and a target on text every machine has, distill one draft per task "
                                        "and a general one, and write a manifest with held-out perplexity and acceptance rates.")
-    build.add_argument("--preset", default="demo", help="tiny (seconds), demo (~5 min) or bench (~45 min) (default: %(default)s)")
+    build.add_argument("--preset", default="demo", help="tiny (seconds), demo (~17 min on 2 CPU cores) or bench (over an hour there) (default: %(default)s)")
     build.add_argument("--out", type=Path, help="directory (default: $SPECSERVE_HOME/zoo/PRESET, SPECSERVE_HOME defaulting to ~/.cache/specserve)")
     build.set_defaults(run=_run_zoo_build)
 

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 HALF_LIFE_REQUESTS = 32  # a level's speeds follow the last few dozen requests seen at it
+ANY = ""  # every task's requests together
 
 
 def level(pressure: float) -> int:
@@ -44,20 +45,29 @@ class Speed:
 
 @dataclass
 class LoadCheck:
+    """Realized speeds by task, by kind (speculating or not) and by load level. A task is compared
+    with itself where it can be (prompts of one task are alike; across tasks lengths and drafts
+    differ); with every task's target-only requests where it has none of its own at a level."""
+
     min_requests: int  # on each side, at a level, before the level counts
-    speculating: dict[int, Speed] = field(default_factory=dict)
-    target_only: dict[int, Speed] = field(default_factory=dict)
+    speeds: dict[tuple[str, bool, int], Speed] = field(default_factory=dict)  # (task or ANY, speculated, level)
 
-    def record(self, pressure: float, speculated: bool, tokens: int, seconds: float) -> None:
+    def record(self, task: str, pressure: float, speculated: bool, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds > 0:
-            side = self.speculating if speculated else self.target_only
-            side.setdefault(level(pressure), Speed()).add(tokens, seconds)
+            for who in (task, ANY):
+                self.speeds.setdefault((who, speculated, level(pressure)), Speed()).add(tokens, seconds)
 
-    def ratio(self, pressure: float) -> float | None:
-        """Speculating over target-only tokens/s at the nearest level at or below ``pressure``
-        measured on both sides (speculation loses more, not less, as load grows); None: none yet."""
+    def ratio(self, task: str, pressure: float) -> float | None:
+        """The task's speculating over target-only tokens/s at the nearest level at or below
+        ``pressure`` measured on both sides (speculation loses more, not less, as load grows);
+        None: none yet."""
         for at in range(level(pressure), -1, -1):
-            spec, plain = self.speculating.get(at), self.target_only.get(at)
-            if spec and plain and min(spec.requests, plain.requests) >= self.min_requests and plain.rate:
+            spec = self._counted(task, True, at)
+            plain = self._counted(task, False, at) or self._counted(ANY, False, at)
+            if spec and plain and plain.rate:
                 return spec.rate / plain.rate
         return None
+
+    def _counted(self, who: str, speculated: bool, at: int) -> Speed | None:
+        speed = self.speeds.get((who, speculated, at))
+        return speed if speed and speed.requests >= self.min_requests else None

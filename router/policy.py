@@ -165,7 +165,7 @@ class Policy:
     def __post_init__(self) -> None:
         self._tasks = {task: _Task({name: Arm() for name in drafts}) for task, drafts in self.tasks.items()}
         self.passes = PassFit()  # faded, over every task's target passes: they share the replicas
-        self.realized = LoadCheck(self.config.measured_min_requests)  # over every task: they share the load
+        self.realized = LoadCheck(self.config.measured_min_requests)
 
     # --- choosing ---------------------------------------------------------------------------------
 
@@ -184,7 +184,7 @@ class Policy:
         probing = state.decision == FALLBACK and mode == "auto"
         if probing and self.rng.random() >= self.config.probe_fraction:
             return Route(None, 0, "fallback", TARGET_SATURATED if state.cause == TARGET_SATURATED else "")
-        if mode == "auto" and not probing and self._measured_slower():
+        if mode == "auto" and not probing and self._measured_slower(task):
             if self.rng.random() >= self.config.probe_fraction:
                 return Route(None, 0, "fallback", MEASURED_SLOWER)
             probing = True
@@ -192,10 +192,10 @@ class Policy:
         reason = "probe" if probing else ("best" if chosen.draft == self.view(task).best.draft else "explore")
         return Route(chosen.draft, k, reason) if k else _priced(chosen, reason)
 
-    def _measured_slower(self) -> bool:
-        """At this load, did speculating requests run slower than target-only ones (on the wall
-        clock, whatever the model expects)?"""
-        ratio = self.realized.ratio(self.pressure)
+    def _measured_slower(self, task: str) -> bool:
+        """At this load, did the task's speculating requests run slower than target-only ones (on
+        the wall clock, whatever the model expects)?"""
+        ratio = self.realized.ratio(task, self.pressure)
         return ratio is not None and ratio < self.config.fallback_below
 
     def _thompson(self, task: str) -> ArmView:
@@ -210,7 +210,7 @@ class Policy:
         """Fold in a finished request, then revisit the task's decision."""
         state = self._tasks[task]
         self.passes.fold(obs.passes, 0.5 ** (obs.passes.weight / self.config.pass_half_life_steps))
-        self.realized.record(obs.pressure, obs.draft_tokens > 0, obs.tokens, obs.seconds)
+        self.realized.record(task, obs.pressure, obs.draft_tokens > 0, obs.tokens, obs.seconds)
         if draft in state.arms:  # a client's draft outside the task's allowed set teaches nothing here
             state.arms[draft].add(obs, self._fading(obs.draft_tokens))
         if obs.plain_passes:  # target-only steps are the unit every cost is measured in
