@@ -53,9 +53,9 @@ class PolicyConfig(FrozenConfig):
     # then every session is in every pass it is ready for, and a session's drafting is time it is
     # not (measured: counting drafting as hidden at 8 of 32 kept AUTO speculating at 16 clients).
     saturated_sessions: int = Field(8, ge=1)
-    # Requests of each kind (speculating, target-only) a load level needs before their realized
-    # speeds are compared there (router/load_check.py).
-    measured_min_requests: int = Field(8, ge=1)
+    # Requests a load level needs on each side (the task's speculating ones, target-only ones)
+    # before their realized speeds are compared there (router/load_check.py).
+    measured_min_requests: int = Field(4, ge=1)
     # The fit of a target pass's device time on its tokens (what prices a step under load) fades
     # with this half-life in decode steps: a few seconds of traffic under load, so it follows a
     # replica whose speed changes (another device, another model) without jumping on one request.

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 HALF_LIFE_REQUESTS = 32  # a level's speeds follow the last few dozen requests seen at it
-ANY = ""  # every task's requests together
+TARGET_ONLY = ""  # every task's target-only requests together
 
 
 def level(pressure: float) -> int:
@@ -45,29 +45,28 @@ class Speed:
 
 @dataclass
 class LoadCheck:
-    """Realized speeds by task, by kind (speculating or not) and by load level. A task is compared
-    with itself where it can be (prompts of one task are alike; across tasks lengths and drafts
-    differ); with every task's target-only requests where it has none of its own at a level."""
+    """Realized decode speeds by load level: each task's speculating requests, and every task's
+    target-only requests together (a target-only token costs the same whatever the task: the same
+    model, the same passes). Speeds are taken after the first chunk, so that prefill and prompt
+    length, which differ between tasks, do not count."""
 
     min_requests: int  # on each side, at a level, before the level counts
-    speeds: dict[tuple[str, bool, int], Speed] = field(default_factory=dict)  # (task or ANY, speculated, level)
+    speeds: dict[tuple[str, int], Speed] = field(default_factory=dict)  # (task, or TARGET_ONLY; level)
 
     def record(self, task: str, pressure: float, speculated: bool, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds > 0:
-            for who in (task, ANY):
-                self.speeds.setdefault((who, speculated, level(pressure)), Speed()).add(tokens, seconds)
+            self.speeds.setdefault((task if speculated else TARGET_ONLY, level(pressure)), Speed()).add(tokens, seconds)
 
     def ratio(self, task: str, pressure: float) -> float | None:
         """The task's speculating over target-only tokens/s at the nearest level at or below
         ``pressure`` measured on both sides (speculation loses more, not less, as load grows);
         None: none yet."""
         for at in range(level(pressure), -1, -1):
-            spec = self._counted(task, True, at)
-            plain = self._counted(task, False, at) or self._counted(ANY, False, at)
+            spec, plain = self._counted(task, at), self._counted(TARGET_ONLY, at)
             if spec and plain and plain.rate:
                 return spec.rate / plain.rate
         return None
 
-    def _counted(self, who: str, speculated: bool, at: int) -> Speed | None:
-        speed = self.speeds.get((who, speculated, at))
+    def _counted(self, who: str, at: int) -> Speed | None:
+        speed = self.speeds.get((who, at))
         return speed if speed and speed.requests >= self.min_requests else None

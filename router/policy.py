@@ -13,7 +13,7 @@ Glossary
     load        N, the sessions sharing a target pass, and s(t), the fitted device time of a pass of t
                 tokens: a step of k is priced as s(N (k + 1)) / s(N) + r target-only steps plus its
                 drafting (router/cost_model.py), so under load k falls and speculation stops
-    realized    tokens/s that speculating and target-only requests really got, by load level: where
+    realized    decode tokens/s that speculating and target-only requests really got, by load level: where
                 speculating ones ran slower at this load, AUTO serves target-only whatever the
                 model expects (router/load_check.py; reason `measured_slower`)
     fallback    a task the policy serves target-only because no draft is expected to make it faster;
@@ -60,8 +60,8 @@ class Observation:
     accepted_per_position: list[int] = field(default_factory=list)  # see SpecStats
     tested_per_position: list[int] = field(default_factory=list)
     passes: PassFit = field(default_factory=PassFit)  # the target passes its decode steps ran in (unfaded)
-    tokens: int = 0  # what the request got: its tokens over its seconds (request to last token),
-    seconds: float = 0.0  # at `pressure` sessions per target replica when it was routed
+    tokens: int = 0  # what the request got: its tokens after its first chunk over the seconds they
+    seconds: float = 0.0  # took, at `pressure` sessions per target replica when it was routed
     pressure: float = 0.0
 
 

@@ -403,7 +403,8 @@ class Session:
                            plain_passes=len(t.plain_steps), plain_seconds=sum(t.plain_steps),
                            plain_device_seconds=t.plain_device, accepted_per_position=s.accepted_per_position,
                            tested_per_position=s.tested_per_position, passes=t.pass_fit,
-                           tokens=len(self.decoding.committed), seconds=self.elapsed(), pressure=self.pressure)
+                           tokens=len(self.decoding.committed) - self.first_chunk_tokens,
+                           seconds=self.elapsed() - self.first_token_seconds, pressure=self.pressure)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

@@ -304,20 +304,18 @@ def test_drafting_hides_only_behind_sessions_that_queue():
 
 
 
-def test_load_check_compares_a_task_with_itself_at_the_nearest_level_measured():
+def test_load_check_compares_a_task_with_target_only_requests_at_the_nearest_level_measured():
     check = LoadCheck(min_requests=2)
     for _ in range(2):
         check.record("sql", 8, True, 100, 10.0)  # 10 tokens/s speculating at 8-15 sessions per replica
-        check.record("sql", 9, False, 100, 2.5)  # 40 target-only
+        check.record("code", 9, False, 100, 2.5)  # 40 target-only, whatever the task
         check.record("sql", 1, True, 100, 1.0)
-        check.record("code", 1, False, 100, 0.5)  # another task's: 200 target-only, alone
     assert check.ratio("sql", 12) == pytest.approx(0.25) and check.ratio("sql", 40) == pytest.approx(0.25)
-    assert check.ratio("sql", 1) == pytest.approx(0.5)  # no sql target-only alone: every task's
-    check.record("sql", 1, False, 100, 1.25)
-    every_task = check.speeds[("", False, 0)].rate  # its one request is in every task's now
-    assert check.ratio("sql", 1) == pytest.approx(100 / every_task)  # but one is not enough to count alone
-    check.record("sql", 1, False, 100, 1.25)
-    assert check.ratio("sql", 3) == pytest.approx(1.25)  # its own, once it has them
+    assert check.ratio("sql", 1) is None  # no target-only requests alone yet
+    check.record("math", 1, False, 100, 1.25)
+    assert check.ratio("sql", 1) is None  # one is not enough to count
+    check.record("prose", 1, False, 100, 1.25)
+    assert check.ratio("sql", 3) == pytest.approx(1.25)
     assert check.ratio("math", 12) is None  # nothing speculated for it
     assert level(1) == level(1.9) == 0 and level(2) == 1 and level(15.9) == 3
 
