@@ -88,19 +88,29 @@ def verify_session(model, prompt, sampling, seed):
     return pool, TargetSession(sequence, sampling, torch.Generator().manual_seed(seed))
 
 
+def decoded_alone(model, sequences, sampling, tokens: int) -> list[list[int]]:
+    """Each prompt's target-only tokens, one plain step at a time in a pool of its own (seeds 0, 1, ...)."""
+    alone = []
+    for i, prompt in enumerate(sequences):
+        pool, session = verify_session(model, prompt, sampling, seed=i)
+        alone.append([run_alone(model, pool, session.step(Proposal.empty())).token for _ in range(tokens)])
+    return alone
+
+
+def pooled_sessions(model, sequences, sampling) -> tuple[KVPool, list[TargetSession]]:
+    """The same sessions (same seeds) in one shared pool, for a scheduler."""
+    pool = KVPool(KVShape.of(model), Budget(2**28))
+    return pool, [TargetSession(PooledSequence(pool.take(256), p), sampling, torch.Generator().manual_seed(i))
+                  for i, p in enumerate(sequences)]
+
+
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_verdicts_in_a_batch_equal_verdicts_alone(target, sampling):
     """Target-only decoding of eight sessions, lengths mixed, a pass shared by all: each session's
     tokens equal what it decodes alone, greedy or sampled (its own generator)."""
     sequences = prompts(8, seed=1)
-    alone = []
-    for i, prompt in enumerate(sequences):
-        pool, session = verify_session(target, prompt, sampling, seed=i)
-        alone.append([run_alone(target, pool, session.step(Proposal.empty())).token for _ in range(12)])
-
-    pool = KVPool(KVShape.of(target), Budget(2**28))
-    sessions = [TargetSession(PooledSequence(pool.take(256), p), sampling, torch.Generator().manual_seed(i))
-                for i, p in enumerate(sequences)]
+    alone = decoded_alone(target, sequences, sampling, 12)
+    pool, sessions = pooled_sessions(target, sequences, sampling)
 
     async def scenario():
         scheduler = Scheduler(target, pool, Device(1), BatchingConfig(max_tokens_per_pass=64))
@@ -121,18 +131,12 @@ def test_verdicts_in_a_batch_equal_verdicts_alone(target, sampling):
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_decode_runs_stay_in_every_pass_and_draw_what_steps_draw(target, sampling):
-    """Eight sessions decode 12 tokens each as one run (prompts chunked at 32 tokens a pass): each
+    """Eight sessions decode 12 tokens each as one run (prompts chunked at 64 tokens a pass): each
     draws what 12 plain steps alone draw, hears of every token as its pass settles, and all share
     every pass once their prompts are in, with no pass lost to a round trip."""
     sequences = prompts(8, seed=2)
-    alone = []
-    for i, prompt in enumerate(sequences):
-        pool, session = verify_session(target, prompt, sampling, seed=i)
-        alone.append([run_alone(target, pool, session.step(Proposal.empty())).token for _ in range(12)])
-
-    pool = KVPool(KVShape.of(target), Budget(2**28))
-    sessions = [TargetSession(PooledSequence(pool.take(256), p), sampling, torch.Generator().manual_seed(i))
-                for i, p in enumerate(sequences)]
+    alone = decoded_alone(target, sequences, sampling, 12)
+    pool, sessions = pooled_sessions(target, sequences, sampling)
 
     async def scenario():
         scheduler = Scheduler(target, pool, Device(1), BatchingConfig(max_tokens_per_pass=64))
