@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ray.util import metrics
 
+from .load_check import LoadCheck
 from .passes import PassLog
 from .policy import TaskView
 from .session import Session
@@ -81,6 +82,11 @@ class RouterMetrics:
             "speculating requests ran slower than target-only ones)", tag_keys=("task", "reason"))
         self.priced_sessions = metrics.Gauge("specserve_priced_sessions_per_pass", "The sessions per target pass "
                                              "the policy prices a step at (its load)")
+        self.realized_speed = metrics.Gauge(
+            "specserve_realized_decode_tokens_per_second", "What the policy's load check compares: the faded "
+            "decode speed (tokens/s after the first chunk) of a task's speculating requests, or of target-only "
+            "requests (task \"\"), at a load level (sessions per replica: 2^level up to 2^(level+1))",
+            tag_keys=("task", "level"))
         self.failovers = metrics.Counter("specserve_failovers", "Workers that failed a request mid-way and were "
                                          "replaced, re-prefilled from its committed tokens (kind: target or draft)",
                                          tag_keys=("kind",))
@@ -126,6 +132,10 @@ class RouterMetrics:
             self.pass_sessions.observe(sessions, tags)
             self.pass_tokens.observe(tokens, tags)
             self.step_queue.observe(queued, tags)
+
+    def record_realized(self, check: LoadCheck) -> None:
+        for (who, level), speed in check.speeds.items():
+            self.realized_speed.set(speed.rate, {"task": who, "level": str(level)})
 
     def record_view(self, view: TaskView) -> None:
         self.speculating.set(int(view.decision == "speculate"), {"task": view.task})

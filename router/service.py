@@ -134,6 +134,7 @@ class SpecServeService:
                 view = self.policy.view(session.task.task)
                 self.metrics.record(session, view, status.name)
                 self.metrics.record_view(view)
+                self.metrics.record_realized(self.policy.realized)
 
     def _session(self, request: ValidRequest, prompt: str, deadline: float | None) -> Session:
         task = self.resolver.resolve(request.task, prompt)
