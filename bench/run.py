@@ -60,6 +60,9 @@ from .settings import BenchSettings, Goals
 REPLICA_CORE = 0  # the in-process paths run where deploy/serve_config.yaml pins the target replica
 # The service with batching off: one session per forward pass, on the target and on the drafts.
 UNBATCHED = {part: {"batching": {"max_sessions_per_pass": 1}} for part in ("target", "draft_pool")}
+# The second cluster of the process starts right after the first one stopped; a bring-up that fails
+# then (CI saw one, its cause unrecorded) is tried once more, and its error is kept in the report.
+UNBATCHED_BRING_UPS = 2
 
 
 class Bench:
@@ -192,11 +195,16 @@ class Bench:
             return
         self.section("load, batching off", f"the service again with max_sessions_per_pass 1; "
                                            f"{', '.join(map(str, levels))} clients, OFF")
-        try:
-            service = start_service(port=0, overrides=unbatched_overrides(overrides))
-        except Exception as exc:  # noqa: BLE001  (reported; what the run measured before is kept)
-            self.load_info["unbatched"] = f"not run: the service with batching off did not start: {exc}"
-            self.bar.write(f"  {self.load_info['unbatched']}")
+        failures = []
+        for _ in range(UNBATCHED_BRING_UPS):
+            try:
+                service = start_service(port=0, overrides=unbatched_overrides(overrides))
+                break
+            except Exception as exc:  # noqa: BLE001  (reported; what the run measured before is kept)
+                failures.append(f"{type(exc).__name__}: {exc}")
+                self.bar.write(f"  the service with batching off did not start: {failures[-1]}")
+        else:
+            self.load_info["unbatched"] = f"not run: the service with batching off did not start: {failures}"
             return
         client = SpecServeClient(service.address)
         try:
@@ -204,7 +212,8 @@ class Bench:
                 decode_service(client, service_request(OFF, self.prompts[task][-1], task, "", self.s.k,
                                                        self.s.max_tokens), Sample("warm-up", task, OFF, -1))
             self.load_levels(client, (OFF_UNBATCHED,), levels)
-            self.load_info["unbatched"] = f"{', '.join(map(str, levels))} client(s), speculation OFF"
+            self.load_info["unbatched"] = (f"{', '.join(map(str, levels))} client(s), speculation OFF"
+                                           + (f" (bring-up tried again after: {failures})" if failures else ""))
         finally:
             client.close()
             service.stop()

@@ -105,7 +105,8 @@ def test_every_section_was_measured_and_every_output_is_the_targets(results, tin
     load = f["load"]
     for level in CONCURRENCY:
         paths = load["levels"][str(level)]
-        assert set(paths) == {OFF, AUTO, PEER_STATIC, PEER_BATCH} | ({OFF_UNBATCHED} if level == 1 else set())
+        assert set(paths) == {OFF, AUTO, PEER_STATIC, PEER_BATCH} | ({OFF_UNBATCHED} if level == 1 else set()), (
+            results["load"]["unbatched"], results["load"]["peer_errors"])
         for path, m in paths.items():
             assert m["requests"] == LOAD_REQUESTS and m["tokens_per_second"] > 0, (level, path)
             # Greedy: every path's output is the target's alone, batched or not (the tiny target's
