@@ -17,7 +17,8 @@ import numpy as np
 from specserve.router.cost_model import expected_speedup
 
 from .load_figures import derive_load
-from .samples import ENGINE_OFF, ENGINE_TASK, GENERAL, HF_ASSISTED, OFF, ROUTED, TASK, TASK_ADAPTIVE, Sample
+from .samples import (ENGINE_OFF, ENGINE_TASK, GENERAL, HF_ASSISTED, OFF, PROPOSER_PATHS, ROUTED, TASK, TASK_ADAPTIVE,
+                      Sample)
 from .settings import Goal, Goals
 
 MIB = 1024 * 1024
@@ -147,6 +148,10 @@ def _greedy_task(task: str, samples: list[Sample], k: int) -> dict:
             "mean_k": (sum(s.k for s in routed if s.k) / sum(1 for s in routed if s.k)) if any(s.k for s in routed) else None,
         },
         "general": {"alpha": alpha(paths[GENERAL]), "speedup": ratios(GENERAL, OFF)},
+        # Each proposer alone (the task's draft, prompt lookup, suffix decoding; the policy's k) and
+        # the policy's choice among them: what a target pass commits, and the speedup.
+        "proposers": {path: {"alpha": alpha(paths[path]), "tokens_per_pass": tokens_per_pass(paths[path]),
+                             "speedup": ratios(path, OFF)} for path in PROPOSER_PATHS},
         "time_per_pass": {path: time_per_pass(paths[path]) for path in (OFF, TASK, ENGINE_OFF, ENGINE_TASK)},
         "engine": {
             "speedup": ratios(ENGINE_TASK, ENGINE_OFF),

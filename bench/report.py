@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .samples import AUTO, OFF, OFF_UNBATCHED, PEER_BATCH, PEER_STATIC
+from .samples import AUTO, OFF, OFF_UNBATCHED, PEER_BATCH, PEER_STATIC, PROPOSER_PATHS
 
 DASH = "–"  # not measured in this run
 
@@ -85,6 +85,18 @@ def render_report(results: dict, plots: list[str]) -> str:
                 for t, r in tasks.items()]),
         "",
         *_image(plots, "speedup_by_task.png", "speedup by task"),
+        "### Each proposer alone",
+        "",
+        "The task's draft (`adaptive`), prompt lookup (`ngram`) and suffix decoding (`suffix`), the last two "
+        "draft-free and run in the router, each with the policy's k; `routed`: the policy's own choice among them. "
+        "alpha counts only steps that proposed something; tokens/pass counts every step.",
+        "",
+        *table(["task", *(f"{p} {what}" for p in PROPOSER_PATHS for what in ("alpha", "tok/pass", "speedup"))],
+               [[t, *(v for p in PROPOSER_PATHS for v in (num(r["proposers"][p]["alpha"]),
+                                                           num(r["proposers"][p]["tokens_per_pass"]),
+                                                           sx(r["proposers"][p]["speedup"])))]
+                for t, r in tasks.items()]),
+        "",
         "## 2. Cost of distribution: the service against the in-process engine",
         "",
         "The in-process engine runs both models on one thread pinned to the target replica's core; the service "

@@ -52,9 +52,10 @@ class Router:
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
         registry = start_registry(registration, beside_router)
         self.pool = DraftPool(cfg, models)
-        limits = Limits(tasks=models.tasks, drafts=tuple(models.drafts), context_window=_context_window(models.target))
+        limits = Limits(tasks=models.tasks, drafts=models.proposers, context_window=_context_window(models.target))
         self.directory = WorkerDirectory(registry, registration.ttl, security)
-        self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models))
+        self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
+                                        priors=models.priors)
         self.health = health_aio.HealthServicer()
         self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc",
                                        credentials=security.api_server_credentials(),
@@ -74,7 +75,7 @@ class Router:
     async def _mark_serving_when_ready(self) -> None:
         """NOT_SERVING until a target, the whole draft pool, and so a worker for every draft in the
         task table, are registered: ready means the configured capacity is up, not just some of it."""
-        needed = {name for names in self.models.tasks.values() for name in names}
+        needed = {name for names in self.models.tasks.values() for name in names if name in self.models.drafts}
         for status in ("", SERVICE_NAME):
             await self.health.set(status, health_pb2.HealthCheckResponse.NOT_SERVING)
         while True:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specserve.router.config import RouterConfig
+from specserve.router.proposers import DRAFT_FREE
 from specserve.workers.loading import ModelSpec
 from specserve.workers.zoo.presets import GENERAL_DRAFT
 
@@ -15,8 +16,17 @@ from .config import ModelsConfig
 class ModelSet:
     target: str  # a Hugging Face directory or hub id
     drafts: dict[str, str]  # draft name -> source
-    tasks: dict[str, tuple[str, ...]]  # task -> drafts allowed to serve it, preferred first
+    tasks: dict[str, tuple[str, ...]]  # task -> proposers allowed to serve it (drafts preferred first, then draft-free ones)
     dtype: str
+    # task -> draft -> acceptance measured before serving (the zoo's held-out evaluation): the
+    # routing policy's priors. Only for drafts that are the zoo's own.
+    priors: dict[str, dict[str, float]] = field(default_factory=dict)
+    draft_free: tuple[str, ...] = ()  # the draft-free proposers configured (router.draft_free)
+
+    @property
+    def proposers(self) -> tuple[str, ...]:
+        """Every name a request may ask for: the drafts and the draft-free proposers configured."""
+        return (*self.drafts, *self.draft_free)
 
     def spec(self, source: str, threads: int) -> ModelSpec:
         return ModelSpec(source, dtype=self.dtype, threads=threads)
@@ -24,21 +34,35 @@ class ModelSet:
 
 def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
     """Sources and the task table, checked for consistency before anything is deployed."""
-    target, drafts, tasks = models.target, dict(models.drafts), dict(router.tasks)
+    target, drafts, tasks, priors = models.target, dict(models.drafts), dict(router.tasks), {}
+    listed = bool(tasks)  # an operator's table is taken as written
     if models.zoo is not None:
         from .local import open_zoo
 
         zoo = open_zoo(models.zoo)
+        own = not target  # the zoo's drafts were distilled from (and evaluated against) the zoo's target
         target = target or str(zoo.target_dir)
         drafts = {name: str(zoo.draft_dir(name)) for name in zoo.draft_names} | drafts
+        if own:
+            priors = {task: {d: a for d, a in row.items() if d not in models.drafts}
+                      for task, row in zoo.manifest.get("acceptance", {}).items()}
         tasks = tasks or {task: tuple(names) for task, names in zoo.manifest["task_drafts"].items()}
         if GENERAL_DRAFT in drafts:  # prompts of no particular task
             tasks.setdefault(GENERAL_DRAFT, (GENERAL_DRAFT,))
     tasks = tasks or {name: (name,) for name in drafts}  # explicit drafts, no table: one task per draft
+    taken = sorted(set(drafts) & set(DRAFT_FREE))
+    if taken:
+        raise ValueError(f"draft names {taken} are reserved for the draft-free proposers; rename those drafts")
     for task, names in tasks.items():
-        unknown = [name for name in names if name not in drafts]
+        unknown = [name for name in names if name not in drafts and name not in DRAFT_FREE]
         if unknown or not names:
-            raise ValueError(f"router.tasks[{task!r}] names drafts {unknown or '[]'}; known drafts: {', '.join(sorted(drafts))}")
+            raise ValueError(f"router.tasks[{task!r}] names drafts {unknown or '[]'}; known drafts: "
+                             f"{', '.join(sorted(drafts))} (draft-free: {', '.join(DRAFT_FREE)})")
+        if not_offered := [name for name in names if name in DRAFT_FREE and name not in router.draft_free]:
+            raise ValueError(f"router.tasks[{task!r}] names {not_offered}, which router.draft_free does not offer")
+    if not listed:  # the draft-free proposers serve every task of a table the operator did not write
+        tasks = {task: tuple(names) + tuple(router.draft_free) for task, names in tasks.items()}
     if router.default_task not in tasks:
         raise ValueError(f"router.default_task {router.default_task!r} is not a task; tasks: {', '.join(sorted(tasks))}")
-    return ModelSet(target=str(target), drafts=drafts, tasks=tasks, dtype=models.dtype)
+    return ModelSet(target=str(target), drafts=drafts, tasks=tasks, dtype=models.dtype, priors=priors,
+                    draft_free=router.draft_free)

@@ -8,8 +8,12 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from specserve.workers.config import FrozenConfig
+from specserve.workers.ngram import NgramConfig
 from specserve.workers.request import MAX_K
+from specserve.workers.suffix_tree import SuffixConfig
 from specserve.workers.zoo.presets import GENERAL_DRAFT
+
+from .proposers import DRAFT_FREE
 
 ROUTER_NODE = "specserve_router_node"  # custom resource of the node the router runs on (clients reach it)
 DEFAULT_PORT = 50051  # the client API (gRPC's customary port)
@@ -46,6 +50,9 @@ class PolicyConfig(FrozenConfig):
     fallback_below: float = Field(1.0, gt=0)
     resume_above: float = Field(1.1, gt=0)
     min_trials: int = Field(64, ge=0)  # acceptance trials of the best draft before any fallback
+    # A draft's acceptance measured before serving (the zoo's held-out evaluation) counts as this
+    # many trials: as many as a fallback needs, so a task whose drafts lose starts target-only.
+    prior_trials: float = Field(64, ge=0)
     probe_fraction: float = Field(0.1, ge=0, le=1)  # of a fallen-back task's requests still speculate
     # The target counts as saturated at this many sessions per replica: the draft's time then hides
     # behind other requests' verification, and only the target's work per committed token counts.
@@ -110,7 +117,20 @@ class RouterConfig(FrozenConfig):
     decode_run_tokens: int = Field(8, ge=1, le=256)
     # The drafts allowed to serve each task, preferred first. Empty: the zoo's own table.
     tasks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # Draft-free proposers (router/proposers.py): prompt lookup (ngram) and suffix decoding (suffix),
+    # run in the router at no device cost. They serve every task beside its drafts, unless `tasks`
+    # is given: that table is taken as written (name them in an entry to offer them there).
+    draft_free: tuple[str, ...] = DRAFT_FREE
+    ngram: NgramConfig = NgramConfig()
+    suffix: SuffixConfig = SuffixConfig()
     # How often workers re-register and how long an entry lives without that.
     heartbeat_seconds: float = Field(2.0, gt=0)
     timeouts: TimeoutsConfig = TimeoutsConfig()
     policy: PolicyConfig = PolicyConfig()
+
+    @model_validator(mode="after")
+    def _known_proposers(self) -> RouterConfig:
+        unknown = [name for name in self.draft_free if name not in DRAFT_FREE]
+        if unknown:
+            raise ValueError(f"router.draft_free names {unknown}; the draft-free proposers are {', '.join(DRAFT_FREE)}")
+        return self

@@ -18,6 +18,11 @@ Glossary
                 model expects (router/load_check.py; reason `measured_slower`)
     fallback    a task the policy serves target-only because no draft is expected to make it faster;
                 a `probe_fraction` of its requests still speculate so a recovery is noticed
+    prior       what an arm starts from: a draft's acceptance measured before serving (the zoo's
+                held-out evaluation), counted as `prior_trials` trials, so a task whose drafts lose
+                starts target-only rather than finding out on its first requests; a draft-free
+                proposer starts at acceptance 0 and cost 0 (scoring it is free, so it earns its way
+                in on the traffic: router/scoring.py)
 
 Choices maximise the expected speedup of the cost model at the current load, not alpha. Draft
 choice uses Thompson sampling: each arm's alpha is drawn from its posterior, so an unseen draft gets
@@ -35,6 +40,7 @@ from .config import PolicyConfig
 
 from .cost_model import Load, PassFit, best_k
 from .load_check import LoadCheck
+from .proposers import DRAFT_FREE
 
 SPECULATE, FALLBACK = "speculate", "fallback"
 LOW_SPEEDUP, TARGET_SATURATED = "low_speedup", "target_saturated"  # why a task falls back
@@ -65,6 +71,16 @@ class Observation:
     pressure: float = 0.0
 
 
+@dataclass(frozen=True)
+class Prior:
+    """What one (task, proposer) is known to do before it serves: its acceptance, weighed as
+    ``trials`` acceptance trials, and its cost c when known (None: as the other drafts measure)."""
+
+    alpha: float
+    trials: float
+    c: float | None = None
+
+
 @dataclass
 class Arm:
     """Faded measurements of one (task, draft)."""
@@ -79,6 +95,13 @@ class Arm:
     scored_tokens: int = 0  # from full-information scoring (a count for display; not faded)
     accepted_at: list[float] = field(default_factory=list)  # per draft position, for display
     tested_at: list[float] = field(default_factory=list)
+    prior_c: float | None = None  # c until the arm has timings of its own (None: the other drafts')
+
+    @staticmethod
+    def starting_at(prior: Prior | None) -> Arm:
+        if prior is None:
+            return Arm()
+        return Arm(accepted=prior.alpha * prior.trials, rejections=(1 - prior.alpha) * prior.trials, prior_c=prior.c)
 
     @property
     def trials(self) -> float:
@@ -157,15 +180,25 @@ class _Task:
 @dataclass
 class Policy:
     config: PolicyConfig
-    tasks: dict[str, tuple[str, ...]]  # task -> drafts allowed to serve it
+    tasks: dict[str, tuple[str, ...]]  # task -> drafts (and draft-free proposers) allowed to serve it
     rng: random.Random = field(default_factory=random.Random)
     pressure: float = 0.0  # sessions per target replica, as of the latest request
     pass_cap: int = 0  # the most sessions a target replica's pass holds (0: not known)
+    priors: dict[str, dict[str, float]] = field(default_factory=dict)  # task -> draft -> acceptance measured before serving
 
     def __post_init__(self) -> None:
-        self._tasks = {task: _Task({name: Arm() for name in drafts}) for task, drafts in self.tasks.items()}
+        self._tasks = {task: _Task({name: Arm.starting_at(self._prior(task, name)) for name in drafts})
+                       for task, drafts in self.tasks.items()}
         self.passes = PassFit()  # faded, over every task's target passes: they share the replicas
         self.realized = LoadCheck(self.config.measured_min_requests)
+        for task in self._tasks:  # judged on the priors before the first request
+            self._decide(task)
+
+    def _prior(self, task: str, name: str) -> Prior | None:
+        if name in DRAFT_FREE:
+            return Prior(0.0, self.config.prior_trials, c=0.0)
+        alpha = self.priors.get(task, {}).get(name)
+        return None if alpha is None else Prior(alpha, self.config.prior_trials)
 
     # --- choosing ---------------------------------------------------------------------------------
 
@@ -302,12 +335,13 @@ class Policy:
             r = max(0.0, (arm.verify_seconds - arm.verify_device_seconds) / arm.verify_passes / plain_wall)
         if arm.draft_tokens and plain_step:
             return arm.draft_seconds / arm.draft_tokens / plain_step, w, r
-        return self._typical_c(), w, r
+        return (self._typical_c() if arm.prior_c is None else arm.prior_c), w, r
 
     def _typical_c(self) -> float:
+        """c of the drafts that have timings (draft-free proposers, priced apart, left out), else the prior."""
         known = [_per(arm.draft_seconds, arm.draft_tokens) / _per(arm.verify_seconds, arm.verify_passes)
-                 for state in self._tasks.values() for arm in state.arms.values()
-                 if arm.draft_tokens and arm.verify_seconds]
+                 for state in self._tasks.values() for name, arm in state.arms.items()
+                 if arm.draft_tokens and arm.verify_seconds and name not in DRAFT_FREE]
         return sum(known) / len(known) if known else self.config.prior_cost_ratio
 
     def _saturated(self) -> bool:

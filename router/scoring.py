@@ -1,9 +1,10 @@
-"""Full information, off the request path (HedgeSpec): what would the other drafts have done?
+"""Full information, off the request path (HedgeSpec): what would the other proposers have done?
 
 After a sampled fraction of finished greedy requests, each other draft allowed for the task scores
 the verified continuation with one teacher-forced pass on a draft worker: at each position, would
 its greedy choice have been the target's token? That is an acceptance trial per position at no
-cost to the target, so the policy learns every draft's alpha while routing to one.
+cost to the target, so the policy learns every draft's alpha while routing to one. The draft-free
+proposers score every finished greedy request, in the router: it costs them microseconds a token.
 """
 
 from __future__ import annotations
@@ -19,22 +20,31 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .directory import NoWorker, WorkerDirectory
 from .policy import Policy
+from .proposers import DRAFT_FREE, DraftFree
 
 log = logging.getLogger("specserve.router")
 SCORE_TIMEOUT_SECONDS = 10.0
 
 
 class ContinuationScorer:
-    def __init__(self, policy: Policy, directory: WorkerDirectory, fraction: float, rng: random.Random) -> None:
+    def __init__(self, policy: Policy, directory: WorkerDirectory, fraction: float, rng: random.Random,
+                 draft_free: DraftFree | None = None) -> None:
         self.policy = policy
         self.directory = directory
         self.fraction = fraction
         self.rng = rng
+        self.draft_free = draft_free or DraftFree()
         self.running: asyncio.Task | None = None  # one scoring job at a time: never a queue
 
     def offer(self, task: str, served_draft: str | None, prompt_ids: list[int], output_ids: list[int]) -> bool:
-        """Maybe score this finished greedy request; True when a scoring job started."""
+        """Score this finished greedy request by the draft-free proposers now, and maybe by the
+        other drafts; True when a drafts' scoring job started."""
         others = [d for d in self.policy.tasks[task] if d != served_draft]
+        for name in (d for d in others if d in DRAFT_FREE):
+            positions, matches = self.draft_free.score(name, task, prompt_ids, output_ids)
+            if positions:
+                self.policy.observe_scored(task, name, positions, matches)
+        others = [d for d in others if d not in DRAFT_FREE]
         if not (others and output_ids) or (self.running and not self.running.done()):
             return False
         if self.rng.random() >= self.fraction:

@@ -28,6 +28,7 @@ from .draft_length import DraftLength
 from .metrics import RouterMetrics
 from .passes import PassWindow
 from .policy import Policy
+from .proposers import DraftFree
 from .scoring import ContinuationScorer
 from .session import Session
 from .streams import WorkerFailed
@@ -66,15 +67,17 @@ class SpecServeService:
     session, then teach the policy what happened and record metrics."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: Limits, directory: WorkerDirectory,
-                 config: RouterConfig, resolver: TaskResolver, rng: random.Random | None = None) -> None:
+                 config: RouterConfig, resolver: TaskResolver, rng: random.Random | None = None,
+                 priors: dict[str, dict[str, float]] | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.limits = limits
         self.directory = directory
         self.resolver = resolver
         rng = rng or random.Random()
-        self.policy = Policy(config.policy, limits.tasks, rng)
-        self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng)
+        self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {})
+        self.draft_free = DraftFree(config.ngram, config.suffix)
+        self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free)
         self.metrics = RouterMetrics()
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
         self.totals = TaskTotals()
@@ -145,12 +148,13 @@ class SpecServeService:
         schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
         length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
         session = Session(request, task, route, length, self.tokenizer, self.directory, self.config.timeouts,
-                          self.config.lookahead, deadline, self.config.decode_run_tokens)
+                          self.config.lookahead, deadline, self.config.decode_run_tokens, self.draft_free)
         session.pressure = pressure
         return session
 
     def _learn(self, session: Session) -> None:
-        """A finished request: into the totals and the policy; maybe scored by the other drafts."""
+        """A finished request: into the totals and the policy; scored by the other proposers (the
+        draft-free ones always, drafts sometimes); its output joins its task's suffix trie."""
         self.totals.add(session)
         self.passes["target"].add(session.times.target_passes)
         self.passes["draft"].add(session.times.draft_passes)
@@ -158,6 +162,7 @@ class SpecServeService:
         self.policy.observe(task, session.route.draft, session.observation())
         if session.params.sampling.greedy:  # scoring compares greedy choices
             self.scorer.offer(task, session.route.draft, session.request.prompt_ids, session.decoding.committed)
+        self.draft_free.learn(task, session.decoding.committed)  # after scoring: no proposer sees its own answer
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServiceStats:
         workers = [pb.WorkerInfo(kind=e.kind, worker_id=e.worker_id, address=e.address, models=e.models,

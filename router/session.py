@@ -1,10 +1,10 @@
 """One request through the cluster: propose, verify, commit, emit, over the workers' streams.
 
 The router owns the truth (DESIGN.md invariant 2): the committed tokens live here, in the output
-assembler; the workers' KV caches are derived from them. A proposal travels from the draft worker
-to the target replica as the same protobuf message, untouched; the verdict rides back to the draft
-worker on its next step request, so a step costs one round trip to each worker. Target-only, a
-request asks its replica for a run of tokens and reads them as they come (no round trip each).
+assembler; the workers' KV caches are derived from them. Proposals come from the request's
+proposer (router/proposers.py: a draft model on a draft worker, or a draft-free one in the router)
+and travel to the target replica as protobuf messages, untouched. Target-only, a request asks its
+replica for a run of tokens and reads them as they come (no round trip each).
 
 Because the truth is here, a worker that fails mid-request loses nothing: a target replica is
 replaced by another (or the restarted one) re-prefilled from the committed tokens, and the failed
@@ -35,23 +35,21 @@ from .config import TimeoutsConfig
 from .cost_model import PassFit
 from .directory import NoWorker, WorkerDirectory
 from .draft_length import DraftLength
-from .draft_mirror import DraftMirror
+from .model_draft import ModelDraft
 from .passes import PassLog
 from .policy import Observation, Route
+from .proposers import DRAFT_FREE, EMPTY_PROPOSAL, DraftFree, Proposer, ProposerGone
 from .streams import SessionStream, WorkerFailed
 from .tasks import ResolvedTask
 from .validation import ValidRequest
 
-EMPTY_PROPOSAL = pb.Proposal()
 log = logging.getLogger("specserve.router")
 # Route reasons a session sets itself when its draft is not there: none could be opened, or it
 # failed mid-request. The request goes on target-only: the target alone decides every token.
 DRAFT_UNAVAILABLE, DRAFT_LOST = "unavailable", "lost"
-OPEN_ATTEMPTS = 2  # draft workers tried per opening before a request goes target-only
 # Per request. A request that keeps killing replicas (say, one whose prefill exhausts memory) must
 # not take the whole fleet down with it, one resume at a time.
 MAX_TARGET_RESUMES = 2
-MAX_DRAFT_REOPENS = 2
 TARGET_POLL_SECONDS = 0.25  # while waiting for a target replica to resume on
 # The router gives up waiting this long before the client's deadline, so the client hears why
 # (UNAVAILABLE, with the reason) rather than a bare DEADLINE_EXCEEDED.
@@ -90,11 +88,8 @@ class StepTimes:
 class Session:
     """A request in flight. Iterate ``run()`` for chunks as they are committed.
 
-    With ``lookahead`` (greedy requests only), the draft worker drafts the next proposal while the
-    target verifies this one, as if all of it will be accepted, one token further (its guess of the
-    target's own token). When the verdict agrees, the next proposal is ready at once; when it does
-    not, the draft is rewound by a length and drafts again. Greedy output does not depend on what
-    was proposed, so this changes speed only.
+    ``route.draft`` names its proposer: a draft model (drafting ahead with ``lookahead``, greedy
+    requests only: router/model_draft.py) or a draft-free one of ``draft_free``; None: target-only.
 
     ``deadline`` (time.monotonic(), None: none) is the client's: waits for a replica end before it.
 
@@ -105,7 +100,8 @@ class Session:
 
     def __init__(self, request: ValidRequest, task: ResolvedTask, route: Route, length: DraftLength,
                  tokenizer: PreTrainedTokenizerBase, directory: WorkerDirectory, timeouts: TimeoutsConfig,
-                 lookahead: bool = False, deadline: float | None = None, decode_run: int = 1) -> None:
+                 lookahead: bool = False, deadline: float | None = None, decode_run: int = 1,
+                 draft_free: DraftFree | None = None) -> None:
         self.request = request
         self.task = task
         self.route = route
@@ -115,17 +111,17 @@ class Session:
         self.deadline = deadline
         self.lookahead = lookahead and request.params.sampling.greedy
         self.decode_run = decode_run
+        self.draft_free = draft_free or DraftFree()
         self.owed = 0  # target-only tokens granted to the target replica and not yet received
         self.pressure = 0.0  # sessions per target replica when it was routed (the service sets it)
         self.decoding = Decoding(tokenizer, request.prompt_ids, request.params, request.params.resolved_seed())
         self.times = StepTimes()
         self.session_id = uuid.uuid4().hex[:12]
         self.target: SessionStream | None = None
-        self.drafter: SessionStream | None = None
-        self.mirror = DraftMirror(len(request.prompt_ids))  # the draft session's tokens, as the router knows them
+        self.proposer: Proposer | None = None  # None: target-only (from the start, or once it is gone)
+        self.proposed_by: Proposer | None = None  # the proposer it had, for its counts after it is gone
         self.verdict: pb.Verdict | None = None  # the last one
         self.target_resumes = 0  # target replicas replaced mid-request
-        self.draft_reopens = 0  # draft workers replaced mid-request
         self.started = time.perf_counter()
         self.first_token_seconds = 0.0
         self.first_chunk_tokens = 0
@@ -134,57 +130,48 @@ class Session:
     def params(self) -> GenerationParams:
         return self.request.params
 
+    @property
+    def draft_reopens(self) -> int:
+        """Draft workers replaced mid-request."""
+        return getattr(self.proposed_by, "reopens", 0)
+
     async def run(self) -> AsyncIterator[Chunk]:
-        ahead: asyncio.Task | None = None
         finished = False
         try:
             await self._open_target()
             if self.route.draft:
-                await self._open_draft()
+                await self._open_proposer()
             proposal = EMPTY_PROPOSAL
             while not self.decoding.finished:
-                proposal = await self._propose(proposal, ahead)
-                ahead = self._draft_ahead(proposal)  # on the draft's device, while the target verifies
+                proposal = await self._propose(proposal)
+                if self.proposer is not None:  # on the draft's device, while the target verifies
+                    self.proposer.draft_ahead(proposal)
                 verdict = await self._verify(proposal)
                 chunk = self._commit(proposal, verdict)
                 self._note_first(chunk)
                 yield chunk  # emit
-            if ahead is not None and not ahead.done():  # drafted past the end: drop it with the session
-                ahead.cancel()
-                if self.drafter is not None:
-                    self.drafter.cancel()
             if self.owed and self.target is not None:  # decoded past the end: drop the rest of the run
                 self.target.cancel()
-            for stream in self._streams():
-                await stream.close()
+            if self.proposer is not None:
+                await self.proposer.close()
+            if self.target is not None:
+                await self.target.close()
             finished = True
         finally:
             if not finished:  # cancelled or failed mid-way: free the sessions on the workers now
-                if ahead is not None:
-                    ahead.cancel()
                 self.abandon()
 
     # The loop's phases: propose, verify, commit (emit is the caller's).
 
-    async def _propose(self, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
-        """The next proposal; after a draft worker fails, from another one opened where the request
-        stands, or none (a target-only step) when there is none to open."""
+    async def _propose(self, verified: pb.Proposal) -> pb.Proposal:
+        """The proposer's next proposal, or none (a target-only step): once it is gone, for good."""
+        k = self.decoding.draft_length(self.length.k)
+        if self.proposer is None:
+            return EMPTY_PROPOSAL
         try:
-            return await self._draft(verified, ahead)
-        except WorkerFailed as exc:
-            self._drop(exc)
-            if self.draft_reopens >= MAX_DRAFT_REOPENS:
-                self._lose_draft(f"failed mid-request, {self.draft_reopens} times already: {exc}")
-                return EMPTY_PROPOSAL
-            self.draft_reopens += 1
-            log.warning("request %s: draft %s failed mid-request; reopening it elsewhere: %s",
-                        self.session_id, self.route.draft, exc)
-            await self._open_draft()
-        try:
-            return await self._draft(verified, None)
-        except WorkerFailed as exc:
-            self._drop(exc)
-            self._lose_draft(f"failed again mid-request: {exc}")
+            return await self.proposer.propose(k, verified)
+        except ProposerGone as exc:
+            self._lose_draft(str(exc))
             return EMPTY_PROPOSAL
 
     async def _verify(self, proposal: pb.Proposal) -> pb.Verdict:
@@ -223,66 +210,19 @@ class Session:
 
     def _runs(self, proposal: pb.Proposal) -> bool:
         """Is this step a token of a decode run? (Target-only for good: no draft, none to come.)"""
-        return not proposal.ids and self.drafter is None and self.decode_run > 1
+        return not proposal.ids and self.proposer is None and self.decode_run > 1
 
     def _commit(self, proposal: pb.Proposal, verdict: pb.Verdict) -> Chunk:
         """Commit the verdict everywhere the router keeps it: the output, the k schedule, and the
-        draft session's mirror (the draft worker learns it with its next step)."""
+        proposer (a draft worker learns it with its next step)."""
         self.verdict = verdict
         self.length.update(len(proposal.ids), verdict.num_accepted)
-        self.mirror.verdict(verdict.num_accepted, verdict.token)
+        if self.proposer is not None:
+            self.proposer.commit(verdict)
         return self.decoding.commit(proposal.ids, verdict.num_accepted, verdict.token)
 
-    # Drafting.
-
-    async def _draft(self, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
-        """The next proposal: the lookahead's when it guessed the verdict, else a fresh draft.
-
-        Drafting ahead, the first step proposes nothing: the target's prefill answers the first
-        token alone, as fast as target-only decoding would, while the draft prefills and drafts
-        ahead of it; otherwise the first token would wait for the draft's prefill and k tokens.
-        """
-        if self.verdict is None and self.lookahead and self.drafter:
-            return EMPTY_PROPOSAL
-        waited = time.perf_counter()
-        drafted = await ahead if ahead is not None else None
-        if drafted is not None:
-            self._count_draft(drafted)
-        k = self.decoding.draft_length(self.length.k)
-        if not self.drafter or k < 1:
-            return EMPTY_PROPOSAL
-        if drafted is not None and self._guessed(verified, drafted):
-            self.decoding.stats.lookahead_hits += 1
-            self.mirror.lookahead_hit()
-            self.times.draft_steps.append(time.perf_counter() - waited)
-            return pb.Proposal(ids=drafted.ids[1 : k + 1], q=drafted.q[1 : k + 1])
-        proposal = await self.drafter.ask(pb.DraftRequest(step=self.mirror.step(k, self.length.min_confidence)))
-        self.times.draft_steps.append(time.perf_counter() - waited)
-        self._count_draft(proposal)
-        return proposal
-
-    def _guessed(self, verified: pb.Proposal, drafted: pb.Proposal) -> bool:
-        """Did the lookahead assume the verdict: all of ``verified`` accepted, and its first token
-        the target's own? (It then holds at least one more token, the next proposal.)"""
-        return (len(drafted.ids) > 1 and self.verdict.num_accepted == len(verified.ids)
-                and drafted.ids[0] == self.verdict.token)
-
-    def _draft_ahead(self, proposal: pb.Proposal) -> asyncio.Task | None:
-        """Ask the draft for the proposal after this one, assuming all of this one is accepted."""
-        after_all_accepted = self.decoding.remaining - len(proposal.ids) - 1
-        next_k = self.length.next_k(len(proposal.ids), len(proposal.ids))
-        k = min(next_k, after_all_accepted - 1) + 1  # one more: its guess of the target's token
-        if not (self.lookahead and self.drafter and (proposal.ids or self.verdict is None) and k >= 2):
-            return None
-        self.decoding.stats.lookaheads += 1
-        step = self.mirror.ahead(len(proposal.ids), k, self.length.min_confidence)
-        task = asyncio.create_task(self.drafter.ask(pb.DraftRequest(step=step)))
-        # A lookahead may fail unawaited (the session ends first); mark its error as seen, or asyncio
-        # logs "exception never retrieved". One that is awaited raises there as usual.
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        return task
-
-    def _count_draft(self, proposal: pb.Proposal) -> None:
+    def count_draft(self, proposal: pb.Proposal) -> None:
+        """A proposal the proposer drafted (used or not: a lookahead that missed cost its time too)."""
         self.decoding.record_draft(len(proposal.ids), proposal.seconds)
         self.times.draft_passes.add(proposal.pass_info)
 
@@ -295,17 +235,17 @@ class Session:
 
     def abandon(self) -> None:
         """Cancel the request's sessions on every worker now (idempotent): its client is gone."""
-        for stream in self._streams():
-            stream.cancel()
+        if self.target is not None:
+            self.target.cancel()
+        if self.proposer is not None:
+            self.proposer.abandon()
 
-    def _streams(self) -> list[SessionStream]:
-        return [s for s in (self.target, self.drafter) if s is not None]
-
-    def _opening(self, model: str = "") -> pb.SessionOpen:
-        """The open message of a session holding every committed token. A worker replacing a failed
-        one draws from a seed of its own (fresh draws keep the target's distribution), so a replay
-        with the same seed and the same faults gives the same output."""
-        kind, replaced = ("draft", self.draft_reopens) if model else ("target", self.target_resumes)
+    def opening(self, model: str = "", replaced: int = 0) -> pb.SessionOpen:
+        """The open message of a session holding every committed token: the target's, or the draft
+        ``model``'s. A worker replacing ``replaced`` failed ones draws from a seed of its own (fresh
+        draws keep the target's distribution), so a replay with the same seed and the same faults
+        gives the same output."""
+        kind, replaced = ("draft", replaced) if model else ("target", self.target_resumes)
         seed = replacement_seed(self.decoding.stats.seed, kind, replaced)
         return pb.SessionOpen(session_id=self.session_id, prompt_ids=self.decoding.committed_ids(), model=model,
                               sampling=sampling_message(self.params.sampling, seed),
@@ -322,7 +262,7 @@ class Session:
                 target = await self.directory.pick("target")
                 # A prefill is one step: the same timeout.
                 self.target = self.directory.stream(target, self.timeouts.target_step_seconds)
-                await self.target.send(pb.VerifyRequest(open=self._opening()))
+                await self.target.send(pb.VerifyRequest(open=self.opening()))
                 return
             except (NoWorker, WorkerFailed) as exc:
                 if isinstance(exc, WorkerFailed):
@@ -335,46 +275,30 @@ class Session:
                 await asyncio.sleep(TARGET_POLL_SECONDS)
                 await self.directory.refresh(force=True)  # a restarted replica registers anew
 
-    async def _open_draft(self) -> None:
-        """A draft session on a worker serving the route's draft (a second worker if the first
-        fails), holding every committed token; else none, and the request goes on target-only."""
-        why = ""
-        for _ in range(OPEN_ATTEMPTS):
-            try:
-                worker = await self.directory.pick("draft", self.route.draft)
-            except NoWorker as exc:
-                why = str(exc)
-                break
-            self.drafter = self.directory.stream(worker, self.timeouts.draft_step_seconds,
-                                                 first_step_timeout=self.timeouts.draft_prefill_seconds)
-            try:
-                opening = self._opening(self.route.draft)
-                await self.drafter.send(pb.DraftRequest(open=opening))
-                self.mirror.reopen(len(opening.prompt_ids))
-                return
-            except WorkerFailed as exc:
-                why = str(exc)
-                self._drop(exc)
-        self._lose_draft(why)
+    async def _open_proposer(self) -> None:
+        """The route's proposer, ready to propose; none (target-only) when it cannot open."""
+        name = self.route.draft
+        proposer = self.draft_free.proposer(name, self) if name in DRAFT_FREE else ModelDraft(self, name)
+        self.proposer = self.proposed_by = proposer
+        try:
+            await proposer.open()
+        except ProposerGone as exc:
+            self._lose_draft(str(exc))
 
     def _drop(self, failure: WorkerFailed) -> None:
-        """End the session on a failed worker; new requests pass it over for a while."""
-        stream = self.target if failure.worker.kind == "target" else self.drafter
-        if stream is not None and stream.worker.worker_id == failure.worker.worker_id:
-            stream.cancel()
-            if stream is self.target:
-                self.target = None
-            else:
-                self.drafter = None
+        """End the session on a failed target replica; new requests pass it over for a while."""
+        if self.target is not None and self.target.worker.worker_id == failure.worker.worker_id:
+            self.target.cancel()
+            self.target = None
         if failure.broken:
             self.directory.mark_failed(failure.worker)
 
     def _lose_draft(self, why: str) -> None:
         """Go on target-only: the output does not depend on the draft, only the speed does."""
         log.warning("request %s continues target-only: draft %s: %s", self.session_id, self.route.draft, why)
-        if self.drafter is not None:
-            self.drafter.cancel()
-            self.drafter = None
+        if self.proposer is not None:
+            self.proposer.abandon()
+            self.proposer = None
         drafted = self.decoding.stats.proposed > 0
         self.route = Route(self.route.draft if drafted else None, self.route.k if drafted else 0,
                            DRAFT_LOST if drafted else DRAFT_UNAVAILABLE)
@@ -397,7 +321,8 @@ class Session:
     def observation(self) -> Observation:
         """What this request tells the routing policy."""
         s, t = self.decoding.stats, self.times
-        return Observation(accepted=s.accepted, rejections=s.rejections, draft_tokens=s.proposed,
+        misses = self.proposed_by.misses if self.proposed_by else 0
+        return Observation(accepted=s.accepted, rejections=s.rejections + misses, draft_tokens=s.proposed,
                            draft_seconds=sum(t.draft_steps), verify_passes=len(t.verify_steps),
                            verify_seconds=sum(t.verify_steps), verify_device_seconds=t.verify_device,
                            plain_passes=len(t.plain_steps), plain_seconds=sum(t.plain_steps),

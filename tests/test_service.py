@@ -70,6 +70,22 @@ def test_greedy_speculation_on_equals_off_for_every_task(client, tiny_zoo):
     assert lookaheads > 0 and 0 <= hits <= lookaheads
 
 
+@pytest.mark.parametrize("proposer", ["ngram", "suffix"])
+def test_draft_free_proposers_keep_the_targets_output_on_every_task(client, tiny_zoo, proposer):
+    """Prompt lookup and suffix decoding, proposed in the router: every task, several k, token for
+    token the target's; a proposal is made and kept somewhere (the tiny target repeats itself)."""
+    accepted = 0
+    for task in tiny_zoo.tasks:
+        for prompt, k in zip(tiny_zoo.prompts(task)[:2], (2, 6), strict=False):
+            on = client.generate(request(prompt, task=task, draft=proposer, k=k, max_tokens=40,
+                                         speculation=pb.SPECULATION_ON))
+            off = client.generate(request(prompt, task=task, max_tokens=40, speculation=pb.SPECULATION_OFF))
+            assert list(on.token_ids) == list(off.token_ids), (proposer, task, k)
+            assert on.stats.draft == proposer
+            accepted += on.stats.accepted_tokens
+    assert accepted > 0
+
+
 def test_stream_chunks_concatenate_to_the_unary_result(client, tiny_zoo):
     prompt = tiny_zoo.prompts("code")[0]
     # Draft and k pinned: the policy's own choices may differ between two calls, and with them
@@ -183,7 +199,7 @@ def test_a_seeded_sampled_request_is_reproducible(client, tiny_zoo):
     ({"seed": 2**63}, "seed must be 0..2^63-1"),
     ({"stop": ["x" * 65]}, "each stop string must be 1..64 characters, got 65"),
     ({"task": "poetry"}, "unknown task 'poetry'; this deployment serves: code, general, math, poor, prose, sql"),
-    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, general, math, prose, sql"),
+    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, general, math, ngram, prose, sql, suffix"),
     ({"speculation": 7}, "speculation must be SPECULATION_AUTO, SPECULATION_ON or SPECULATION_OFF, got 7"),
     ({"prompt": "SELECT " * 200, "max_tokens": 100}, "exceed the context window of 256 tokens"),
     ({"prompt": "x" * 100_000}, "far beyond the context window of 256 tokens"),

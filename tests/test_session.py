@@ -15,6 +15,7 @@ import pytest
 from specserve.router.config import TimeoutsConfig
 from specserve.router.draft_length import DraftLength
 from specserve.router.policy import Route
+from specserve.router.proposers import DRAFT_FREE, DraftFree
 from specserve.router.session import DRAFT_LOST, Session
 from specserve.router.tasks import ResolvedTask
 from specserve.router.validation import ValidRequest
@@ -41,12 +42,13 @@ def target_only(tiny_engine) -> list[int]:
 
 def make_session(models, directory: FakeDirectory, *, lookahead: bool, sampling: SamplingParams = SamplingParams(),
                  schedule: str = "fixed", seed: int = 7, route: Route = Route(DRAFT, K, "requested"),
-                 decode_run: int = 1) -> Session:
+                 decode_run: int = 1, draft_free: DraftFree | None = None) -> Session:
     target, tokenizer = models
     params = GenerationParams(max_tokens=MAX_TOKENS, sampling=sampling, k=K, seed=seed)
     request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", route.draft, route.k, "on")
     return Session(request, ResolvedTask("code", "request", 1.0), route, DraftLength(schedule, route.k, 8),
-                   tokenizer, directory, TimeoutsConfig(), lookahead=lookahead, decode_run=decode_run)
+                   tokenizer, directory, TimeoutsConfig(), lookahead=lookahead, decode_run=decode_run,
+                   draft_free=draft_free)
 
 
 async def drain(session: Session) -> list[int]:
@@ -98,7 +100,7 @@ def test_a_request_whose_drafts_are_all_lost_goes_on_target_only(models, target_
     draft = FakeWorker("draft", "d0", models[0], fail_at_step=2)
     session = make_session(models, FakeDirectory(target, draft), lookahead=True)
     assert run(session) == target_only
-    assert session.route.reason == DRAFT_LOST and session.drafter is None
+    assert session.route.reason == DRAFT_LOST and session.proposer is None
 
 
 @pytest.mark.parametrize("lookahead", [False, True])
@@ -206,4 +208,30 @@ def test_a_request_whose_draft_is_lost_goes_on_in_runs(models, target_only):
     draft = FakeWorker("draft", "d0", models[0], fail_at_step=2)
     session = make_session(models, FakeDirectory(target, draft), lookahead=True, decode_run=8)
     assert run(session) == target_only
-    assert session.drafter is None and target.streams[0].decode_runs
+    assert session.proposer is None and target.streams[0].decode_runs
+
+
+@pytest.mark.parametrize("name", DRAFT_FREE)
+def test_a_draft_free_proposer_proposes_in_the_router_and_keeps_the_output(models, target_only, name):
+    """No draft worker at all: the proposals come from the router. With the task's earlier answer
+    in its trie, suffix decoding proposes that answer, and the target keeps it."""
+    draft_free = DraftFree()
+    draft_free.learn("code", target_only)
+    target = FakeWorker("target", "t0", models[0])
+    session = make_session(models, FakeDirectory(target), lookahead=True, route=Route(name, K, "requested"),
+                           draft_free=draft_free)
+    assert run(session) == target_only
+    stats = session.decoding.stats
+    assert stats.proposed > 0 and target.streams[0].closed
+    if name == "suffix":  # the whole answer was there to propose
+        assert stats.accepted > MAX_TOKENS // 2 and stats.target_passes < MAX_TOKENS // 2
+    observation = session.observation()  # steps without a proposal count as lost trials
+    assert observation.rejections == stats.rejections + session.proposer.misses
+
+
+def test_a_sampled_request_with_a_draft_free_proposer_completes(models):
+    target = FakeWorker("target", "t0", models[0])
+    session = make_session(models, FakeDirectory(target), lookahead=True, route=Route("ngram", K, "requested"),
+                           sampling=SamplingParams(temperature=0.9))
+    tokens = run(session)
+    assert len(tokens) == MAX_TOKENS or session.decoding.output.finish_reason == "eos"

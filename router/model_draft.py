@@ -1,0 +1,160 @@
+"""A draft model on a draft worker, as one request's proposer.
+
+The draft session lives on a worker, over one stream; the router mirrors which of its tokens stand
+(``DraftMirror``), and the verdict rides to the worker on the next step request, so a step costs one
+round trip. With ``lookahead`` (greedy requests only), the draft drafts the next proposal while the
+target verifies this one, as if all of it will be accepted, one token further (its guess of the
+target's own token). When the verdict agrees, the next proposal is ready at once; when it does not,
+the draft is rewound by a length and drafts again. Greedy output does not depend on what was
+proposed, so this changes speed only.
+
+A worker that fails mid-request is replaced by another, opened holding every committed token (the
+router holds the truth), up to ``MAX_DRAFT_REOPENS`` times; then the request goes on target-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from specserve.proto.v1 import internal_pb2 as pb
+
+from .directory import NoWorker
+from .draft_mirror import DraftMirror
+from .proposers import EMPTY_PROPOSAL, Proposer, ProposerGone
+from .streams import SessionStream, WorkerFailed
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger("specserve.router")
+OPEN_ATTEMPTS = 2  # draft workers tried per opening before a request goes target-only
+MAX_DRAFT_REOPENS = 2  # per request, mid-request
+
+
+class ModelDraft(Proposer):
+    def __init__(self, session: Session, name: str) -> None:
+        self.session = session
+        self.name = name
+        self.stream: SessionStream | None = None
+        self.mirror = DraftMirror(len(session.request.prompt_ids))  # the draft session's tokens, as the router knows them
+        self.ahead: asyncio.Task | None = None  # the next proposal, drafted while the target verifies
+        self.reopens = 0  # draft workers replaced mid-request
+
+    async def open(self) -> None:
+        """A draft session on a worker serving this draft (a second worker if the first fails),
+        holding every committed token."""
+        s = self.session
+        why = ""
+        for _ in range(OPEN_ATTEMPTS):
+            try:
+                worker = await s.directory.pick("draft", self.name)
+            except NoWorker as exc:
+                why = str(exc)
+                break
+            self.stream = s.directory.stream(worker, s.timeouts.draft_step_seconds,
+                                             first_step_timeout=s.timeouts.draft_prefill_seconds)
+            try:
+                opening = s.opening(self.name, self.reopens)
+                await self.stream.send(pb.DraftRequest(open=opening))
+                self.mirror.reopen(len(opening.prompt_ids))
+                return
+            except WorkerFailed as exc:
+                why = str(exc)
+                self._drop(exc)
+        raise ProposerGone(why)
+
+    async def propose(self, k: int, verified: pb.Proposal) -> pb.Proposal:
+        """The next proposal; after the worker fails, from another one opened where the request stands."""
+        try:
+            return await self._draft(k, verified, self._take_ahead())
+        except WorkerFailed as exc:
+            self._drop(exc)
+            if self.reopens >= MAX_DRAFT_REOPENS:
+                raise ProposerGone(f"failed mid-request, {self.reopens} times already: {exc}") from None
+            self.reopens += 1
+            log.warning("request %s: draft %s failed mid-request; reopening it elsewhere: %s",
+                        self.session.session_id, self.name, exc)
+            await self.open()
+        try:
+            return await self._draft(k, verified, None)
+        except WorkerFailed as exc:
+            self._drop(exc)
+            raise ProposerGone(f"failed again mid-request: {exc}") from None
+
+    def commit(self, verdict: pb.Verdict) -> None:
+        self.mirror.verdict(verdict.num_accepted, verdict.token)  # the worker learns it with its next step
+
+    async def close(self) -> None:
+        if self.ahead is not None and not self.ahead.done():  # drafted past the end: drop it with the session
+            self.abandon()
+        elif self.stream is not None:
+            await self.stream.close()
+
+    def abandon(self) -> None:
+        if self.ahead is not None:
+            self.ahead.cancel()
+        if self.stream is not None:
+            self.stream.cancel()
+
+    async def _draft(self, k: int, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
+        """The lookahead's proposal when it guessed the verdict, else a fresh draft.
+
+        Drafting ahead, the first step proposes nothing: the target's prefill answers the first
+        token alone, as fast as target-only decoding would, while the draft prefills and drafts
+        ahead of it; otherwise the first token would wait for the draft's prefill and k tokens.
+        """
+        s = self.session
+        if s.verdict is None and s.lookahead:
+            return EMPTY_PROPOSAL
+        waited = time.perf_counter()
+        drafted = await ahead if ahead is not None else None
+        if drafted is not None:
+            s.count_draft(drafted)
+        if k < 1:
+            return EMPTY_PROPOSAL
+        if drafted is not None and self._guessed(verified, drafted):
+            s.decoding.stats.lookahead_hits += 1
+            self.mirror.lookahead_hit()
+            s.times.draft_steps.append(time.perf_counter() - waited)
+            return pb.Proposal(ids=drafted.ids[1 : k + 1], q=drafted.q[1 : k + 1])
+        proposal = await self.stream.ask(pb.DraftRequest(step=self.mirror.step(k, s.length.min_confidence)))
+        s.times.draft_steps.append(time.perf_counter() - waited)
+        s.count_draft(proposal)
+        return proposal
+
+    def _guessed(self, verified: pb.Proposal, drafted: pb.Proposal) -> bool:
+        """Did the lookahead assume the verdict: all of ``verified`` accepted, and its first token
+        the target's own? (It then holds at least one more token, the next proposal.)"""
+        verdict = self.session.verdict
+        return (len(drafted.ids) > 1 and verdict.num_accepted == len(verified.ids)
+                and drafted.ids[0] == verdict.token)
+
+    def draft_ahead(self, proposal: pb.Proposal) -> None:
+        """Ask the draft for the proposal after this one, assuming all of this one is accepted."""
+        s = self.session
+        after_all_accepted = s.decoding.remaining - len(proposal.ids) - 1
+        next_k = s.length.next_k(len(proposal.ids), len(proposal.ids))
+        k = min(next_k, after_all_accepted - 1) + 1  # one more: its guess of the target's token
+        if not (s.lookahead and self.stream and (proposal.ids or s.verdict is None) and k >= 2):
+            return
+        s.decoding.stats.lookaheads += 1
+        step = self.mirror.ahead(len(proposal.ids), k, s.length.min_confidence)
+        self.ahead = asyncio.create_task(self.stream.ask(pb.DraftRequest(step=step)))
+        # A lookahead may fail unawaited (the session ends first); mark its error as seen, or asyncio
+        # logs "exception never retrieved". One that is awaited raises there as usual.
+        self.ahead.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _take_ahead(self) -> asyncio.Task | None:
+        ahead, self.ahead = self.ahead, None
+        return ahead
+
+    def _drop(self, failure: WorkerFailed) -> None:
+        """End the session on the failed worker; new requests pass it over for a while."""
+        if self.stream is not None and self.stream.worker.worker_id == failure.worker.worker_id:
+            self.stream.cancel()
+            self.stream = None
+        if failure.broken:
+            self.session.directory.mark_failed(failure.worker)
