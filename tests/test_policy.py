@@ -333,3 +333,29 @@ def test_speculation_stops_where_it_ran_slower_whatever_the_model_expects():
         assert route.draft is None and route.load == MEASURED_SLOWER
     assert p.route("t", pressure=1).draft == "a"  # nothing measured there: the model decides
     assert p.route("t", mode="on", pressure=8).draft == "a"  # a request that asks for speculation drafts
+
+
+def test_priors_start_a_task_with_losing_drafts_target_only_and_one_with_a_good_draft_speculating():
+    """The zoo's held-out acceptance counts as `prior_trials` trials: no request is spent learning
+    what was measured before serving."""
+    tasks = {"prose": ("weak",), "sql": ("strong",)}
+    p = Policy(PolicyConfig(probe_fraction=0.0), tasks, random.Random(0),
+               priors={"prose": {"weak": 0.1}, "sql": {"strong": 0.9}})
+    assert p.view("prose").decision == FALLBACK and p.route("prose").draft is None
+    assert p.view("sql").decision == SPECULATE and p.route("sql").draft == "strong"
+    assert p.view("sql").best.trials == PolicyConfig().prior_trials
+    unprimed = Policy(PolicyConfig(probe_fraction=0.0), tasks, random.Random(0))
+    assert unprimed.route("prose").draft == "weak"  # without the prior it would find out on requests
+
+
+def test_a_draft_free_proposer_starts_unchosen_and_scoring_brings_it_in_at_no_cost():
+    p = Policy(PolicyConfig(), {"t": ("d", "suffix")}, random.Random(0), priors={"t": {"d": 0.6}})
+    p.observe("t", None, plain())
+    arms = {arm.draft: arm for arm in p.view("t").arms}
+    assert arms["suffix"].alpha < 0.05 and arms["suffix"].c == 0.0  # free, but not yet trusted
+    assert sum(p.route("t").draft == "suffix" for _ in range(100)) < 10
+    for _ in range(5):  # full information on five 100-token answers it would have matched 90% of
+        p.observe_scored("t", "suffix", 100, 90)
+    view = p.view("t")
+    assert view.best.draft == "suffix" and view.best.c == 0.0 and view.best.k == PolicyConfig().k_max
+    assert sum(p.route("t").draft == "suffix" for _ in range(100)) > 90

@@ -19,11 +19,21 @@ request's own ``torch.Generator``, so the plain reference implementation
 is its batch of one, and the distribution tests draw many thousands in one call.
 Greedy decoding (temperature 0) is the one-hot case of the same rule; ``verify_greedy`` is its
 shortcut that never materialises a vocabulary-sized distribution.
+
+Token trees (SpecInfer): a proposal may be a tree, several candidates per position from several
+proposers, verified in one target pass. ``verify_tree`` walks it from the root: at each node its
+children are tried in order by recursive rejection (each child x_i, drawn from its own q_i, is
+accepted with probability min(1, r(x_i) / q_i(x_i)), and on rejection r becomes norm(max(0, r - q_i)),
+r starting as p); the first accepted child is the next node, and when none is, the final token is
+drawn from what r has become. Each stage is the one-candidate rule against the current r, so the
+committed token has exactly p's distribution whatever the candidates were, as long as each was drawn
+from its q independently of the others (deterministic candidates, one-hot q, always are).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -200,3 +210,65 @@ def verify_greedy(target_argmax: torch.Tensor, draft_ids: torch.Tensor) -> Verdi
     mismatch = (target_argmax[:k] != draft_ids).nonzero()
     n = int(mismatch[0]) if mismatch.numel() else k
     return Verdict(n, int(target_argmax[n]))
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    """Outcome of verifying a token tree: the accepted nodes from the root down, then ``token``."""
+
+    path: tuple[int, ...]  # node indices, each the previous one's child
+    token: int  # the recovered token, or the bonus token after a leaf
+
+
+def children_of(parents: Sequence[int]) -> dict[int, list[int]]:
+    """Each node's children in proposal order; -1 is the root (the last committed token).
+    A parent must come before its children."""
+    children: dict[int, list[int]] = {-1: []}
+    for node, parent in enumerate(parents):
+        if not -1 <= parent < node:
+            raise ValueError(f"node {node}'s parent must be -1 or an earlier node, got {parent}")
+        children.setdefault(parent, []).append(node)
+        children.setdefault(node, [])
+    return children
+
+
+def verify_tree(
+    p: torch.Tensor,  # [T+1, V] target probabilities (warped): row 0 at the root, row 1+i after node i
+    tokens: Sequence[int],  # [T] each node's token
+    parents: Sequence[int],  # [T] each node's parent node, -1 for the root's children
+    q: SparseDist,  # [T, m] the distribution each node's token was drawn from
+    uniforms: torch.Tensor,  # [T+1] node i's acceptance test uses uniforms[i]; the final draw uniforms[T]
+) -> TreeVerdict:
+    """Recursive rejection down the tree (see the module docstring)."""
+    T = len(tokens)
+    if p.shape[0] != T + 1 or len(parents) != T or q.ids.shape[0] != T or uniforms.shape != (T + 1,):
+        raise ValueError(f"shape mismatch: p {tuple(p.shape)}, {len(tokens)} tokens, {len(parents)} parents, "
+                         f"q {tuple(q.ids.shape)}, uniforms {tuple(uniforms.shape)}; want [T+1, V], T, T, [T, m], [T+1]")
+    children = children_of(parents)
+    node, path = -1, []
+    while True:
+        r = p[node + 1]  # [V]
+        for child in children[node]:
+            q_child = SparseDist(q.ids[child], q.probs[child])  # [m]
+            x = tokens[child]
+            q_x = float(q_child.probs[q_child.ids == x].sum())
+            if float(uniforms[child]) * q_x < float(r[x]):
+                break
+            r = residual(r, q_child)
+        else:
+            return TreeVerdict(tuple(path), int(sample(r, uniforms[T])))
+        node = child
+        path.append(node)
+
+
+def verify_tree_greedy(target_argmax: torch.Tensor, tokens: Sequence[int], parents: Sequence[int]) -> TreeVerdict:
+    """Greedy: follow the child whose token is the target's argmax, as long as there is one.
+    target_argmax: [T+1], row 0 at the root, row 1+i after node i."""
+    children = children_of(parents)
+    node, path = -1, []
+    while True:
+        best = int(target_argmax[node + 1])
+        node = next((c for c in children[node] if tokens[c] == best), None)
+        if node is None:
+            return TreeVerdict(tuple(path), best)
+        path.append(node)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .acceptance import SamplingParams, Verdict
+from .acceptance import SamplingParams, TreeVerdict, Verdict
 
 
 def warp_reference(logits: list[float], params: SamplingParams) -> list[float]:
@@ -68,3 +68,28 @@ def verify_reference(
             leftover = p[i]
         return Verdict(i, sample_reference(leftover, uniforms[k]))
     return Verdict(k, sample_reference(p[k], uniforms[k]))
+
+
+def verify_tree_reference(
+    p: list[list[float]],  # T+1 rows: at the root, then after each node
+    tokens: list[int],
+    parents: list[int],
+    q: list[dict[int, float]],  # per node, the distribution its token was drawn from
+    uniforms: list[float],  # T+1
+) -> TreeVerdict:
+    """From the root: try each child in turn, accepting x with probability min(1, r(x)/q(x)) and
+    otherwise replacing r by norm(max(0, r - q)); no child accepted: draw the token from r."""
+    node, path = -1, []
+    while True:
+        r = list(p[node + 1])
+        for child in [c for c, parent in enumerate(parents) if parent == node]:
+            x = tokens[child]
+            if uniforms[child] * q[child].get(x, 0.0) < r[x]:
+                node = child
+                path.append(child)
+                break
+            leftover = [max(0.0, r[t] - q[child].get(t, 0.0)) for t in range(len(r))]
+            total = sum(leftover)
+            r = [v / total for v in leftover] if total > 1e-12 else r
+        else:
+            return TreeVerdict(tuple(path), sample_reference(r, uniforms[len(tokens)]))
