@@ -20,7 +20,7 @@ from specserve.workers.grpc_host import Device
 from specserve.workers.request import GenerationParams
 from specserve.workers.zoo.presets import GENERAL_DRAFT
 
-from .samples import GENERAL, NGRAM, OFF, ROUTED, SUFFIX, TASK, TASK_ADAPTIVE, Sample
+from .samples import GENERAL, NGRAM, OFF, ROUTED, SUFFIX, TASK, TASK_ADAPTIVE, TREE, Sample
 
 
 def service_request(path: str, prompt: str, task: str, draft: str, k: int, max_tokens: int,
@@ -34,7 +34,7 @@ def service_request(path: str, prompt: str, task: str, draft: str, k: int, max_t
     elif path in (TASK, GENERAL):
         request.task, request.speculation, request.k = task, pb.SPECULATION_ON, k
         request.draft = draft if path == TASK else GENERAL_DRAFT
-    elif path in (TASK_ADAPTIVE, NGRAM, SUFFIX):  # no k: the policy's, adapted per step by its schedule
+    elif path in (TASK_ADAPTIVE, NGRAM, SUFFIX, TREE):  # no k: the policy's, adapted per step by its schedule
         request.task, request.speculation = task, pb.SPECULATION_ON
         request.draft = draft if path == TASK_ADAPTIVE else path
     elif path != ROUTED:  # ROUTED: nothing but the prompt, as most clients send it

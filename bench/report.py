@@ -87,9 +87,10 @@ def render_report(results: dict, plots: list[str]) -> str:
         *_image(plots, "speedup_by_task.png", "speedup by task"),
         "### Each proposer alone",
         "",
-        "The task's draft (`adaptive`), prompt lookup (`ngram`) and suffix decoding (`suffix`), the last two "
-        "draft-free and run in the router, each with the policy's k; `routed`: the policy's own choice among them. "
-        "alpha counts only steps that proposed something; tokens/pass counts every step.",
+        "The task's draft (`task_adaptive`), prompt lookup (`ngram`) and suffix decoding (`suffix`), the last two "
+        "draft-free and run in the router, and the three as one token tree verified in one pass (`tree`), each with "
+        "the policy's k; `routed`: the policy's own choice among them. alpha counts only steps that proposed "
+        "something (a tree: along its deepest branch); tokens/pass counts every step.",
         "",
         *table(["task", *(f"{p} {what}" for p in PROPOSER_PATHS for what in ("alpha", "tok/pass", "speedup"))],
                [[t, *(v for p in PROPOSER_PATHS for v in (num(r["proposers"][p]["alpha"]),

@@ -16,8 +16,9 @@ ENGINE_TASK = "engine_task"  # the in-process engine, the task's draft, fixed k,
 HF_ASSISTED = "hf_assisted"  # transformers assisted generation, the task's draft, its default schedule
 NGRAM = "ngram"  # the service, prompt lookup in the router (draft-free), the policy's k
 SUFFIX = "suffix"  # the service, suffix decoding in the router (draft-free), the policy's k
-GREEDY_PATHS = (OFF, TASK, TASK_ADAPTIVE, ROUTED, GENERAL, NGRAM, SUFFIX, ENGINE_OFF, ENGINE_TASK, HF_ASSISTED)
-PROPOSER_PATHS = (TASK_ADAPTIVE, NGRAM, SUFFIX, ROUTED)  # each proposer alone, and the policy's choice
+TREE = "tree"  # the service, the task's draft, prompt lookup and suffix decoding as one token tree
+GREEDY_PATHS = (OFF, TASK, TASK_ADAPTIVE, ROUTED, GENERAL, NGRAM, SUFFIX, TREE, ENGINE_OFF, ENGINE_TASK, HF_ASSISTED)
+PROPOSER_PATHS = (TASK_ADAPTIVE, NGRAM, SUFFIX, TREE, ROUTED)  # each proposer alone, the tree, the policy's choice
 AUTO = "auto"  # load section: the service's default (speculation AUTO, nothing but the prompt)
 # Load section, beside OFF and AUTO: the same requests on the same target model, run by
 OFF_UNBATCHED = "off_unbatched"  # the service with batching off (one session per pass), speculation OFF

@@ -55,7 +55,7 @@ class Router:
         limits = Limits(tasks=models.tasks, drafts=models.proposers, context_window=_context_window(models.target))
         self.directory = WorkerDirectory(registry, registration.ttl, security)
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
-                                        priors=models.priors)
+                                        priors=models.priors, trees=models.trees)
         self.health = health_aio.HealthServicer()
         self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc",
                                        credentials=security.api_server_credentials(),

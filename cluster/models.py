@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specserve.router.config import RouterConfig
-from specserve.router.proposers import DRAFT_FREE
+from specserve.router.proposers import DRAFT_FREE, RESERVED, TREE
 from specserve.workers.loading import ModelSpec
 from specserve.workers.zoo.presets import GENERAL_DRAFT
 
@@ -22,11 +22,12 @@ class ModelSet:
     # routing policy's priors. Only for drafts that are the zoo's own.
     priors: dict[str, dict[str, float]] = field(default_factory=dict)
     draft_free: tuple[str, ...] = ()  # the draft-free proposers configured (router.draft_free)
+    trees: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task -> its token tree's members
 
     @property
     def proposers(self) -> tuple[str, ...]:
-        """Every name a request may ask for: the drafts and the draft-free proposers configured."""
-        return (*self.drafts, *self.draft_free)
+        """Every name a request may ask for: the drafts, the draft-free proposers configured, the tree."""
+        return (*self.drafts, *self.draft_free, *((TREE,) if self.trees else ()))
 
     def spec(self, source: str, threads: int) -> ModelSpec:
         return ModelSpec(source, dtype=self.dtype, threads=threads)
@@ -50,11 +51,11 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
         if GENERAL_DRAFT in drafts:  # prompts of no particular task
             tasks.setdefault(GENERAL_DRAFT, (GENERAL_DRAFT,))
     tasks = tasks or {name: (name,) for name in drafts}  # explicit drafts, no table: one task per draft
-    taken = sorted(set(drafts) & set(DRAFT_FREE))
+    taken = sorted(set(drafts) & set(RESERVED))
     if taken:
-        raise ValueError(f"draft names {taken} are reserved for the draft-free proposers; rename those drafts")
+        raise ValueError(f"draft names {taken} are reserved for specserve's own proposers; rename those drafts")
     for task, names in tasks.items():
-        unknown = [name for name in names if name not in drafts and name not in DRAFT_FREE]
+        unknown = [name for name in names if name not in drafts and name not in RESERVED]
         if unknown or not names:
             raise ValueError(f"router.tasks[{task!r}] names drafts {unknown or '[]'}; known drafts: "
                              f"{', '.join(sorted(drafts))} (draft-free: {', '.join(DRAFT_FREE)})")
@@ -62,7 +63,18 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
             raise ValueError(f"router.tasks[{task!r}] names {not_offered}, which router.draft_free does not offer")
     if not listed:  # the draft-free proposers serve every task of a table the operator did not write
         tasks = {task: tuple(names) + tuple(router.draft_free) for task, names in tasks.items()}
+    trees = {}  # a task's tree: its first draft and the draft-free proposers
+    for task, names in tasks.items():
+        own = next((name for name in names if name in drafts), None)
+        if router.trees and own and router.draft_free and (TREE in names or not listed):
+            trees[task] = (own, *router.draft_free)
+            tasks[task] = tuple(names) + (() if TREE in names else (TREE,))
+            if own in priors.get(task, {}):  # it accepts at least what its draft alone does
+                priors[task][TREE] = priors[task][own]
+        elif TREE in names:
+            raise ValueError(f"router.tasks[{task!r}] names {TREE!r}, which needs router.trees, a draft and "
+                             f"router.draft_free")
     if router.default_task not in tasks:
         raise ValueError(f"router.default_task {router.default_task!r} is not a task; tasks: {', '.join(sorted(tasks))}")
     return ModelSet(target=str(target), drafts=drafts, tasks=tasks, dtype=models.dtype, priors=priors,
-                    draft_free=router.draft_free)
+                    draft_free=router.draft_free, trees=trees)

@@ -8,10 +8,13 @@ mirror tracks what the router knows, and each method returns what the next step 
   committed  tokens the session holds that the request has committed
   offset     where the proposal under verification starts, past ``committed`` (1 after a lookahead
              hit: the session's first drafted token was its guess of the target's, now committed)
-  pending    committed tokens the session does not hold yet: the verdicts' target tokens
+  pending    committed tokens the session does not hold yet: the verdicts' target tokens (and, in
+             a token tree, the accepted tokens of another proposer's branch)
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from specserve.proto.v1 import internal_pb2 as pb
 
@@ -24,13 +27,14 @@ class DraftMirror:
         """A session (re)opened holding ``committed`` tokens, all of them committed."""
         self.committed, self.offset, self.pending = committed, 0, []
 
-    def verdict(self, num_accepted: int, token: int) -> None:
-        """The request committed a verdict: the accepted prefix of the proposal, then ``token``."""
+    def verdict(self, num_accepted: int, appended: Sequence[int]) -> None:
+        """The request committed a verdict: the accepted prefix of the proposal, then ``appended``
+        (the target's token, after another branch's accepted tokens when the proposal was a tree)."""
         if self.pending:  # the session drafted nothing since its last verdict: nothing was accepted
-            self.pending.append(token)
+            self.pending.extend(appended)
             return
         self.committed += self.offset + num_accepted
-        self.offset, self.pending = 0, [token]
+        self.offset, self.pending = 0, list(appended)
 
     def step(self, k: int, min_confidence: float) -> pb.DraftStep:
         """Bring the session up to what is committed, and draft ``k`` tokens from there."""

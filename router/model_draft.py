@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from specserve.proto.v1 import internal_pb2 as pb
@@ -42,6 +43,10 @@ class ModelDraft(Proposer):
         self.mirror = DraftMirror(len(session.request.prompt_ids))  # the draft session's tokens, as the router knows them
         self.ahead: asyncio.Task | None = None  # the next proposal, drafted while the target verifies
         self.reopens = 0  # draft workers replaced mid-request
+        self.proposed: list[int] = []  # its last proposal
+        # The target's token after a verdict that accepted all of the last proposal (what a
+        # lookahead has guessed if it was right); None after any other verdict.
+        self.after_all: int | None = None
 
     async def open(self) -> None:
         """A draft session on a worker serving this draft (a second worker if the first fails),
@@ -68,8 +73,13 @@ class ModelDraft(Proposer):
 
     async def propose(self, k: int, verified: pb.Proposal) -> pb.Proposal:
         """The next proposal; after the worker fails, from another one opened where the request stands."""
+        proposal = await self._propose(k)
+        self.proposed = list(proposal.ids)
+        return proposal
+
+    async def _propose(self, k: int) -> pb.Proposal:
         try:
-            return await self._draft(k, verified, self._take_ahead())
+            return await self._draft(k, self._take_ahead())
         except WorkerFailed as exc:
             self._drop(exc)
             if self.reopens >= MAX_DRAFT_REOPENS:
@@ -79,13 +89,15 @@ class ModelDraft(Proposer):
                         self.session.session_id, self.name, exc)
             await self.open()
         try:
-            return await self._draft(k, verified, None)
+            return await self._draft(k, None)
         except WorkerFailed as exc:
             self._drop(exc)
             raise ProposerGone(f"failed again mid-request: {exc}") from None
 
-    def commit(self, verdict: pb.Verdict) -> None:
-        self.mirror.verdict(verdict.num_accepted, verdict.token)  # the worker learns it with its next step
+    def follow(self, accepted: int, appended: Sequence[int]) -> None:
+        self.mirror.verdict(accepted, appended)  # the worker learns it with its next step
+        whole = accepted == len(self.proposed) and len(appended) == 1
+        self.after_all = appended[0] if whole else None
 
     async def close(self) -> None:
         if self.ahead is not None and not self.ahead.done():  # drafted past the end: drop it with the session
@@ -99,7 +111,7 @@ class ModelDraft(Proposer):
         if self.stream is not None:
             self.stream.cancel()
 
-    async def _draft(self, k: int, verified: pb.Proposal, ahead: asyncio.Task | None) -> pb.Proposal:
+    async def _draft(self, k: int, ahead: asyncio.Task | None) -> pb.Proposal:
         """The lookahead's proposal when it guessed the verdict, else a fresh draft.
 
         Drafting ahead, the first step proposes nothing: the target's prefill answers the first
@@ -115,7 +127,7 @@ class ModelDraft(Proposer):
             s.count_draft(drafted)
         if k < 1:
             return EMPTY_PROPOSAL
-        if drafted is not None and self._guessed(verified, drafted):
+        if drafted is not None and self._guessed(drafted):
             s.decoding.stats.lookahead_hits += 1
             self.mirror.lookahead_hit()
             s.times.draft_steps.append(time.perf_counter() - waited)
@@ -125,12 +137,10 @@ class ModelDraft(Proposer):
         s.count_draft(proposal)
         return proposal
 
-    def _guessed(self, verified: pb.Proposal, drafted: pb.Proposal) -> bool:
-        """Did the lookahead assume the verdict: all of ``verified`` accepted, and its first token
-        the target's own? (It then holds at least one more token, the next proposal.)"""
-        verdict = self.session.verdict
-        return (len(drafted.ids) > 1 and verdict.num_accepted == len(verified.ids)
-                and drafted.ids[0] == verdict.token)
+    def _guessed(self, drafted: pb.Proposal) -> bool:
+        """Did the lookahead assume the verdict: all of the last proposal accepted, and its first
+        token the target's own? (It then holds at least one more token, the next proposal.)"""
+        return len(drafted.ids) > 1 and self.after_all is not None and drafted.ids[0] == self.after_all
 
     def draft_ahead(self, proposal: pb.Proposal) -> None:
         """Ask the draft for the proposal after this one, assuming all of this one is accepted."""

@@ -9,6 +9,8 @@ routing policy treat every proposer alike; what differs is where its tokens come
     LookupProposer  draft-free, in the router itself: prompt lookup (``ngram``) or suffix decoding
                     (``suffix``) over the request's tokens and its task's recent outputs. Its
                     proposals are deterministic, so q is one-hot and travels as ids alone.
+    TreeProposer    several of these at once, their proposals merged into one token tree
+                    (``tree``: router/token_tree.py)
 
 A proposer that can no longer propose (its draft worker lost, none left to reopen on) raises
 ``ProposerGone``; the request goes on target-only, its output unchanged.
@@ -30,7 +32,9 @@ if TYPE_CHECKING:
     from .session import Session
 
 NGRAM, SUFFIX = "ngram", "suffix"
-DRAFT_FREE = (NGRAM, SUFFIX)  # reserved proposer names: no draft model may take them
+DRAFT_FREE = (NGRAM, SUFFIX)
+TREE = "tree"  # a task's draft and draft-free proposers at once, as one token tree (router/token_tree.py)
+RESERVED = (*DRAFT_FREE, TREE)  # proposer names no draft model may take
 EMPTY_PROPOSAL = pb.Proposal()
 
 
@@ -58,8 +62,13 @@ class Proposer(ABC):
     def draft_ahead(self, proposal: pb.Proposal) -> None:
         """The target is verifying ``proposal``: start on the next one meanwhile, if this proposer can."""
 
-    def commit(self, verdict: pb.Verdict) -> None:
-        """The request committed ``verdict`` on the last proposal."""
+    def commit(self, proposal: pb.Proposal, verdict: pb.Verdict) -> None:
+        """The request committed ``verdict`` on ``proposal``, this proposer's last one."""
+        self.follow(verdict.num_accepted, [verdict.token])
+
+    def follow(self, accepted: int, appended: Sequence[int]) -> None:
+        """Of this proposer's last proposal, the first ``accepted`` tokens were committed, then
+        ``appended`` (the target's token; in a token tree, first another branch's accepted tokens)."""
 
     async def close(self) -> None:
         """The request is done: free whatever the proposer holds."""

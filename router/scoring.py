@@ -20,7 +20,7 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .directory import NoWorker, WorkerDirectory
 from .policy import Policy
-from .proposers import DRAFT_FREE, DraftFree
+from .proposers import DRAFT_FREE, TREE, DraftFree
 
 log = logging.getLogger("specserve.router")
 SCORE_TIMEOUT_SECONDS = 10.0
@@ -44,7 +44,7 @@ class ContinuationScorer:
             positions, matches = self.draft_free.score(name, task, prompt_ids, output_ids)
             if positions:
                 self.policy.observe_scored(task, name, positions, matches)
-        others = [d for d in others if d not in DRAFT_FREE]
+        others = [d for d in others if d not in DRAFT_FREE and d != TREE]  # a tree is not scored: served only
         if not (others and output_ids) or (self.running and not self.running.done()):
             return False
         if self.rng.random() >= self.fraction:

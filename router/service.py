@@ -29,6 +29,7 @@ from .metrics import RouterMetrics
 from .passes import PassWindow
 from .policy import Policy
 from .proposers import DraftFree
+from .token_tree import Proposers
 from .scoring import ContinuationScorer
 from .session import Session
 from .streams import WorkerFailed
@@ -68,7 +69,8 @@ class SpecServeService:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: Limits, directory: WorkerDirectory,
                  config: RouterConfig, resolver: TaskResolver, rng: random.Random | None = None,
-                 priors: dict[str, dict[str, float]] | None = None) -> None:
+                 priors: dict[str, dict[str, float]] | None = None,
+                 trees: dict[str, tuple[str, ...]] | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.limits = limits
@@ -77,6 +79,7 @@ class SpecServeService:
         rng = rng or random.Random()
         self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {})
         self.draft_free = DraftFree(config.ngram, config.suffix)
+        self.proposers = Proposers(self.draft_free, trees or {}, config.tree_max_tokens)
         self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free)
         self.metrics = RouterMetrics()
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
@@ -148,7 +151,7 @@ class SpecServeService:
         schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
         length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
         session = Session(request, task, route, length, self.tokenizer, self.directory, self.config.timeouts,
-                          self.config.lookahead, deadline, self.config.decode_run_tokens, self.draft_free)
+                          self.config.lookahead, deadline, self.config.decode_run_tokens, self.proposers)
         session.pressure = pressure
         return session
 

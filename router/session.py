@@ -35,12 +35,12 @@ from .config import TimeoutsConfig
 from .cost_model import PassFit
 from .directory import NoWorker, WorkerDirectory
 from .draft_length import DraftLength
-from .model_draft import ModelDraft
 from .passes import PassLog
 from .policy import Observation, Route
-from .proposers import DRAFT_FREE, EMPTY_PROPOSAL, DraftFree, Proposer, ProposerGone
+from .proposers import EMPTY_PROPOSAL, DraftFree, Proposer, ProposerGone
 from .streams import SessionStream, WorkerFailed
 from .tasks import ResolvedTask
+from .token_tree import Proposers, accepted_ids, proposal_depth
 from .validation import ValidRequest
 
 log = logging.getLogger("specserve.router")
@@ -88,8 +88,9 @@ class StepTimes:
 class Session:
     """A request in flight. Iterate ``run()`` for chunks as they are committed.
 
-    ``route.draft`` names its proposer: a draft model (drafting ahead with ``lookahead``, greedy
-    requests only: router/model_draft.py) or a draft-free one of ``draft_free``; None: target-only.
+    ``route.draft`` names its proposer (``proposers`` makes it): a draft model (drafting ahead with
+    ``lookahead``, greedy requests only: router/model_draft.py), a draft-free one, or a token tree of
+    several; None: target-only.
 
     ``deadline`` (time.monotonic(), None: none) is the client's: waits for a replica end before it.
 
@@ -101,7 +102,7 @@ class Session:
     def __init__(self, request: ValidRequest, task: ResolvedTask, route: Route, length: DraftLength,
                  tokenizer: PreTrainedTokenizerBase, directory: WorkerDirectory, timeouts: TimeoutsConfig,
                  lookahead: bool = False, deadline: float | None = None, decode_run: int = 1,
-                 draft_free: DraftFree | None = None) -> None:
+                 proposers: Proposers | None = None) -> None:
         self.request = request
         self.task = task
         self.route = route
@@ -111,7 +112,7 @@ class Session:
         self.deadline = deadline
         self.lookahead = lookahead and request.params.sampling.greedy
         self.decode_run = decode_run
-        self.draft_free = draft_free or DraftFree()
+        self.proposers = proposers or Proposers(DraftFree(), {})
         self.owed = 0  # target-only tokens granted to the target replica and not yet received
         self.pressure = 0.0  # sessions per target replica when it was routed (the service sets it)
         self.decoding = Decoding(tokenizer, request.prompt_ids, request.params, request.params.resolved_seed())
@@ -190,7 +191,8 @@ class Session:
             if self._runs(proposal):  # replies queued while the router was busy arrive at once, but
                 wait = max(wait, reply.seconds)  # a token of a run costs at least its pass
             self.times.record(bool(proposal.ids), wait, reply)
-        self.decoding.record_verify(len(proposal.ids), reply.verdict.num_accepted, reply.seconds)
+        # A token tree counts as a proposal of its depth: what its accepted path could have reached.
+        self.decoding.record_verify(proposal_depth(proposal), reply.verdict.num_accepted, reply.seconds)
         return reply.verdict
 
     async def _target_answer(self, proposal: pb.Proposal) -> pb.VerifyReply:
@@ -216,10 +218,10 @@ class Session:
         """Commit the verdict everywhere the router keeps it: the output, the k schedule, and the
         proposer (a draft worker learns it with its next step)."""
         self.verdict = verdict
-        self.length.update(len(proposal.ids), verdict.num_accepted)
+        self.length.update(proposal_depth(proposal), verdict.num_accepted)
         if self.proposer is not None:
-            self.proposer.commit(verdict)
-        return self.decoding.commit(proposal.ids, verdict.num_accepted, verdict.token)
+            self.proposer.commit(proposal, verdict)
+        return self.decoding.commit(accepted_ids(proposal, verdict), verdict.num_accepted, verdict.token)
 
     def count_draft(self, proposal: pb.Proposal) -> None:
         """A proposal the proposer drafted (used or not: a lookahead that missed cost its time too)."""
@@ -277,11 +279,9 @@ class Session:
 
     async def _open_proposer(self) -> None:
         """The route's proposer, ready to propose; none (target-only) when it cannot open."""
-        name = self.route.draft
-        proposer = self.draft_free.proposer(name, self) if name in DRAFT_FREE else ModelDraft(self, name)
-        self.proposer = self.proposed_by = proposer
         try:
-            await proposer.open()
+            self.proposer = self.proposed_by = self.proposers.make(self.route.draft, self)
+            await self.proposer.open()
         except ProposerGone as exc:
             self._lose_draft(str(exc))
 

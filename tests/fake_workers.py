@@ -41,6 +41,7 @@ class FakeWorker:
         self.steps = 0
         self.dead = False
         self.verdicts: list[int] = []  # num_accepted of every verdict it gave
+        self.proposals: list[pb.Proposal] = []  # every proposal it verified
         self.opened: list[int] = []  # the length of every session it opened
         self.streams: list[FakeStream] = []
         self.scheduler = scheduler  # steps share batched passes with other sessions' (else each runs alone)
@@ -49,7 +50,7 @@ class FakeWorker:
         self.opened.append(len(opened.prompt_ids))
         capacity = reserved_length(opened, self.model)
         if self.scheduler:
-            sequence = PooledSequence(self.scheduler.pool.take(capacity), opened.prompt_ids)
+            sequence = PooledSequence(self.scheduler.pool.take(capacity), opened.prompt_ids, self.scheduler.pool)
         else:
             self.pool, sequence = private_sequence(self.model, opened.prompt_ids, capacity)
         return target_session(sequence, opened) if self.endpoint.kind == "target" else DraftStream(sequence, opened)
@@ -67,6 +68,7 @@ class FakeWorker:
     async def answer(self, session, request):
         self._count_step()
         if self.endpoint.kind == "target":
+            self.proposals.append(request.step)
             verdict = await self.run(session.step(proposal_from(request.step)))
             self.verdicts.append(verdict.num_accepted)
             return pb.VerifyReply(verdict=verdict_message(verdict))

@@ -178,15 +178,18 @@ def test_draft_disjoint_from_target_accepts_nothing(tokenizer):
 NEIGHBOURS = 64  # sessions in flight at once: each step shares its passes with up to 63 others
 
 
-def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n) -> dict[tuple, int]:
+def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tree: bool = False):
     """As ``sample_distribution``, through the router's request loop (``Session``) against workers
-    that batch: every draft and verify step runs in passes shared with other requests' steps."""
+    that batch: every draft and verify step runs in passes shared with other requests' steps. With
+    ``tree``, each step proposes a token tree of the draft, prompt lookup and suffix decoding."""
     from fake_workers import DRAFT, FakeDirectory, FakeWorker
 
     from specserve.router.config import TimeoutsConfig
     from specserve.router.draft_length import DraftLength
     from specserve.router.policy import Route
+    from specserve.router.proposers import TREE, DraftFree
     from specserve.router.session import Session
+    from specserve.router.token_tree import Proposers
     from specserve.router.tasks import ResolvedTask
     from specserve.router.validation import ValidRequest
     from specserve.workers.batching import Scheduler
@@ -202,18 +205,22 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n) ->
         schedulers = {name: Scheduler(m, KVPool(KVShape.of(m), Budget(2**26)), device,
                                          BatchingConfig(max_sessions_per_pass=NEIGHBOURS))
                       for name, m in (("target", target), ("draft", draft))}
-        directory = FakeDirectory(FakeWorker("target", "t0", target, scheduler=schedulers["target"]),
-                                  FakeWorker("draft", "d0", draft, scheduler=schedulers["draft"]))
+        verifier = FakeWorker("target", "t0", target, scheduler=schedulers["target"])
+        directory = FakeDirectory(verifier, FakeWorker("draft", "d0", draft, scheduler=schedulers["draft"]))
         gate = asyncio.Semaphore(NEIGHBOURS)
+        name = TREE if tree else DRAFT
+        draft_free = DraftFree()  # its suffix tries learn from the finished requests' outputs
+        proposers = Proposers(draft_free, {"t": (DRAFT, "ngram", "suffix")})
 
         async def one(seed: int) -> None:
             params = params_for_seed(seed)
-            request = ValidRequest([tokenizer.bos_token_id], params, "t", DRAFT, params.k, "on")
-            session = Session(request, ResolvedTask("t", "request", 1.0), Route(DRAFT, params.k, "requested"),
+            request = ValidRequest([tokenizer.bos_token_id], params, "t", name, params.k, "on")
+            session = Session(request, ResolvedTask("t", "request", 1.0), Route(name, params.k, "requested"),
                               DraftLength("fixed", params.k, params.k), tokenizer, directory, TimeoutsConfig(),
-                              lookahead=False)
+                              lookahead=False, proposers=proposers)
             async with gate:
                 tokens = [t async for chunk in session.run() for t in chunk.token_ids]
+            draft_free.learn("t", tokens)
             outcome = tuple(tokens[:LENGTH])
             if session.decoding.output.finish_reason == "eos" and len(tokens) < LENGTH:
                 outcome += (tokenizer.eos_token_id,)
@@ -221,6 +228,7 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n) ->
 
         await asyncio.gather(*(one(seed) for seed in range(n)))
         passes.update({name: s.counts for name, s in schedulers.items()})
+        passes["trees"] = sum(bool(p.parents) for p in verifier.proposals)
 
     asyncio.run(scenario())
     return counts, passes
@@ -236,3 +244,17 @@ def test_sampling_through_batching_workers_matches_target_distribution(tokenizer
                                                  params_for(sampling, k), SAMPLES)
     assert passes["target"].max_sessions > NEIGHBOURS // 2 and passes["draft"].max_sessions > NEIGHBOURS // 2
     assert_same_distribution(exact, counts, SAMPLES)
+
+
+def test_sampling_through_a_token_tree_matches_target_distribution(tokenizer):
+    """Each step a tree: the draft's sampled chain beside prompt lookup's and suffix decoding's
+    (deterministic, learning from the other requests' outputs as they finish), verified by recursive
+    rejection in batched passes. Fewer samples than the chain's test (its TV bound is looser)."""
+    sampling, k, samples = SamplingParams(temperature=1.0, top_p=0.9), 2, SAMPLES // 2
+    target, draft = tiny_model(0), tiny_model(1)
+    engine = SpecEngine(target, tokenizer, {"d": draft})
+    exact = exact_distribution(engine.target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    counts, passes = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer, params_for(sampling, k),
+                                                 samples, tree=True)
+    assert passes["trees"] > samples // 10, passes["trees"]  # trees were verified, not just chains
+    assert_same_distribution(exact, counts, samples)

@@ -86,6 +86,22 @@ def test_draft_free_proposers_keep_the_targets_output_on_every_task(client, tiny
     assert accepted > 0
 
 
+def test_a_token_tree_keeps_the_targets_output_on_every_tasks_prompts(client, tiny_zoo):
+    """The general task's tree (its draft, prompt lookup, suffix decoding) on every task's prompts,
+    several k: token for token the target's. Suffix decoding learns the task's answers as they
+    finish, so later requests' trees branch where it and the draft disagree."""
+    stats = []
+    for task in tiny_zoo.tasks:
+        for prompt, k in zip(tiny_zoo.prompts(task)[:2], (2, 5), strict=False):
+            off = client.generate(request(prompt, task="general", max_tokens=40, speculation=pb.SPECULATION_OFF))
+            for _ in range(2):  # the second time, suffix decoding has seen the answer
+                on = client.generate(request(prompt, task="general", draft="tree", k=k, max_tokens=40,
+                                             speculation=pb.SPECULATION_ON))
+                assert list(on.token_ids) == list(off.token_ids), (task, k)
+                stats.append(on.stats)
+    assert all(s.draft == "tree" for s in stats) and sum(s.accepted_tokens for s in stats) > 0
+
+
 def test_stream_chunks_concatenate_to_the_unary_result(client, tiny_zoo):
     prompt = tiny_zoo.prompts("code")[0]
     # Draft and k pinned: the policy's own choices may differ between two calls, and with them
@@ -199,7 +215,7 @@ def test_a_seeded_sampled_request_is_reproducible(client, tiny_zoo):
     ({"seed": 2**63}, "seed must be 0..2^63-1"),
     ({"stop": ["x" * 65]}, "each stop string must be 1..64 characters, got 65"),
     ({"task": "poetry"}, "unknown task 'poetry'; this deployment serves: code, general, math, poor, prose, sql"),
-    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, general, math, ngram, prose, sql, suffix"),
+    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, general, math, ngram, prose, sql, suffix, tree"),
     ({"speculation": 7}, "speculation must be SPECULATION_AUTO, SPECULATION_ON or SPECULATION_OFF, got 7"),
     ({"prompt": "SELECT " * 200, "max_tokens": 100}, "exceed the context window of 256 tokens"),
     ({"prompt": "x" * 100_000}, "far beyond the context window of 256 tokens"),

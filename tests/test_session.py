@@ -16,6 +16,7 @@ from specserve.router.config import TimeoutsConfig
 from specserve.router.draft_length import DraftLength
 from specserve.router.policy import Route
 from specserve.router.proposers import DRAFT_FREE, DraftFree
+from specserve.router.token_tree import Proposers
 from specserve.router.session import DRAFT_LOST, Session
 from specserve.router.tasks import ResolvedTask
 from specserve.router.validation import ValidRequest
@@ -48,7 +49,7 @@ def make_session(models, directory: FakeDirectory, *, lookahead: bool, sampling:
     request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", route.draft, route.k, "on")
     return Session(request, ResolvedTask("code", "request", 1.0), route, DraftLength(schedule, route.k, 8),
                    tokenizer, directory, TimeoutsConfig(), lookahead=lookahead, decode_run=decode_run,
-                   draft_free=draft_free)
+                   proposers=Proposers(draft_free or DraftFree(), {"code": (DRAFT, "ngram", "suffix")}))
 
 
 async def drain(session: Session) -> list[int]:
@@ -235,3 +236,22 @@ def test_a_sampled_request_with_a_draft_free_proposer_completes(models):
                            sampling=SamplingParams(temperature=0.9))
     tokens = run(session)
     assert len(tokens) == MAX_TOKENS or session.decoding.output.finish_reason == "eos"
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_a_tree_of_the_draft_and_the_draft_free_proposers_keeps_the_output(models, target_only, lookahead):
+    """The draft (corrupted at every other step, so other branches win there), prompt lookup and
+    suffix decoding (knowing the task's earlier answer) as one tree per step; the draft worker lost
+    midway is reopened and the tree goes on."""
+    draft_free = DraftFree()
+    draft_free.learn("code", target_only[: MAX_TOKENS // 2])
+    target = FakeWorker("target", "t0", models[0])
+    every_other = lambda step: 0 if step % 2 else None  # noqa: E731
+    draft = FakeWorker("draft", "d0", models[0], corrupt=every_other, fail_at_step=5)
+    spare = FakeWorker("draft", "d1", models[0], corrupt=every_other)
+    session = make_session(models, FakeDirectory(target, draft, spare), lookahead=lookahead,
+                           route=Route("tree", K, "requested"), draft_free=draft_free)
+    assert run(session) == target_only
+    stats = session.decoding.stats
+    assert stats.accepted > 0 and session.draft_reopens == 1 and spare.steps > 0
+    assert any(p.parents for p in target.proposals), "no step held a real tree (only chains)"

@@ -88,6 +88,7 @@ class Verdict:
 
     num_accepted: int
     token: int  # the recovered token, or the bonus token when every draft was accepted
+    path: tuple[int, ...] = ()  # a token tree's accepted nodes, root first (a chain: its first num_accepted)
 
 
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

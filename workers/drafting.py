@@ -20,6 +20,7 @@ DRAFT_MAX_SUPPORT = 32
 class Proposal:
     ids: list[int]  # [k] proposed tokens
     q: SparseDist  # [k, m] the distribution each was sampled from
+    parents: list[int] | None = None  # a token tree: each token's parent (-1: the last committed token); None: a chain
 
     @staticmethod
     def empty() -> Proposal:

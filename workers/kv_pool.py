@@ -131,6 +131,16 @@ class KVPool:
     def values(self, region: Region, layer: int) -> torch.Tensor:
         return self.arenas[region.arena].values[layer][:, region.start : region.start + region.capacity]
 
+    def move(self, region: Region, moves: list[tuple[int, int]]) -> None:
+        """Copy the keys and values at each (source, destination) slot pair of ``region``, in every
+        layer. Sources must not be an earlier pair's destination (a tree's path moves towards the
+        front, so they never are)."""
+        source = torch.tensor([s for s, _ in moves], device=self.shape.device)
+        destination = torch.tensor([d for _, d in moves], device=self.shape.device)
+        for layer in range(self.shape.layers):
+            for tensor in (self.keys(region, layer), self.values(region, layer)):
+                tensor.index_copy_(1, destination, tensor.index_select(1, source))
+
     def _new_arena(self, positions: int, needed: int) -> Arena:
         left = (self.budget.limit_bytes - self.budget.allocated_bytes) // self.shape.bytes_per_position
         positions = min(positions, left)  # the last arena takes what the budget has left

@@ -115,7 +115,7 @@ class ModelHost:
         capacity = reserved_length(opened, scheduler.model)
         with self.slots.hold(lambda: scheduler.pool.take(capacity), scheduler.release,
                              context.add_done_callback) as region:
-            yield scheduler, PooledSequence(region, opened.prompt_ids)
+            yield scheduler, PooledSequence(region, opened.prompt_ids, scheduler.pool)
 
     async def steps(self, requests) -> AsyncIterator:
         """A session's step requests, until its router closes the stream; SessionIdle when the

@@ -30,12 +30,33 @@ ATTENTION = "specserve"
 @dataclass
 class Segment:
     """One session's part of a pass: ``tokens`` appended after its first ``start`` cached positions,
-    and logits wanted for the last ``logits`` of them (0: a prefill chunk that needs none)."""
+    and logits wanted for the last ``logits`` of them (0: a prefill chunk that needs none).
+
+    With ``parents``, the last ``len(parents)`` tokens are a token tree (a proposal of several
+    candidates per position): node i's parent is node ``parents[i]``, or -1 for the token before
+    the tree. Each node sits at its depth's position and attends to what precedes the tree and to
+    its own ancestors only, so one pass gives every node the logits a chain along its path would.
+    The nodes take consecutive slots of the region in tree order whatever their positions."""
 
     region: Region
     start: int
     tokens: Sequence[int]
     logits: int = 1
+    parents: Sequence[int] | None = None
+
+    def positions(self) -> list[int]:
+        if self.parents is None:
+            return list(range(self.start, self.start + len(self.tokens)))
+        base = self.start + len(self.tokens) - len(self.parents)  # where the tree's first level sits
+        return list(range(self.start, base)) + [base + d for d in tree_depths(self.parents)]
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Each node's depth below the tree's root (its children are at depth 0)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    return depths
 
 
 @dataclass
@@ -68,11 +89,25 @@ def pooled_attention(module, query, key, value, attention_mask, scaling=None, dr
     return out.transpose(1, 2), None  # [1, T, Hq, D], as transformers' attention functions return
 
 
-def _causal(queries: int, keys: int, device: torch.device) -> torch.Tensor | None:
-    """Row i of a segment sees positions 0 .. start + i (bottom-right aligned causality)."""
+def _mask(segment: Segment, device: torch.device) -> torch.Tensor | None:
+    """Which of the region's slots each of the segment's rows sees: row i of a chain sees slots
+    0 .. start + i (bottom-right aligned causality); a tree node sees every slot before the tree,
+    its ancestors' and its own."""
+    queries = len(segment.tokens)
+    keys = segment.start + queries
     if queries == 1:
         return None
-    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
+    mask = torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries)
+    if segment.parents is not None:
+        nodes = len(segment.parents)
+        base = keys - nodes  # the tree's first slot
+        tree = torch.zeros(nodes, nodes, dtype=torch.bool)
+        for node, parent in enumerate(segment.parents):
+            tree[node, node] = True
+            if parent >= 0:
+                tree[node] |= tree[parent]
+        mask[queries - nodes :, base:] = tree
+    return mask.to(device)
 
 
 AttentionInterface.register(ATTENTION, pooled_attention)
@@ -100,15 +135,14 @@ def run_pass(model: PreTrainedModel, pool: KVPool, segments: Sequence[Segment]) 
         if segment.start + len(segment.tokens) > segment.region.capacity:
             raise ValueError(f"the session needs {segment.start + len(segment.tokens)} positions, past the "
                              f"{segment.region.capacity} it reserved")
-        positions.extend(range(segment.start, segment.start + len(segment.tokens)))
+        positions.extend(segment.positions())
         offsets.append(offsets[-1] + len(segment.tokens))
         wanted.extend(range(offsets[-1] - segment.logits, offsets[-1]))
     device = model.device
     ids = torch.tensor([[t for segment in segments for t in segment.tokens]], device=device)
     out = model(input_ids=ids, position_ids=torch.tensor([positions], device=device), attention_mask=_NO_MASK,
                 use_cache=False, logits_to_keep=torch.tensor(wanted, dtype=torch.long, device=device),
-                ragged_layout=_Layout(pool, segments, offsets, [_causal(len(s.tokens), s.start + len(s.tokens), device)
-                                                                for s in segments]))
+                ragged_layout=_Layout(pool, segments, offsets, [_mask(s, device) for s in segments]))
     logits = out.logits[0].float().cpu()  # [len(wanted), V]
     return list(logits.split([segment.logits for segment in segments]))
 
@@ -121,21 +155,24 @@ class PooledSequence:
     rest, append the verifier's own token. Dropping is a length: nothing is copied.
     """
 
-    def __init__(self, region: Region, prompt_ids: Sequence[int]) -> None:
+    def __init__(self, region: Region, prompt_ids: Sequence[int], pool: KVPool | None = None) -> None:
         self.region = region
+        self.pool = pool  # the region's pool (needed only to commit a token tree: its path moves)
         self.committed = list(prompt_ids)
         self.length = 0  # positions of the region written so far
 
-    def segment(self, extra: Sequence[int], logits: int, room: int) -> Segment | None:
+    def segment(self, extra: Sequence[int], logits: int, room: int,
+                parents: Sequence[int] | None = None) -> Segment | None:
         """This sequence's part of the next pass: the committed tokens its cache lacks, then
-        ``extra``, with logits for the last ``logits`` of them; or, when that is more than ``room``
-        tokens, a chunk of the committed ones (chunked prefill); None when nothing fits."""
+        ``extra`` (a token tree with ``parents``), with logits for the last ``logits`` of them; or,
+        when that is more than ``room`` tokens, a chunk of the committed ones (chunked prefill);
+        None when nothing fits."""
         pending = self.committed[self.length :] + list(extra)
         if self.length + len(pending) > self.region.capacity:
             raise ValueError(f"the session needs {self.length + len(pending)} positions, past the "
                              f"{self.region.capacity} it reserved")
         if len(pending) <= room:
-            return Segment(self.region, self.length, pending, logits)
+            return Segment(self.region, self.length, pending, logits, parents)
         chunk = min(room, len(pending) - logits)  # the final segment keeps every row with logits
         return Segment(self.region, self.length, pending[:chunk], 0) if chunk > 0 else None
 
@@ -145,6 +182,23 @@ class PooledSequence:
 
     def commit(self, proposed: Sequence[int], num_accepted: int, token: int) -> None:
         self.resync(proposed, len(self.committed) + num_accepted, [token])
+
+    def commit_path(self, tree: Sequence[int], path: Sequence[int], token: int) -> None:
+        """Commit the accepted path of a token tree the last pass ran, then ``token``. The path's
+        nodes move to consecutive slots after the committed tokens (their keys were computed at
+        those positions already), a copy of at most the path's length per layer; the rest of the
+        tree is dropped by the length."""
+        base = len(self.committed)
+        if self.length != base + len(tree):
+            raise ValueError(f"commit_path after a pass that wrote the tree: length {self.length}, "
+                             f"expected {base + len(tree)}")
+        moves = [(base + node, base + depth) for depth, node in enumerate(path) if node != depth]
+        if moves:
+            if self.pool is None:
+                raise ValueError("a token tree's path needs the sequence's pool to move")
+            self.pool.move(self.region, moves)
+        self.length = base + len(path)
+        self.committed += [tree[node] for node in path] + [token]
 
     def resync(self, proposed: Sequence[int], keep: int, append: Sequence[int]) -> None:
         """Committed becomes the first ``keep`` tokens of committed + proposed, then ``append``.

@@ -32,7 +32,7 @@ def private_sequence(model: PreTrainedModel, prompt_ids: Sequence[int], capacity
     """A sequence in a pool of its own, for a session run alone (the in-process engine)."""
     shape = KVShape.of(model)
     pool = KVPool(shape, Budget(capacity * shape.bytes_per_position), arena_positions=capacity)
-    return pool, PooledSequence(pool.take(capacity), prompt_ids)
+    return pool, PooledSequence(pool.take(capacity), prompt_ids, pool)
 
 
 def run_alone(model: PreTrainedModel, pool: KVPool, step: Step) -> object:

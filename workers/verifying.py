@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .acceptance import SamplingParams, Verdict, verify, verify_greedy, warp
+from .acceptance import (SamplingParams, Verdict, children_of, verify, verify_greedy, verify_tree, verify_tree_greedy,
+                         warp)
 from .drafting import Proposal
 from .ragged_pass import PooledSequence, Segment
 
@@ -32,6 +33,8 @@ class TargetSession:
         """The verdict on ``proposal`` from the target's logits after the committed tokens and after
         each proposed one ([k+1, V]), committed to the session. Only the session's own generator
         draws, so a sampled verdict depends on its seed, never on what shared its pass."""
+        if proposal.parents is not None:
+            return self._judge_tree(proposal, logits)
         draft_ids = torch.tensor(proposal.ids, dtype=torch.long)
         if self.sampling.greedy:
             verdict = verify_greedy(logits.argmax(-1), draft_ids)
@@ -41,11 +44,26 @@ class TargetSession:
         self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
         return verdict
 
+    def _judge_tree(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
+        """A token tree's verdict: logits at the root, then after each node ([T+1, V])."""
+        if self.sampling.greedy:
+            tree = verify_tree_greedy(logits.argmax(-1), proposal.ids, proposal.parents)
+        else:
+            uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
+            tree = verify_tree(warp(logits, self.sampling), proposal.ids, proposal.parents, proposal.q, uniforms)
+        self.sequence.commit_path(proposal.ids, tree.path, tree.token)
+        return Verdict(len(tree.path), tree.token, tree.path)
+
 
 class VerifyStep:
     """Verifying one proposal: prefill chunks first if the session's prompt needs them, then one pass."""
 
     def __init__(self, session: TargetSession, proposal: Proposal) -> None:
+        if proposal.parents is not None and len(proposal.parents) != len(proposal.ids):
+            raise ValueError(f"a token tree of {len(proposal.ids)} tokens needs as many parents, got "
+                             f"{len(proposal.parents)}")
+        if proposal.parents is not None:
+            children_of(proposal.parents)  # each parent before its children, or a ValueError here
         self.session = session
         self.proposal = proposal
         self.planned: Segment | None = None
@@ -53,7 +71,7 @@ class VerifyStep:
 
     def plan(self, room: int) -> Segment | None:
         ids = self.proposal.ids
-        self.planned = self.session.sequence.segment(ids, len(ids) + 1, room)
+        self.planned = self.session.sequence.segment(ids, len(ids) + 1, room, self.proposal.parents)
         return self.planned
 
     def advance(self, logits: torch.Tensor) -> bool:

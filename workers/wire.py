@@ -23,7 +23,7 @@ def sampling_from(msg: pb.Sampling) -> SamplingParams:
 def proposal_message(proposal: Proposal, greedy: bool, seconds: float = 0.0,
                      info: pb.PassInfo | None = None) -> pb.Proposal:
     """Greedy proposals are one-hot, so only their ids travel."""
-    msg = pb.Proposal(ids=proposal.ids, seconds=seconds, pass_info=info)
+    msg = pb.Proposal(ids=proposal.ids, seconds=seconds, pass_info=info, parents=proposal.parents or [])
     if not greedy:
         for ids, probs in zip(proposal.q.ids.tolist(), proposal.q.probs.tolist(), strict=True):
             msg.q.add(ids=ids, probs=probs)
@@ -34,8 +34,9 @@ def proposal_from(msg: pb.Proposal) -> Proposal:
     ids = list(msg.ids)
     if not ids:
         return Proposal.empty()
+    parents = list(msg.parents) or None
     if not msg.q:
-        return Proposal(ids, one_hot(torch.tensor(ids)))
+        return Proposal(ids, one_hot(torch.tensor(ids)), parents)
     if len(msg.q) != len(ids) or any(len(row.ids) != len(row.probs) for row in msg.q):
         raise ValueError(f"proposal of {len(ids)} tokens carries {len(msg.q)} malformed q rows")
     width = max(len(row.ids) for row in msg.q)
@@ -44,7 +45,7 @@ def proposal_from(msg: pb.Proposal) -> Proposal:
     for i, row in enumerate(msg.q):
         q_ids[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
         q_probs[i, : len(row.probs)] = torch.tensor(row.probs)
-    return Proposal(ids, SparseDist(q_ids, q_probs))
+    return Proposal(ids, SparseDist(q_ids, q_probs), parents)
 
 
 def pass_info(done: StepResult) -> pb.PassInfo:
@@ -52,5 +53,5 @@ def pass_info(done: StepResult) -> pb.PassInfo:
 
 
 def verdict_message(verdict: Verdict) -> pb.Verdict:
-    return pb.Verdict(num_accepted=verdict.num_accepted, token=verdict.token)
+    return pb.Verdict(num_accepted=verdict.num_accepted, token=verdict.token, path=verdict.path)
 
