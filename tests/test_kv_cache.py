@@ -102,6 +102,12 @@ def test_resync_rewinds_a_lookahead_to_what_the_verdict_kept():
     assert torch.allclose(catch_up()[-1:], CachedLM(m).extend(prompt + [20, 50]), atol=1e-5)
     with pytest.raises(ValueError, match="keep must be 1..7"):
         seq.resync([60, 61], keep=8, append=[])
+    # A rewind into the cache with nothing appended (a lookahead that drafted past a shorter next
+    # proposal): the last kept token runs again, for the logits after it.
+    catch_up([70, 71, 72])
+    seq.resync([70, 71, 72], keep=len(prompt) + 3, append=[])
+    assert seq.segment([], 1, room=64).tokens == [70]
+    assert torch.allclose(catch_up()[-1:], CachedLM(m).extend(prompt + [20, 50, 70]), atol=1e-5)
 
 
 def test_a_session_cache_never_grows_past_its_reserved_length():

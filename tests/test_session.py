@@ -238,8 +238,8 @@ def test_a_sampled_request_with_a_draft_free_proposer_completes(models):
     assert len(tokens) == MAX_TOKENS or session.decoding.output.finish_reason == "eos"
 
 
-@pytest.mark.parametrize("lookahead", [False, True])
-def test_a_tree_of_the_draft_and_the_draft_free_proposers_keeps_the_output(models, target_only, lookahead):
+@pytest.mark.parametrize("lookahead,schedule", [(False, "fixed"), (True, "fixed"), (True, "heuristic")])
+def test_a_tree_of_the_draft_and_the_draft_free_proposers_keeps_the_output(models, target_only, lookahead, schedule):
     """The draft (corrupted at every other step, so other branches win there), prompt lookup and
     suffix decoding (knowing the task's earlier answer) as one tree per step; the draft worker lost
     midway is reopened and the tree goes on."""
@@ -249,7 +249,7 @@ def test_a_tree_of_the_draft_and_the_draft_free_proposers_keeps_the_output(model
     every_other = lambda step: 0 if step % 2 else None  # noqa: E731
     draft = FakeWorker("draft", "d0", models[0], corrupt=every_other, fail_at_step=5)
     spare = FakeWorker("draft", "d1", models[0], corrupt=every_other)
-    session = make_session(models, FakeDirectory(target, draft, spare), lookahead=lookahead,
+    session = make_session(models, FakeDirectory(target, draft, spare), lookahead=lookahead, schedule=schedule,
                            route=Route("tree", K, "requested"), draft_free=draft_free)
     assert run(session) == target_only
     stats = session.decoding.stats

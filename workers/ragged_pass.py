@@ -209,5 +209,7 @@ class PooledSequence:
         held = self.committed + list(proposed)
         if not 1 <= keep <= len(held):
             raise ValueError(f"keep must be 1..{len(held)} (the tokens this session holds), got {keep}")
-        self.length = min(self.length, keep)
+        # With nothing appended, the next pass needs the logits after the last kept token: if the
+        # cache holds that token already (a rewind to before the end of a longer proposal), it runs again.
+        self.length = min(self.length, keep if append else keep - 1)
         self.committed = held[:keep] + list(append)
