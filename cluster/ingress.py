@@ -22,7 +22,7 @@ from specserve.router.service import SERVICE_NAME, SpecServeService
 from specserve.router.tasks import TaskResolver
 from specserve.router.validation import Limits
 from specserve.workers.grpc_host import BackgroundServer, advertised_host
-from specserve.workers.loading import load_tokenizer
+from specserve.workers.loading import load_config, load_tokenizer
 from specserve.workers.registry import Endpoint, Heartbeat, Registration, start_registry
 from specserve.workers.security import SecuritySettings
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
@@ -83,7 +83,7 @@ class Router:
             drafts = [e for e in endpoints if e.kind == "draft"]
             served = {m for e in drafts for m in e.models}
             if (any(e.kind == "target" for e in endpoints) and needed <= served
-                    and len(drafts) >= self.config.draft_pool.workers):
+                    and len(drafts) >= len(self.pool.workers)):
                 break
             await asyncio.sleep(READY_POLL_SECONDS)
         for status in ("", SERVICE_NAME):
@@ -128,6 +128,4 @@ def _task_resolver(cfg: ServiceConfig, models: ModelSet) -> TaskResolver:
 
 
 def _context_window(target_source: str) -> int:
-    from transformers import AutoConfig
-
-    return int(AutoConfig.from_pretrained(target_source).max_position_embeddings)
+    return int(load_config(target_source).max_position_embeddings)

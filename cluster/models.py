@@ -51,12 +51,14 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
         if GENERAL_DRAFT in drafts:  # prompts of no particular task
             tasks.setdefault(GENERAL_DRAFT, (GENERAL_DRAFT,))
     tasks = tasks or {name: (name,) for name in drafts}  # explicit drafts, no table: one task per draft
+    if not tasks and router.draft_free:  # no drafts at all: one task, served by the draft-free proposers
+        tasks = {router.default_task: ()}
     taken = sorted(set(drafts) & set(RESERVED))
     if taken:
         raise ValueError(f"draft names {taken} are reserved for specserve's own proposers; rename those drafts")
     for task, names in tasks.items():
         unknown = [name for name in names if name not in drafts and name not in RESERVED]
-        if unknown or not names:
+        if unknown or not (names or not listed and router.draft_free):
             raise ValueError(f"router.tasks[{task!r}] names drafts {unknown or '[]'}; known drafts: "
                              f"{', '.join(sorted(drafts))} (draft-free: {', '.join(DRAFT_FREE)})")
         if not_offered := [name for name in names if name in DRAFT_FREE and name not in router.draft_free]:

@@ -46,9 +46,11 @@ class DraftPool:
         self.specs = {name: models.spec(models.drafts[name], pool.threads) for name in names}
         self.options = place(pool)
         self.generation = uuid.uuid4().hex[:6]
-        self.workers = [self._start(i) for i in range(pool.workers)]
+        # No drafts (a target served with the draft-free proposers alone): no workers to start.
+        self.workers = [self._start(i) for i in range(pool.workers if names else 0)]
         self.replaced = 0
-        log.info("draft pool: %d workers serving %s, each with %s", pool.workers, ", ".join(names), self.options)
+        log.info("draft pool: %d workers serving %s, each with %s", len(self.workers), ", ".join(names) or "no drafts",
+                 self.options)
 
     def _start(self, slot: int, replacement: bool = False) -> ray.actor.ActorHandle:
         worker_id = f"draft-worker-{slot}-{self.generation}"

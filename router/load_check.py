@@ -5,9 +5,12 @@ Under load what a speculating request waits for grows in ways it does not see (d
 is shared, round trips through a busy router): on the 2-core development host, at 8 clients, sql
 requests speculating at alpha 0.94 ran at 11-13 tokens/s while target-only ones ran at 36-58. So
 the policy also keeps the realized speed (tokens over seconds, request to last token) of
-speculating and of target-only requests by load level (sessions per replica in powers of two,
-faded per request), and serves target-only where, at the nearest level measured on both sides at
-or below the current load, speculating requests ran slower. Pure: no I/O, no clock.
+speculating requests per (task, proposer) and of target-only requests by load level (sessions per
+replica in powers of two, faded per request), and passes over a proposer where, at the nearest
+level measured on both sides at or below the current load, its requests ran slower. Per proposer,
+not per task: on the bench zoo, prose requests forced onto its poor draft ran at 0.4x while
+prompt lookup ran at 2.5x, and a check per task had kept AUTO's prose target-only.
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 HALF_LIFE_REQUESTS = 32  # a level's speeds follow the last few dozen requests seen at it
-TARGET_ONLY = ""  # every task's target-only requests together
+TARGET_ONLY = ("", "")  # every task's target-only requests together, as (task, proposer)
 
 
 def level(pressure: float) -> int:
@@ -45,28 +48,30 @@ class Speed:
 
 @dataclass
 class LoadCheck:
-    """Realized decode speeds by load level: each task's speculating requests, and every task's
+    """Realized decode speeds by load level: each (task, proposer)'s requests, and every task's
     target-only requests together (a target-only token costs the same whatever the task: the same
     model, the same passes). Speeds are taken after the first chunk, so that prefill and prompt
     length, which differ between tasks, do not count."""
 
     min_requests: int  # on each side, at a level, before the level counts
-    speeds: dict[tuple[str, int], Speed] = field(default_factory=dict)  # (task, or TARGET_ONLY; level)
+    speeds: dict[tuple[str, str, int], Speed] = field(default_factory=dict)  # (task, proposer, level); ("", "", level): target-only
 
-    def record(self, task: str, pressure: float, speculated: bool, tokens: int, seconds: float) -> None:
+    def record(self, task: str, proposer: str | None, pressure: float, tokens: int, seconds: float) -> None:
+        """A finished request's decode speed; ``proposer`` None: it was served target-only."""
         if tokens > 0 and seconds > 0:
-            self.speeds.setdefault((task if speculated else TARGET_ONLY, level(pressure)), Speed()).add(tokens, seconds)
+            who = (task, proposer) if proposer else TARGET_ONLY
+            self.speeds.setdefault((*who, level(pressure)), Speed()).add(tokens, seconds)
 
-    def ratio(self, task: str, pressure: float) -> float | None:
-        """The task's speculating over target-only tokens/s at the nearest level at or below
-        ``pressure`` measured on both sides (speculation loses more, not less, as load grows);
-        None: none yet."""
+    def ratio(self, task: str, proposer: str, pressure: float) -> float | None:
+        """The proposer's requests' over target-only tokens/s, for the task, at the nearest level at
+        or below ``pressure`` measured on both sides (speculation loses more, not less, as load
+        grows); None: none yet."""
         for at in range(level(pressure), -1, -1):
-            spec, plain = self._counted(task, at), self._counted(TARGET_ONLY, at)
+            spec, plain = self._counted((task, proposer), at), self._counted(TARGET_ONLY, at)
             if spec and plain and plain.rate:
                 return spec.rate / plain.rate
         return None
 
-    def _counted(self, who: str, at: int) -> Speed | None:
-        speed = self.speeds.get((who, at))
+    def _counted(self, who: tuple[str, str], at: int) -> Speed | None:
+        speed = self.speeds.get((*who, at))
         return speed if speed and speed.requests >= self.min_requests else None

@@ -84,9 +84,9 @@ class RouterMetrics:
                                              "the policy prices a step at (its load)")
         self.realized_speed = metrics.Gauge(
             "specserve_realized_decode_tokens_per_second", "What the policy's load check compares: the faded "
-            "decode speed (tokens/s after the first chunk) of a task's speculating requests, or of target-only "
-            "requests (task \"\"), at a load level (sessions per replica: 2^level up to 2^(level+1))",
-            tag_keys=("task", "level"))
+            "decode speed (tokens/s after the first chunk) of a task's requests served by a proposer (draft), or "
+            "of target-only requests (task and draft \"\"), at a load level (sessions per replica: 2^level up to "
+            "2^(level+1))", tag_keys=("task", "draft", "level"))
         self.failovers = metrics.Counter("specserve_failovers", "Workers that failed a request mid-way and were "
                                          "replaced, re-prefilled from its committed tokens (kind: target or draft)",
                                          tag_keys=("kind",))
@@ -134,8 +134,8 @@ class RouterMetrics:
             self.step_queue.observe(queued, tags)
 
     def record_realized(self, check: LoadCheck) -> None:
-        for (who, level), speed in check.speeds.items():
-            self.realized_speed.set(speed.rate, {"task": who, "level": str(level)})
+        for (task, proposer, level), speed in check.speeds.items():
+            self.realized_speed.set(speed.rate, {"task": task, "draft": proposer, "level": str(level)})
 
     def record_view(self, view: TaskView) -> None:
         self.speculating.set(int(view.decision == "speculate"), {"task": view.task})

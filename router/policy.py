@@ -13,9 +13,10 @@ Glossary
     load        N, the sessions sharing a target pass, and s(t), the fitted device time of a pass of t
                 tokens: a step of k is priced as s(N (k + 1)) / s(N) + r target-only steps plus its
                 drafting (router/cost_model.py), so under load k falls and speculation stops
-    realized    decode tokens/s that speculating and target-only requests really got, by load level: where
-                speculating ones ran slower at this load, AUTO serves target-only whatever the
-                model expects (router/load_check.py; reason `measured_slower`)
+    realized    decode tokens/s that each proposer's and target-only requests really got, by load level:
+                a proposer whose requests ran slower at this load is passed over whatever the
+                model expects, and where every one did, AUTO serves target-only
+                (router/load_check.py; reason `measured_slower`)
     fallback    a task the policy serves target-only because no draft is expected to make it faster;
                 a `probe_fraction` of its requests still speculate so a recovery is noticed
     prior       what an arm starts from: a draft's acceptance measured before serving (the zoo's
@@ -217,25 +218,28 @@ class Policy:
         probing = state.decision == FALLBACK and mode == "auto"
         if probing and self.rng.random() >= self.config.probe_fraction:
             return Route(None, 0, "fallback", TARGET_SATURATED if state.cause == TARGET_SATURATED else "")
-        if mode == "auto" and not probing and self._measured_slower(task):
+        slower = self._measured_slower(task) if mode == "auto" and not probing else set()
+        if slower and slower >= set(state.arms):  # every proposer ran slower at this load
             if self.rng.random() >= self.config.probe_fraction:
                 return Route(None, 0, "fallback", MEASURED_SLOWER)
-            probing = True
-        chosen = self._thompson(task) if self.config.explore else self.view(task).best
-        reason = "probe" if probing else ("best" if chosen.draft == self.view(task).best.draft else "explore")
+            probing, slower = True, set()
+        best = self.view(task, slower).best
+        chosen = self._thompson(task, slower) if self.config.explore else best
+        reason = "probe" if probing else ("best" if chosen.draft == best.draft else "explore")
         return Route(chosen.draft, k, reason) if k else _priced(chosen, reason)
 
-    def _measured_slower(self, task: str) -> bool:
-        """At this load, did the task's speculating requests run slower than target-only ones (on
-        the wall clock, whatever the model expects)?"""
-        ratio = self.realized.ratio(task, self.pressure)
-        return ratio is not None and ratio < self.config.fallback_below
+    def _measured_slower(self, task: str) -> set[str]:
+        """The task's proposers whose requests, at this load, ran slower than target-only ones (on
+        the wall clock, whatever the model expects)."""
+        return {name for name in self._tasks[task].arms
+                if (ratio := self.realized.ratio(task, name, self.pressure)) is not None
+                and ratio < self.config.fallback_below}
 
-    def _thompson(self, task: str) -> ArmView:
+    def _thompson(self, task: str, passed_over: set[str] = frozenset()) -> ArmView:
         """The arm with the best speedup under alphas drawn from each arm's posterior."""
         arms = self._tasks[task].arms
-        return max((self._arm_view(task, name, arm.sample_alpha(self.rng)) for name, arm in arms.items()),
-                   key=lambda view: view.expected_speedup)
+        return max((self._arm_view(task, name, arm.sample_alpha(self.rng)) for name, arm in arms.items()
+                    if name not in passed_over), key=lambda view: view.expected_speedup)
 
     # --- learning ---------------------------------------------------------------------------------
 
@@ -243,7 +247,7 @@ class Policy:
         """Fold in a finished request, then revisit the task's decision."""
         state = self._tasks[task]
         self.passes.fold(obs.passes, 0.5 ** (obs.passes.weight / self.config.pass_half_life_steps))
-        self.realized.record(task, obs.pressure, obs.draft_tokens > 0, obs.tokens, obs.seconds)
+        self.realized.record(task, draft, obs.pressure, obs.tokens, obs.seconds)
         if draft in state.arms:  # a client's draft outside the task's allowed set teaches nothing here
             state.arms[draft].add(obs, self._fading(obs.draft_tokens))
         if obs.plain_passes:  # target-only steps are the unit every cost is measured in
@@ -289,10 +293,11 @@ class Policy:
 
     # --- reading ----------------------------------------------------------------------------------
 
-    def view(self, task: str) -> TaskView:
+    def view(self, task: str, passed_over: set[str] = frozenset()) -> TaskView:
+        """``passed_over``: arms left out of the choice of the best (measured slower at this load)."""
         state = self._tasks[task]
         arms = tuple(self._arm_view(task, name) for name in state.arms)
-        best = max(arms, key=lambda view: view.expected_speedup)
+        best = max((arm for arm in arms if arm.draft not in passed_over), key=lambda view: view.expected_speedup)
         return TaskView(task, state.decision, state.reason, state.cause, best, arms, self.load())
 
     def load(self, w: float = 0.0, r: float = 0.0) -> Load:

@@ -304,19 +304,19 @@ def test_drafting_hides_only_behind_sessions_that_queue():
 
 
 
-def test_load_check_compares_a_task_with_target_only_requests_at_the_nearest_level_measured():
+def test_load_check_compares_a_proposer_with_target_only_requests_at_the_nearest_level_measured():
     check = LoadCheck(min_requests=2)
     for _ in range(2):
-        check.record("sql", 8, True, 100, 10.0)  # 10 tokens/s speculating at 8-15 sessions per replica
-        check.record("code", 9, False, 100, 2.5)  # 40 target-only, whatever the task
-        check.record("sql", 1, True, 100, 1.0)
-    assert check.ratio("sql", 12) == pytest.approx(0.25) and check.ratio("sql", 40) == pytest.approx(0.25)
-    assert check.ratio("sql", 1) is None  # no target-only requests alone yet
-    check.record("math", 1, False, 100, 1.25)
-    assert check.ratio("sql", 1) is None  # one is not enough to count
-    check.record("prose", 1, False, 100, 1.25)
-    assert check.ratio("sql", 3) == pytest.approx(1.25)
-    assert check.ratio("math", 12) is None  # nothing speculated for it
+        check.record("sql", "d", 8, 100, 10.0)  # 10 tokens/s speculating at 8-15 sessions per replica
+        check.record("code", None, 9, 100, 2.5)  # 40 target-only, whatever the task
+        check.record("sql", "d", 1, 100, 1.0)
+    assert check.ratio("sql", "d", 12) == pytest.approx(0.25) and check.ratio("sql", "d", 40) == pytest.approx(0.25)
+    assert check.ratio("sql", "d", 1) is None  # no target-only requests alone yet
+    check.record("math", None, 1, 100, 1.25)
+    assert check.ratio("sql", "d", 1) is None  # one is not enough to count
+    check.record("prose", None, 1, 100, 1.25)
+    assert check.ratio("sql", "d", 3) == pytest.approx(1.25)
+    assert check.ratio("math", "d", 12) is None and check.ratio("sql", "e", 12) is None  # nothing speculated
     assert level(1) == level(1.9) == 0 and level(2) == 1 and level(15.9) == 3
 
 
@@ -333,6 +333,20 @@ def test_speculation_stops_where_it_ran_slower_whatever_the_model_expects():
         assert route.draft is None and route.load == MEASURED_SLOWER
     assert p.route("t", pressure=1).draft == "a"  # nothing measured there: the model decides
     assert p.route("t", mode="on", pressure=8).draft == "a"  # a request that asks for speculation drafts
+
+
+def test_a_proposer_that_ran_slower_is_passed_over_for_one_that_did_not():
+    """Per proposer, not per task: the task's poor draft ran slower, prompt lookup did not."""
+    p = policy(drafts=("a", "b"), explore=False, min_trials=0, probe_fraction=0, measured_min_requests=2)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.9, c=0.05, steps=500))  # the model prefers a
+    p.observe("t", "b", observation(alpha=0.7, c=0.05, steps=500))
+    for _ in range(2):
+        p.observe("t", "a", Observation(draft_tokens=40, tokens=96, seconds=8.0, pressure=1))
+        p.observe("t", "b", Observation(draft_tokens=40, tokens=96, seconds=1.0, pressure=1))
+        p.observe("t", None, Observation(tokens=96, seconds=2.4, pressure=1))
+    route = p.route("t", pressure=1)
+    assert route.draft == "b" and route.reason == "best"
 
 
 def test_priors_start_a_task_with_losing_drafts_target_only_and_one_with_a_good_draft_speculating():

@@ -1,7 +1,10 @@
 """Loading Hugging Face causal LMs and their tokenizers onto the configured device.
 
 Any causal LM directory or hub id works; on this project's machines nothing can be downloaded, so
-directories (the model zoo, or a mounted volume in production) are the normal case.
+directories (the model zoo, or a mounted volume in production) are the normal case. A ``.gguf``
+file works too (llama.cpp's format): transformers reads its tokenizer and dequantises its weights
+to the model's dtype, so a quantised file serves at full precision (and full size) here; it needs
+the ``gguf`` package (``pip install gguf``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -24,7 +28,7 @@ class ModelLoadError(RuntimeError):
 class ModelSpec:
     """Where a model comes from and how it runs."""
 
-    source: str  # a directory with config.json, or a hub id
+    source: str  # a directory with config.json, a .gguf file, or a hub id
     dtype: str = "auto"  # auto = bfloat16 on CUDA, float32 on CPU (CPU bf16 matmuls are slower per token)
     device: str = "auto"  # auto = cuda when present, else cpu
     threads: int | None = None  # torch intra-op threads for this process; None leaves torch's default
@@ -51,20 +55,42 @@ def load_model(spec: ModelSpec) -> PreTrainedModel:
     if spec.threads:
         torch.set_num_threads(spec.threads)
     device = resolve_device(spec.device)
+    where, extra = _where(spec.source)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            spec.source, dtype=resolve_dtype(spec.dtype, device), local_files_only=_is_local(spec.source)
+            where, **extra, dtype=resolve_dtype(spec.dtype, device), local_files_only=_is_local(spec.source)
         )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"cannot load model from {spec.source!r}: {exc}") from exc
     return model.to(device).eval()
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
+    where, extra = _where(source)
     try:
-        return AutoTokenizer.from_pretrained(source, local_files_only=_is_local(source))
-    except (OSError, ValueError) as exc:
+        return AutoTokenizer.from_pretrained(where, **extra, local_files_only=_is_local(source))
+    except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"cannot load tokenizer from {source!r}: {exc}") from exc
+
+
+def load_config(source: str) -> PretrainedConfig:
+    where, extra = _where(source)
+    try:
+        return AutoConfig.from_pretrained(where, **extra, local_files_only=_is_local(source))
+    except (OSError, ValueError, ImportError) as exc:
+        raise ModelLoadError(f"cannot read the model config of {source!r}: {exc}") from exc
+
+
+def is_gguf(source: str) -> bool:
+    return source.lower().endswith(".gguf")
+
+
+def _where(source: str) -> tuple[str, dict]:
+    """from_pretrained's directory and arguments: a GGUF file is named inside its directory."""
+    if is_gguf(source):
+        path = Path(os.path.expanduser(source))
+        return str(path.parent), {"gguf_file": path.name}
+    return source, {}
 
 
 def _is_local(source: str) -> bool:

