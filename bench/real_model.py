@@ -105,11 +105,15 @@ def chat_prompt(tokenizer, instruction: str) -> str:
                                          add_generation_prompt=True)
 
 
-def service_config(target: str) -> dict:
-    """The target alone, every task served by the draft-free proposers (and target-only)."""
+def service_config(target: str, global_tokens: int) -> dict:
+    """The target alone, every task served by the draft-free proposers (and target-only).
+    ``global_tokens``: what suffix decoding keeps of the task's recent outputs (0: the request's
+    own text only). Each prompt is decoded on every path here, so a global trie would hold the
+    answer to the prompt being measured after its first path: kept off unless asked for."""
     proposers = ["ngram", "suffix"]
     return {"models": {"zoo": None, "target": target, "drafts": {}},
-            "router": {"default_task": "chat", "tasks": {task: proposers for task in TASKS}}}
+            "router": {"default_task": "chat", "tasks": {task: proposers for task in TASKS},
+                       "suffix": {"global_tokens": global_tokens}}}
 
 
 def request(path: str, task: str, prompt: str, max_tokens: int) -> pb.GenerateRequest:
@@ -129,8 +133,9 @@ def decode(client: SpecServeClient, path: str, task: str, index: int, prompt: st
                   s.accepted_tokens, s.rejections, s.draft, token_ids=list(reply.token_ids))
 
 
-def measure_service(target: str, prompts: dict[str, list[str]], max_tokens: int, warm_up: int, bar) -> list[Decode]:
-    service = start_service(port=0, overrides=service_config(target))
+def measure_service(target: str, prompts: dict[str, list[str]], max_tokens: int, warm_up: int, global_tokens: int,
+                    bar) -> list[Decode]:
+    service = start_service(port=0, overrides=service_config(target, global_tokens))
     client = SpecServeClient(service.address)
     decodes: list[Decode] = []
     try:
@@ -210,7 +215,8 @@ def render(meta: dict, figs: dict) -> str:
 
     lines = [f"# Real model: {meta['target']}", "",
              f"`{meta['command']}`, {meta['started']}, {meta['seconds']:.0f} s; greedy, {meta['max_tokens']} tokens per "
-             f"request; {meta['warm_up']} warm-up requests per task for AUTO (not measured); torch {meta['torch']}.",
+             f"request; {meta['warm_up']} warm-up requests per task for AUTO (not measured); suffix decoding's global "
+             f"trie {meta['global_suffix_tokens']} tokens (0: the request's own text only); torch {meta['torch']}.",
              "", "Speedup: tokens/s over target-only through the same service, per prompt, median (IQR, count); HF rows "
              "over HF's own target-only `generate` on one thread pinned like the replica. tok/pass: tokens committed "
              "per target pass; alpha over the steps that proposed something.", ""]
@@ -232,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-up", type=int, default=3, help="prompts per task that only warm AUTO's policy up")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' prompt lookup")
+    parser.add_argument("--global-suffix-tokens", type=int, default=0,
+                        help="suffix decoding's memory of the task's recent outputs; above 0 it holds the answers to "
+                             "the prompts measured (every prompt runs on every path): an upper bound for repeated work")
     args = parser.parse_args(argv)
     hf_logging.set_verbosity_error()
     started = datetime.now(timezone.utc)
@@ -240,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     measured = sum(len(t) - args.warm_up for t in prompts.values())
     bar = tqdm(total=len(TASKS) * args.warm_up + measured * (len(PATHS) + (0 if args.no_hf else 2)), unit="decode",
                desc="real model", file=sys.stderr)
-    decodes = measure_service(args.target, prompts, args.max_tokens, args.warm_up, bar)
+    decodes = measure_service(args.target, prompts, args.max_tokens, args.warm_up, args.global_suffix_tokens, bar)
     if not args.no_hf:
         decodes += measure_hf(args.target, prompts, args.max_tokens, args.warm_up, bar)
     bar.close()
@@ -249,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": " ".join(["python -m specserve.bench.real_model", *sys.argv[1:]]), "target": args.target,
             "started": started.isoformat(timespec="seconds"),
             "seconds": (datetime.now(timezone.utc) - started).total_seconds(), "max_tokens": args.max_tokens,
-            "warm_up": args.warm_up, "torch": torch.__version__}
+            "warm_up": args.warm_up, "global_suffix_tokens": args.global_suffix_tokens, "torch": torch.__version__}
     figs = figures(decodes)
     (out / "results.json").write_text(json.dumps({"meta": meta, "figures": figs,
                                                    "decodes": [asdict(d) for d in decodes]}, indent=1))

@@ -58,7 +58,10 @@ def render_report(results: dict, plots: list[str]) -> str:
         f"(`bench/prompts/`), {settings['repeats']} pass(es), after {settings['warm_up']} routed warm-up requests per task. "
         f"Held-out check: {meta['prompts']['checked']} prompts compared with the zoo's training text, {found} found there "
         "(and left out). Every ratio is taken per prompt between decodes that ran back to back, so machine noise "
-        "hits both sides alike, and is given as a median with its interquartile range and sample count.",
+        "hits both sides alike, and is given as a median with its interquartile range and sample count. Suffix "
+        "decoding runs on each request's own text only (`router.suffix.global_tokens: 0`, unless `--set` says "
+        "otherwise): every prompt is decoded on every path, and a memory of the task's recent outputs would hold "
+        "the answer to the prompt being measured.",
         "",
         "## Goals",
         "",

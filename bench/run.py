@@ -58,6 +58,11 @@ from .samples import ENGINE_OFF, ENGINE_TASK, GREEDY_PATHS, HF_ASSISTED, OFF, OF
 from .settings import BenchSettings, Goals
 
 REPLICA_CORE = 0  # the in-process paths run where deploy/serve_config.yaml pins the target replica
+# Every prompt is decoded on every path, and the load levels cycle over the same prompts: suffix
+# decoding's memory of the task's recent outputs would hold the answer to the prompt being measured
+# after its first decode, and credit speculation with a repeat no unseen prompt has. The embedded
+# service runs without it (the request's own text only) unless --set puts it back.
+MEASURED_ON_UNSEEN = {"router": {"suffix": {"global_tokens": 0}}}
 # The service with batching off: one session per forward pass, on the target and on the drafts.
 UNBATCHED = {part: {"batching": {"max_sessions_per_pass": 1}} for part in ("target", "draft_pool")}
 # The second cluster of the process starts right after the first one stopped; a bring-up that fails
@@ -271,7 +276,7 @@ def run_bench(settings: BenchSettings) -> Path:
 
     device = Device(threads=1, cpus=(REPLICA_CORE,))  # one thread, like the target replica
     engine = device.executor.submit(zoo_engine, zoo, zoo.draft_names, 1).result()
-    overrides = {"models": {"zoo": str(zoo.root)}}
+    overrides = {"models": {"zoo": str(zoo.root)}, **copy.deepcopy(MEASURED_ON_UNSEEN)}
     merge_into(overrides, settings.service_overrides)
     service = None
     if settings.address is None:

@@ -81,7 +81,7 @@ class Goals:
     """The targets the report measures itself against (issues 5 and 16)."""
 
     speedup: dict[str, float] = field(default_factory=lambda: {"sql": 2.5, "math": 2.5, "code": 2.0, "prose": 1.3})
-    speedup_floor: float = 0.95  # on any task
+    speedup_floor: float = 0.97  # on any task (issue 17: from the first request)
     of_bound: float = 0.90  # achieved / Leviathan bound
     over_peer: float = 1.3  # faster than HF assisted generation, same models
     # Load (issue 16): at `load_level` clients OFF keeps up with transformers' static batch and scales

@@ -25,8 +25,9 @@ DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "deploy" / "serve
 class ModelsConfig(FrozenConfig):
     """Where the models come from: a zoo (preset name or directory), or explicit sources.
 
-    `target` and `drafts` (Hugging Face directories or hub ids) override the zoo's; with no zoo both
-    are required.
+    `target` and `drafts` (Hugging Face directories, GGUF files or hub ids) override the zoo's; with
+    no zoo a target is required, and with no drafts it is served by the draft-free proposers alone
+    (router.draft_free).
     """
 
     zoo: str | None = "demo"
@@ -36,8 +37,9 @@ class ModelsConfig(FrozenConfig):
 
     @model_validator(mode="after")
     def _has_models(self) -> ModelsConfig:
-        if self.zoo is None and (self.target is None or not self.drafts):
-            raise ValueError("models: give a zoo, or both target and drafts")
+        if self.zoo is None and self.target is None:
+            raise ValueError("models: give a zoo, or a target (and drafts, or none to serve it with the draft-free "
+                             "proposers alone)")
         return self
 
 

@@ -51,7 +51,10 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
         if GENERAL_DRAFT in drafts:  # prompts of no particular task
             tasks.setdefault(GENERAL_DRAFT, (GENERAL_DRAFT,))
     tasks = tasks or {name: (name,) for name in drafts}  # explicit drafts, no table: one task per draft
-    if not tasks and router.draft_free:  # no drafts at all: one task, served by the draft-free proposers
+    if not tasks:  # no drafts at all: one task, served by the draft-free proposers
+        if not router.draft_free:
+            raise ValueError("no drafts and router.draft_free is empty: nothing to speculate with; give drafts "
+                             "(models.drafts) or leave router.draft_free at its default")
         tasks = {router.default_task: ()}
     taken = sorted(set(drafts) & set(RESERVED))
     if taken:

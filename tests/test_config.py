@@ -30,7 +30,7 @@ def test_port_and_overrides_apply_to_the_args():
     ({"router": {"port": 70000}}, "less than or equal to 65535"),
     ({"draft_pool": {"workers": 0}}, "greater than or equal to 1"),
     ({"target": {"device": "tpu"}}, "pattern"),
-    ({"models": {"zoo": None}}, "give a zoo, or both target and drafts"),
+    ({"models": {"zoo": None}}, "give a zoo, or a target"),
 ])
 def test_bad_config_is_refused_with_the_key(args, message):
     with pytest.raises(ValidationError, match=message):
