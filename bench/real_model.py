@@ -42,6 +42,7 @@ from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
 from .figures import spread
 
 PATHS = ("off", "auto", "ngram", "suffix")
+DRAFT_PATHS = ("draft", "tree")  # with --draft: the distilled draft alone, and the tree of it and the draft-free ones
 HF_PATHS = ("hf_off", "hf_prompt_lookup")
 REPLICA_CORE = 0  # where deploy/serve_config.yaml pins the target replica
 SNIPPETS = {
@@ -105,23 +106,28 @@ def chat_prompt(tokenizer, instruction: str) -> str:
                                          add_generation_prompt=True)
 
 
-def service_config(target: str, global_tokens: int) -> dict:
-    """The target alone, every task served by the draft-free proposers (and target-only).
+def service_config(target: str, global_tokens: int, draft: str | None) -> dict:
+    """The target, every task served by the draft-free proposers (and target-only), and with
+    ``draft`` (a draft distilled for code) the code task by it and its tree too.
     ``global_tokens``: what suffix decoding keeps of the task's recent outputs (0: the request's
     own text only). Each prompt is decoded on every path here, so a global trie would hold the
     answer to the prompt being measured after its first path: kept off unless asked for."""
     proposers = ["ngram", "suffix"]
-    return {"models": {"zoo": None, "target": target, "drafts": {}},
-            "router": {"default_task": "chat", "tasks": {task: proposers for task in TASKS},
-                       "suffix": {"global_tokens": global_tokens}}}
+    tasks = {task: proposers for task in TASKS}
+    if draft:
+        tasks["code"] = ["code", *proposers, "tree"]
+    return {"models": {"zoo": None, "target": target, "drafts": {"code": draft} if draft else {}},
+            "router": {"default_task": "chat", "tasks": tasks, "suffix": {"global_tokens": global_tokens}}}
 
 
 def request(path: str, task: str, prompt: str, max_tokens: int) -> pb.GenerateRequest:
     r = pb.GenerateRequest(prompt=prompt, task=task, max_tokens=max_tokens)
     if path == "off":
         r.speculation = pb.SPECULATION_OFF
-    elif path in ("ngram", "suffix"):
+    elif path in ("ngram", "suffix", "tree"):
         r.speculation, r.draft = pb.SPECULATION_ON, path
+    elif path == "draft":
+        r.speculation, r.draft = pb.SPECULATION_ON, "code"
     return r  # auto: the policy decides
 
 
@@ -134,8 +140,8 @@ def decode(client: SpecServeClient, path: str, task: str, index: int, prompt: st
 
 
 def measure_service(target: str, prompts: dict[str, list[str]], max_tokens: int, warm_up: int, global_tokens: int,
-                    bar) -> list[Decode]:
-    service = start_service(port=0, overrides=service_config(target, global_tokens))
+                    draft: str | None, bar) -> list[Decode]:
+    service = start_service(port=0, overrides=service_config(target, global_tokens, draft))
     client = SpecServeClient(service.address)
     decodes: list[Decode] = []
     try:
@@ -144,8 +150,9 @@ def measure_service(target: str, prompts: dict[str, list[str]], max_tokens: int,
                 decode(client, "auto", task, -1, text, max_tokens)
                 bar.update()
         for task, texts in prompts.items():
+            paths = PATHS + (DRAFT_PATHS if draft and task == "code" else ())
             for i, text in enumerate(texts[: len(texts) - warm_up]):
-                order = PATHS[i % len(PATHS):] + PATHS[: i % len(PATHS)]  # nobody always runs first
+                order = paths[i % len(paths):] + paths[: i % len(paths)]  # nobody always runs first
                 done = {path: decode(client, path, task, i, text, max_tokens) for path in order}
                 for d in done.values():
                     d.identical = d.token_ids == done["off"].token_ids
@@ -187,7 +194,7 @@ def figures(decodes: list[Decode]) -> dict:
         rows = {}
         by = {(d.path, d.prompt): d for d in decodes if d.task == task}
         prompts = sorted({d.prompt for d in decodes if d.task == task})
-        for path in PATHS + HF_PATHS:
+        for path in PATHS + DRAFT_PATHS + HF_PATHS:
             mine = [by[(path, p)] for p in prompts if (path, p) in by]
             if not mine:
                 continue
@@ -238,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-up", type=int, default=3, help="prompts per task that only warm AUTO's policy up")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' prompt lookup")
+    parser.add_argument("--draft", help="a draft for the code task (say, from `specserve distill --target ...`)")
     parser.add_argument("--global-suffix-tokens", type=int, default=0,
                         help="suffix decoding's memory of the task's recent outputs; above 0 it holds the answers to "
                              "the prompts measured (every prompt runs on every path): an upper bound for repeated work")
@@ -247,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.target)
     prompts = {task: [chat_prompt(tokenizer, t) for t in texts] for task, texts in TASKS.items()}
     measured = sum(len(t) - args.warm_up for t in prompts.values())
-    bar = tqdm(total=len(TASKS) * args.warm_up + measured * (len(PATHS) + (0 if args.no_hf else 2)), unit="decode",
+    per_prompt = len(PATHS) + (0 if args.no_hf else len(HF_PATHS))
+    bar = tqdm(total=len(TASKS) * args.warm_up + measured * per_prompt + (len(CODE) - args.warm_up) * len(DRAFT_PATHS) * bool(args.draft), unit="decode",
                desc="real model", file=sys.stderr)
-    decodes = measure_service(args.target, prompts, args.max_tokens, args.warm_up, args.global_suffix_tokens, bar)
+    decodes = measure_service(args.target, prompts, args.max_tokens, args.warm_up, args.global_suffix_tokens,
+                              args.draft, bar)
     if not args.no_hf:
         decodes += measure_hf(args.target, prompts, args.max_tokens, args.warm_up, bar)
     bar.close()
@@ -258,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": " ".join(["python -m specserve.bench.real_model", *sys.argv[1:]]), "target": args.target,
             "started": started.isoformat(timespec="seconds"),
             "seconds": (datetime.now(timezone.utc) - started).total_seconds(), "max_tokens": args.max_tokens,
-            "warm_up": args.warm_up, "global_suffix_tokens": args.global_suffix_tokens, "torch": torch.__version__}
+            "warm_up": args.warm_up, "global_suffix_tokens": args.global_suffix_tokens, "draft": args.draft,
+            "torch": torch.__version__}
     figs = figures(decodes)
     (out / "results.json").write_text(json.dumps({"meta": meta, "figures": figs,
                                                    "decodes": [asdict(d) for d in decodes]}, indent=1))

@@ -22,7 +22,8 @@ from specserve.workers.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTER
                                         TLS_DIR_ENV)
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.loading import ModelLoadError
-from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS
+from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, MAX_K
+from specserve.router.cost_model import best_k
 from specserve.workers.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
 
 EXIT_USAGE = 2  # what argparse uses for bad arguments; ours match it
@@ -107,8 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(run=_run_zoo_build)
 
     distill = commands.add_parser("distill", help="distill a draft from a target on your own text",
-                                  description="Distill a small draft for one task from a target model and corpus files.")
-    distill.add_argument("--target", required=True, help="target model directory (Hugging Face format)")
+                                  description="Distill a small draft for one task from a target model and corpus files, "
+                                              "then measure it: its greedy acceptance on held-out documents of the "
+                                              "corpus, its cost per token, and the speedup they predict.")
+    distill.add_argument("--target", required=True, help="target model: a Hugging Face directory or a .gguf file")
     distill.add_argument("--task", required=True, help="the task the draft serves (a name of your choice)")
     distill.add_argument("--corpus", required=True, nargs="+", metavar="FILE", help="UTF-8 text files of that task")
     distill.add_argument("--out", required=True, type=Path, help="directory to write the draft to")
@@ -116,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--tokens", type=int, default=USER_DISTILL_TOKENS,
                          help="tokens labelled by the target (default: %(default)s)")
     distill.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    distill.add_argument("--init", choices=("target", "fresh"), default="target",
+                         help="start from an early exit of the target (its embeddings, head and first layers) or "
+                              "from a small fresh model (default: %(default)s)")
     distill.set_defaults(run=_run_distill)
 
     _add_classifier_commands(commands)
@@ -456,8 +462,17 @@ def _run_distill(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is a file; give a directory for the draft")
     budget = replace(USER_DRAFT_BUDGET, steps=args.steps)
     facts = distill_to_directory(args.target, args.task, args.corpus, str(args.out), budget=budget,
-                                 distill_tokens=args.tokens, seed=args.seed)
+                                 distill_tokens=args.tokens, seed=args.seed, init=args.init)
+    k, speedup = best_k(facts["held_out_alpha"], facts["cost_ratio"], 1, MAX_K)
+    facts["expected_speedup"], facts["expected_k"] = round(speedup, 3), k
     print(json.dumps(facts))
+    where = "held-out documents" if facts["held_out_documents"] else "its training text (one document only)"
+    verdict = ("beats target-only" if speedup > 1 else
+               "does NOT beat target-only: serve this task with the draft-free proposers (prompt lookup, suffix "
+               "decoding), or distill longer (--steps, --tokens) and measure again")
+    print(f"draft {args.task}: acceptance {facts['held_out_alpha']:.2f} on {where}, cost {facts['cost_ratio']:.2f} of a "
+          f"target step: expected {speedup:.2f}x at k={k} (drafting and verifying in turn); it {verdict}",
+          file=sys.stderr)
     return 0
 
 

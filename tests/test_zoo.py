@@ -4,6 +4,8 @@ is cached, resumes after an interruption, is deterministic, and its distillation
 import json
 import math
 
+import torch
+
 from specserve.workers.loading import load_tokenizer
 from specserve.workers.tokenizer_check import check_compatible
 from specserve.workers.zoo.build import build_zoo
@@ -64,8 +66,10 @@ def test_distill_on_user_text_makes_a_compatible_draft(tiny_zoo, tmp_path):
     corpus.write_text("\n".join(json.loads((tiny_zoo.root / "corpora" / "sql.json").read_text())["train"][:40]))
     out = tmp_path / "my-draft"
     facts = distill_to_directory(str(tiny_zoo.target_dir), "sql", [str(corpus)], str(out),
-                                 budget=TrainBudget(steps=5, batch_size=4, learning_rate=3e-3), distill_tokens=2_000, seed=0)
+                                 budget=TrainBudget(steps=5, batch_size=4, learning_rate=3e-3), distill_tokens=2_000, seed=0,
+                                 init="fresh")
     assert facts["task"] == "sql" and facts["parameters"] > 0 and math.isfinite(facts["final_loss"])
+    assert facts["init"] == "fresh" and 0 <= facts["held_out_alpha"] <= 1 and facts["cost_ratio"] > 0
     check_compatible(load_tokenizer(str(tiny_zoo.target_dir)), load_tokenizer(str(out)))
     assert json.loads((out / "specserve_draft.json").read_text()) == facts
 
@@ -75,3 +79,14 @@ def test_zoo_open_refuses_an_incomplete_directory(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="no complete zoo"):
         Zoo.open(tmp_path)
+
+
+def test_an_early_exit_of_the_target_starts_as_its_first_layers_with_its_vocabulary_frozen(tiny_engine):
+    from specserve.workers.zoo.distill import draft_from_target
+
+    target = tiny_engine.target
+    draft = draft_from_target(target, layers=1)
+    assert draft.config.num_hidden_layers == 1 and draft.config.hidden_size == target.config.hidden_size
+    assert torch.equal(draft.get_input_embeddings().weight, target.get_input_embeddings().weight)
+    assert torch.equal(draft.model.layers[0].mlp.up_proj.weight, target.model.layers[0].mlp.up_proj.weight)
+    assert not draft.get_output_embeddings().weight.requires_grad and draft.model.layers[0].mlp.up_proj.weight.requires_grad

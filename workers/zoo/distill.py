@@ -5,20 +5,32 @@ two kinds of sequences: text the target itself sampled from prompts of the task 
 which DistillSpec found to matter) and windows of the task's corpus. The target's distribution is
 computed once per sequence and kept sparse (its top ``TOP_LABELS`` tokens, renormalised), because
 the target's forward pass is the expensive part and drafts train on the same set for several epochs.
+
+`specserve distill` starts its draft from the target itself by default (``init="target"``): the
+target's embeddings, final norm, head and first ``TARGET_INIT_LAYERS`` layers (an early exit of the
+target, as LayerSkip drafts are), embeddings and head frozen. On a real model the vocabulary is
+most of a small draft (49k tokens x 576 = 28M parameters on SmolLM2-135M): a fresh small draft must
+learn it from a few minutes of text, an early exit starts out speaking the target's language.
+When it ends it measures what the draft is worth: its greedy acceptance on held-out text of the
+task (documents it never trained on) and its cost per token against the target's.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import dataclass
+import statistics
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
-from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..loading import ModelSpec, load_model, load_tokenizer
+from .evaluate import eval_prompts, greedy_acceptance
 from .presets import ModelShape, TrainBudget
 from .rollout import continue_all
 from .training import fit, fixed_length_prompts, new_model, parameter_count, random_windows, token_stream
@@ -32,6 +44,12 @@ USER_ON_POLICY_TOKENS = 96  # `specserve distill`: length of each target sample
 USER_ON_POLICY_EVERY = 2_000  # `specserve distill`: one target sample per this many distillation tokens
 USER_DISTILL_TOKENS = 100_000  # `specserve distill`: tokens the target labels (--tokens)
 USER_DRAFT_BUDGET = TrainBudget(steps=300, batch_size=16, learning_rate=3e-3)  # like the zoo's drafts
+TARGET_INIT_LAYERS = 2  # an early exit of the target: its first layers (each costs ~1/L of a target step)
+TARGET_INIT_LEARNING_RATE = 3e-4  # fine-tuning weights that already work, not learning from scratch
+USER_HELD_OUT_FRACTION = 0.1  # of the corpus documents, never trained on: the held-out acceptance
+USER_EVAL_PROMPTS = 16  # held-out prompts, each continued greedily by the target
+USER_EVAL_TOKENS = 64  # tokens of each continuation the draft is scored on
+STEP_TIMING_RUNS = 20  # one-token forward passes timed per model for the cost ratio
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,22 @@ def build_distill_set(
     return soft_labels(target, torch.cat([sampled, corpus]), desc=desc)
 
 
+def draft_from_target(target: PreTrainedModel, layers: int = TARGET_INIT_LAYERS) -> PreTrainedModel:
+    """An early exit of ``target``: its embeddings, first ``layers`` layers, final norm and head,
+    copied; the embeddings and the head frozen (the vocabulary is known, the layers adapt)."""
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = min(layers, target.config.num_hidden_layers)
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[: config.num_hidden_layers]
+    draft = type(target)(config)
+    missing, unexpected = draft.load_state_dict(target.state_dict(), strict=False)
+    if missing:
+        raise ValueError(f"cannot start a draft from {type(target).__name__}: no weights for {missing[:3]}")
+    for parameter in (draft.get_input_embeddings().weight, draft.get_output_embeddings().weight):
+        parameter.requires_grad_(False)
+    return draft.float().train()
+
+
 def distill_draft(draft: PreTrainedModel, data: DistillSet, budget: TrainBudget, seed: int, desc: str) -> float:
     """Train ``draft`` towards the target's distribution in ``data`` (forward KL); return the final loss."""
     generator = torch.Generator().manual_seed(seed)
@@ -104,6 +138,37 @@ def distill_draft(draft: PreTrainedModel, data: DistillSet, budget: TrainBudget,
         return -(data.label_probs[rows].float() * log_q).sum(-1).mean()
 
     return fit(draft, budget, loss_at, desc=desc)
+
+
+def held_out_split(documents: list[str]) -> tuple[list[str], list[str]]:
+    """(train, held out): the last USER_HELD_OUT_FRACTION of the documents, at least one, held out
+    (none when there is only one document: then the acceptance is measured on training text)."""
+    if len(documents) < 2:
+        return documents, documents
+    held = max(1, round(len(documents) * USER_HELD_OUT_FRACTION))
+    return documents[:-held], documents[-held:]
+
+
+def held_out_acceptance(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                        documents: list[str]) -> float:
+    """The draft's greedy acceptance on the target's greedy continuations of held-out prompts."""
+    prompts = eval_prompts(tokenizer, documents, USER_EVAL_PROMPTS)
+    references = continue_all(target, prompts, USER_EVAL_TOKENS, 0.0)
+    return greedy_acceptance(draft.eval(), references, tokenizer.eos_token_id)
+
+
+@torch.inference_mode()
+def step_seconds(model: PreTrainedModel, context: int = 64) -> float:
+    """The median time of a one-token forward pass after ``context`` cached tokens (decoding)."""
+    ids = torch.randint(3, model.config.vocab_size, (1, context + STEP_TIMING_RUNS + 1))
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
+    times = []
+    for i in range(context, context + STEP_TIMING_RUNS):
+        started = time.perf_counter()
+        model(input_ids=ids[:, i : i + 1], past_key_values=cache, use_cache=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def default_draft_shape(target_config) -> ModelShape:
@@ -143,27 +208,41 @@ def distill_to_directory(
     distill_tokens: int,
     seed: int,
     shape: ModelShape | None = None,
+    init: str = "target",
 ) -> dict:
-    """`specserve distill`: a draft for ``task`` from a target directory and the user's text.
+    """`specserve distill`: a draft for ``task`` from a target (a directory or GGUF file) and the
+    user's text; ``init``: "target" (an early exit of the target) or "fresh" (a small new model of
+    ``shape``, by default ``default_draft_shape``).
 
     Writes an ordinary Hugging Face model directory (with the target's tokenizer, so the draft passes
-    the tokenizer check) and returns the facts also written to its ``specserve_draft.json``.
+    the tokenizer check) and returns the facts also written to its ``specserve_draft.json``, among
+    them its held-out acceptance and its cost per token over the target's.
     """
+    if init not in ("target", "fresh"):
+        raise ValueError(f"init must be target or fresh, got {init!r}")
     tokenizer = load_tokenizer(target_dir)
     target = load_model(ModelSpec(target_dir))
-    documents = documents_from_files(corpus_files)
+    train, held_out = held_out_split(documents_from_files(corpus_files))
     data = build_distill_set(
-        target, tokenizer, documents, total_tokens=distill_tokens,
+        target, tokenizer, train, total_tokens=distill_tokens,
         on_policy_sequences=max(1, distill_tokens // USER_ON_POLICY_EVERY), on_policy_tokens=USER_ON_POLICY_TOKENS, seed=seed,
     )
-    shape = shape or default_draft_shape(target.config)
-    draft: LlamaForCausalLM = new_model(shape, tokenizer, target.config.max_position_embeddings, seed,
-                                        vocab_size=target.config.vocab_size)
+    if init == "target":
+        torch.manual_seed(seed)
+        draft = draft_from_target(target)
+        budget = replace(budget, learning_rate=min(budget.learning_rate, TARGET_INIT_LEARNING_RATE))
+    else:
+        draft = new_model(shape or default_draft_shape(target.config), tokenizer, target.config.max_position_embeddings,
+                          seed, vocab_size=target.config.vocab_size)
     loss = distill_draft(draft, data, budget, seed, desc=f"draft {task}")
+    alpha = held_out_acceptance(target, draft, tokenizer, held_out)
+    cost_ratio = step_seconds(draft) / step_seconds(target)
     out = Path(out_dir)
     draft.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    facts = {"task": task, "target": str(target_dir), "parameters": parameter_count(draft),
-             "distill_tokens": int(data.tokens.numel()), "final_loss": loss, "seed": seed}
+    facts = {"task": task, "target": str(target_dir), "init": init, "parameters": parameter_count(draft),
+             "distill_tokens": int(data.tokens.numel()), "final_loss": loss, "seed": seed,
+             "held_out_documents": len(held_out) if held_out is not train else 0,
+             "held_out_alpha": round(alpha, 4), "cost_ratio": round(cost_ratio, 4)}
     (out / "specserve_draft.json").write_text(json.dumps(facts, indent=2))
     return facts
