@@ -23,6 +23,7 @@ from specserve.workers.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTER
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.loading import ModelLoadError
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, MAX_K
+from specserve.router.config import PolicyConfig
 from specserve.router.cost_model import best_k
 from specserve.workers.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
 
@@ -461,15 +462,22 @@ def _run_distill(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; give a directory for the draft")
     budget = replace(USER_DRAFT_BUDGET, steps=args.steps)
+    logging.getLogger("specserve").setLevel(logging.INFO)  # minutes of work: say what each stage does
     facts = distill_to_directory(args.target, args.task, args.corpus, str(args.out), budget=budget,
                                  distill_tokens=args.tokens, seed=args.seed, init=args.init)
     k, speedup = best_k(facts["held_out_alpha"], facts["cost_ratio"], 1, MAX_K)
     facts["expected_speedup"], facts["expected_k"] = round(speedup, 3), k
     print(json.dumps(facts))
     where = "held-out documents" if facts["held_out_documents"] else "its training text (one document only)"
-    verdict = ("beats target-only" if speedup > 1 else
-               "does NOT beat target-only: serve this task with the draft-free proposers (prompt lookup, suffix "
-               "decoding), or distill longer (--steps, --tokens) and measure again")
+    pays = PolicyConfig().resume_above  # what the routing policy needs before it speculates with a draft
+    if speedup >= pays:
+        verdict = "pays: the routing policy will serve the task with it"
+    elif speedup > 1:
+        verdict = (f"is about break-even (the policy speculates above {pays:g}x): expect the task to be served by the "
+                   f"draft-free proposers or target-only; distill longer (--steps, --tokens) to do better")
+    else:
+        verdict = ("does NOT beat target-only: serve this task with the draft-free proposers (prompt lookup, suffix "
+                   "decoding), or distill longer (--steps, --tokens) and measure again")
     print(f"draft {args.task}: acceptance {facts['held_out_alpha']:.2f} on {where}, cost {facts['cost_ratio']:.2f} of a "
           f"target step: expected {speedup:.2f}x at k={k} (drafting and verifying in turn); it {verdict}",
           file=sys.stderr)

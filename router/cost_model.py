@@ -15,6 +15,9 @@ Glossary
     N           sessions sharing a target pass (the load)
     saturated   other sessions keep the target busy, so the draft's time hides behind their
                 verification and the draft's cost k c drops out of a step's price
+    coverage    the share of steps a proposer has something to propose for (1 for a draft model;
+                a lookup proposes only where the context's ending occurred before): a step without a
+                proposal is a one-token pass, costing and committing what a target-only step does
 
 A step's cost, in target-only steps at the same load: N sessions' target-only steps are one pass of
 N tokens, their speculative steps one pass of N (k + 1), so
@@ -78,9 +81,14 @@ class Load:
 UNLOADED = Load()
 
 
-def speedup_at(alpha: float, c: float, k: int, load: Load = UNLOADED) -> float:
-    """Expected speedup of k over target-only decoding: E(alpha, k) / cost(k)."""
-    return expected_tokens_per_pass(alpha, k) / load.step_cost(k, c)
+def speedup_at(alpha: float, c: float, k: int, load: Load = UNLOADED, coverage: float = 1.0) -> float:
+    """Expected speedup of k over target-only decoding: E(alpha, k) / cost(k) on the steps with a
+    proposal (a share ``coverage`` of them), one token for cost(0) on the others."""
+    if not 0.0 <= coverage <= 1.0:
+        raise ValueError(f"coverage must be in [0, 1], got {coverage}")
+    tokens = coverage * expected_tokens_per_pass(alpha, k) + (1 - coverage)
+    cost = coverage * load.step_cost(k, c) + (1 - coverage) * load.step_cost(0, c)
+    return tokens / cost
 
 
 def expected_speedup(alpha: float, c: float, k: int, w: float = 0.0, saturated: bool = False) -> float:
@@ -88,11 +96,12 @@ def expected_speedup(alpha: float, c: float, k: int, w: float = 0.0, saturated: 
     return speedup_at(alpha, c, k, Load(w=w, saturated=saturated))
 
 
-def best_k(alpha: float, c: float, k_min: int, k_max: int, load: Load = UNLOADED) -> tuple[int, float]:
+def best_k(alpha: float, c: float, k_min: int, k_max: int, load: Load = UNLOADED,
+           coverage: float = 1.0) -> tuple[int, float]:
     """The k in [k_min, k_max] with the highest expected speedup at `load`, and that speedup (ties:
     smaller k). Speculation pays only where that speedup beats 1; below, k = 0 (target-only) wins,
     a choice the policy makes with hysteresis."""
-    return max(((k, speedup_at(alpha, c, k, load)) for k in range(k_min, k_max + 1)),
+    return max(((k, speedup_at(alpha, c, k, load, coverage)) for k in range(k_min, k_max + 1)),
                key=lambda pair: (pair[1], -pair[0]))
 
 

@@ -56,6 +56,7 @@ class Observation:
 
     accepted: int = 0  # accepted draft tokens
     rejections: int = 0  # steps that ended on a rejected draft token
+    misses: int = 0  # steps its proposer had nothing to propose for (a lookup without a match)
     draft_tokens: int = 0
     draft_seconds: float = 0.0  # wall
     verify_passes: int = 0  # passes that verified a proposal
@@ -93,6 +94,7 @@ class Arm:
     verify_passes: float = 0.0
     verify_seconds: float = 0.0
     verify_device_seconds: float = 0.0
+    misses: float = 0.0  # steps (or scored positions) without a proposal
     scored_tokens: int = 0  # from full-information scoring (a count for display; not faded)
     accepted_at: list[float] = field(default_factory=list)  # per draft position, for display
     tested_at: list[float] = field(default_factory=list)
@@ -112,13 +114,18 @@ class Arm:
     def alpha(self) -> float:
         return (self.accepted + 1) / (self.trials + 2)  # posterior mean under Beta(1, 1)
 
+    @property
+    def coverage(self) -> float:
+        """The share of steps with a proposal: 1 for a draft model, which always proposes."""
+        return self.trials / (self.trials + self.misses) if self.misses else 1.0
+
     def sample_alpha(self, rng: random.Random) -> float:
         return rng.betavariate(self.accepted + 1, self.rejections + 1)
 
     def add(self, obs: Observation, factor: float) -> None:
         """Fade what is here by `factor`, then add the observation."""
         for name in ("accepted", "rejections", "draft_tokens", "draft_seconds", "verify_passes", "verify_seconds",
-                     "verify_device_seconds"):
+                     "verify_device_seconds", "misses"):
             setattr(self, name, getattr(self, name) * factor + getattr(obs, name))
         for mine, theirs in ((self.accepted_at, obs.accepted_per_position), (self.tested_at, obs.tested_per_position)):
             mine.extend([0.0] * (len(theirs) - len(mine)))
@@ -256,11 +263,14 @@ class Policy:
             state.plain.add(plain, self._fading(obs.plain_passes))
         self._decide(task)
 
-    def observe_scored(self, task: str, draft: str, positions: int, matches: int) -> None:
-        """Full information: along a verified greedy continuation, each position is an acceptance
-        trial of this draft (its greedy choice against the target's), with no target call."""
+    def observe_scored(self, task: str, draft: str, positions: int, matches: int, proposed: int | None = None) -> None:
+        """Full information: along a verified greedy continuation, each position where this
+        proposer would have proposed (``proposed`` of them; a draft model everywhere) is an
+        acceptance trial (its first token against the target's), the rest misses; no target call."""
         arm = self._tasks[task].arms[draft]
-        arm.add(Observation(accepted=matches, rejections=positions - matches), self._fading(positions))
+        proposed = positions if proposed is None else proposed
+        arm.add(Observation(accepted=matches, rejections=proposed - matches, misses=positions - proposed),
+                self._fading(positions))
         arm.scored_tokens += positions
         self._decide(task)
 
@@ -313,8 +323,8 @@ class Policy:
         alpha = arm.alpha if alpha is None else alpha
         c, w, r = self._costs(task, arm)
         load, unloaded = self.load(w, r), Load(1.0, self.passes.line(), w, r=r)
-        k, speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, load)
-        unloaded_k, unloaded_speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, unloaded)
+        k, speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, load, arm.coverage)
+        unloaded_k, unloaded_speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, unloaded, arm.coverage)
         return ArmView(draft, alpha, c, k, speedup, load.step_cost(k, c), unloaded_k, unloaded_speedup, arm.trials,
                        arm.scored_tokens, arm.alpha_per_position)
 

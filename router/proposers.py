@@ -47,9 +47,7 @@ class Proposer(ABC):
 
     name: str
     reopens = 0  # its worker replaced mid-request (a draft model's)
-    # Steps it had nothing to propose for (a draft-free one without a match): to the policy, a trial
-    # lost at the first position, as its scoring counts them, so both estimate the same alpha.
-    misses = 0
+    misses = 0  # steps it had nothing to propose for (a draft-free one without a match): its coverage
 
     async def open(self) -> None:
         """Be ready to propose after the request's committed tokens."""
@@ -109,17 +107,19 @@ class DraftFree:
     def proposer(self, name: str, session: Session) -> LookupProposer:
         return LookupProposer(session, name, self._source(name, session.task.task))
 
-    def score(self, name: str, task: str, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> tuple[int, int]:
-        """Full information: (positions, matches) over a verified greedy output, a match where the
-        proposer's first token would have been the target's (no proposal: a miss)."""
+    def score(self, name: str, task: str, prompt_ids: Sequence[int],
+              output_ids: Sequence[int]) -> tuple[int, int, int]:
+        """Full information: (positions, proposed, matches) over a verified greedy output: the
+        positions where the proposer had a first token to propose, and where that token was the target's."""
         source = self._source(name, task)
         source.extend(prompt_ids)
-        matches = 0
+        proposed = matches = 0
         for token in output_ids:
             guess = source.propose(1)
+            proposed += bool(guess)
             matches += bool(guess) and guess[0] == token
             source.extend([token])
-        return len(output_ids), matches
+        return len(output_ids), proposed, matches
 
     def _source(self, name: str, task: str) -> NgramIndex | SuffixProposer:
         if name == NGRAM:

@@ -41,9 +41,9 @@ class ContinuationScorer:
         other drafts; True when a drafts' scoring job started."""
         others = [d for d in self.policy.tasks[task] if d != served_draft]
         for name in (d for d in others if d in DRAFT_FREE):
-            positions, matches = self.draft_free.score(name, task, prompt_ids, output_ids)
+            positions, proposed, matches = self.draft_free.score(name, task, prompt_ids, output_ids)
             if positions:
-                self.policy.observe_scored(task, name, positions, matches)
+                self.policy.observe_scored(task, name, positions, matches, proposed)
         others = [d for d in others if d not in DRAFT_FREE and d != TREE]  # a tree is not scored: served only
         if not (others and output_ids) or (self.running and not self.running.done()):
             return False

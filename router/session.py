@@ -321,8 +321,8 @@ class Session:
     def observation(self) -> Observation:
         """What this request tells the routing policy."""
         s, t = self.decoding.stats, self.times
-        misses = self.proposed_by.misses if self.proposed_by else 0
-        return Observation(accepted=s.accepted, rejections=s.rejections + misses, draft_tokens=s.proposed,
+        return Observation(accepted=s.accepted, rejections=s.rejections,
+                           misses=self.proposed_by.misses if self.proposed_by else 0, draft_tokens=s.proposed,
                            draft_seconds=sum(t.draft_steps), verify_passes=len(t.verify_steps),
                            verify_seconds=sum(t.verify_steps), verify_device_seconds=t.verify_device,
                            plain_passes=len(t.plain_steps), plain_seconds=sum(t.plain_steps),

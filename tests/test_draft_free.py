@@ -116,8 +116,9 @@ def test_configs_refuse_nonsense():
 def test_scoring_counts_a_position_without_a_proposal_as_a_miss():
     draft_free = DraftFree(ngram=NgramConfig(min_n=1, max_n=2))
     # Prompt [1, 2]; output 1 2 1 2: nothing has followed a 2 yet (a miss), then each guess is right.
-    assert draft_free.score("ngram", "t", [1, 2], [1, 2, 1, 2]) == (4, 3)
-    assert draft_free.score("ngram", "t", [1, 2], [3, 4]) == (2, 0)
+    assert draft_free.score("ngram", "t", [1, 2], [1, 2, 1, 2]) == (4, 3, 3)
+    assert draft_free.score("ngram", "t", [1, 2], [3, 4]) == (2, 0, 0)
+    assert draft_free.score("ngram", "t", [1, 2, 1], [5]) == (1, 1, 0)  # proposed 2, wrong
     with pytest.raises(ValueError, match="not a draft-free proposer"):
         draft_free.score("nope", "t", [1], [2])
 

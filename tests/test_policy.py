@@ -373,3 +373,24 @@ def test_a_draft_free_proposer_starts_unchosen_and_scoring_brings_it_in_at_no_co
     view = p.view("t")
     assert view.best.draft == "suffix" and view.best.c == 0.0 and view.best.k == PolicyConfig().k_max
     assert sum(p.route("t").draft == "suffix" for _ in range(100)) > 90
+
+
+def test_a_proposer_is_priced_by_how_often_it_proposes():
+    """A lookup that proposes on a third of the steps and is right when it does: those steps are
+    speculative ones, the others one-token passes costing what target-only steps cost."""
+    from specserve.router.cost_model import speedup_at
+
+    load = Load(w=0.2)
+    assert speedup_at(0.9, 0.0, 4, load, coverage=0.0) == pytest.approx(1.0)
+    third = speedup_at(0.9, 0.0, 4, load, coverage=1 / 3)
+    assert 1.0 < third < speedup_at(0.9, 0.0, 4, load)
+    assert third == pytest.approx((4.0951 / 3 + 2 / 3) / (1.8 / 3 + 2 / 3), rel=1e-3)
+    p = Policy(PolicyConfig(explore=False), {"t": ("d", "ngram")}, random.Random(0))
+    p.observe("t", None, plain())
+    p.observe("t", "d", observation(alpha=0.5, c=0.2, steps=200))
+    for _ in range(20):  # proposes at 40 of 100 positions, right at 36 of them
+        p.observe_scored("t", "ngram", 100, 36, proposed=40)
+    arms = {arm.draft: arm for arm in p.view("t").arms}
+    assert arms["ngram"].alpha == pytest.approx(0.9, abs=0.1)  # its prior (0, 64 trials) fades
+    assert p._tasks["t"].arms["ngram"].coverage == pytest.approx(0.4, abs=0.05)
+    assert p.view("t").best.draft == "ngram"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from .presets import ModelShape, TrainBudget
 from .rollout import continue_all
 from .training import fit, fixed_length_prompts, new_model, parameter_count, random_windows, token_stream
 
+log = logging.getLogger("specserve.zoo")
 TOP_LABELS = 64  # target probabilities kept per position; a small target's mass beyond them is negligible
 PROMPT_TOKENS = 24  # prompt length for on-policy samples (BOS + the start of a training document)
 LABEL_BATCH = 16  # sequences per target pass when computing labels
@@ -223,6 +225,8 @@ def distill_to_directory(
     tokenizer = load_tokenizer(target_dir)
     target = load_model(ModelSpec(target_dir))
     train, held_out = held_out_split(documents_from_files(corpus_files))
+    log.info("distill %s: %d documents to train on, %d held out; the target labels ~%d tokens", task, len(train),
+             len(held_out) if held_out is not train else 0, distill_tokens)
     data = build_distill_set(
         target, tokenizer, train, total_tokens=distill_tokens,
         on_policy_sequences=max(1, distill_tokens // USER_ON_POLICY_EVERY), on_policy_tokens=USER_ON_POLICY_TOKENS, seed=seed,
@@ -234,7 +238,10 @@ def distill_to_directory(
     else:
         draft = new_model(shape or default_draft_shape(target.config), tokenizer, target.config.max_position_embeddings,
                           seed, vocab_size=target.config.vocab_size)
+    log.info("distill %s: training a %s draft of %.1fM parameters for %d steps", task,
+             "target-initialised" if init == "target" else "fresh", parameter_count(draft) / 1e6, budget.steps)
     loss = distill_draft(draft, data, budget, seed, desc=f"draft {task}")
+    log.info("distill %s: measuring held-out acceptance and the cost per token", task)
     alpha = held_out_acceptance(target, draft, tokenizer, held_out)
     cost_ratio = step_seconds(draft) / step_seconds(target)
     out = Path(out_dir)
