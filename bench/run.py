@@ -37,7 +37,7 @@ from transformers.utils import logging as hf_logging
 from specserve.cluster.bringup import default_config_path, merge_into, serve_config, start_service
 from specserve.cluster.client import SpecServeClient
 from specserve.cluster.config import ServiceConfig
-from specserve.cluster.demo import ensure_zoo
+from specserve.cluster.demo import MEASURED_ON_UNSEEN, ensure_zoo
 from specserve.cluster.local import zoo_engine
 from specserve.workers.config import TargetConfig
 from specserve.workers.drafting import score_continuation
@@ -58,11 +58,6 @@ from .samples import ENGINE_OFF, ENGINE_TASK, GREEDY_PATHS, HF_ASSISTED, OFF, OF
 from .settings import BenchSettings, Goals
 
 REPLICA_CORE = 0  # the in-process paths run where deploy/serve_config.yaml pins the target replica
-# Every prompt is decoded on every path, and the load levels cycle over the same prompts: suffix
-# decoding's memory of the task's recent outputs would hold the answer to the prompt being measured
-# after its first decode, and credit speculation with a repeat no unseen prompt has. The embedded
-# service runs without it (the request's own text only) unless --set puts it back.
-MEASURED_ON_UNSEEN = {"router": {"suffix": {"global_tokens": 0}}}
 # The service with batching off: one session per forward pass, on the target and on the drafts.
 UNBATCHED = {part: {"batching": {"max_sessions_per_pass": 1}} for part in ("target", "draft_pool")}
 # The second cluster of the process starts right after the first one stopped; a bring-up that fails

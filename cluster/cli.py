@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     build = zoo.add_parser("build", help="build (or reuse) a zoo of a target and its distilled drafts",
                            description="Train a tokenizer and a target on text every machine has, distill one draft per task "
                                        "and a general one, and write a manifest with held-out perplexity and acceptance rates.")
-    build.add_argument("--preset", default="demo", help="tiny (seconds), demo (~17 min on 2 CPU cores) or bench (over an hour there) (default: %(default)s)")
+    build.add_argument("--preset", default="demo", help="tiny (seconds), demo (3-17 min on 2 CPU cores) or bench (30-60 min there) (default: %(default)s)")
     build.add_argument("--out", type=Path, help="directory (default: $SPECSERVE_HOME/zoo/PRESET, SPECSERVE_HOME defaulting to ~/.cache/specserve)")
     build.set_defaults(run=_run_zoo_build)
 
@@ -170,10 +170,13 @@ def _add_bench_command(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser(
         "bench", help="benchmark speed, acceptance, overhead, a peer and load; write a report",
         description="On the bench zoo and an embedded cluster (or --address): per task alpha, tokens per pass, "
-                    "greedy speedup over target-only with the Leviathan bound; the service against the in-process "
-                    "engine; Hugging Face assisted generation on the same models; routed against general drafts; "
-                    "1-8 concurrent clients, AUTO against OFF; sampling; each component's memory. Writes "
-                    "report.md, results.json and PNG plots under OUT/<timestamp>/ and prints a summary.")
+                    "greedy speedup over target-only with the Leviathan bound; each proposer alone (the task's "
+                    "draft, prompt lookup, suffix decoding, their token tree) and the policy's choice; the service "
+                    "against the in-process engine; Hugging Face assisted generation on the same models; routed "
+                    "against general drafts; 1-32 concurrent clients, AUTO against OFF, batching off and "
+                    "transformers' batching as peers; sampling; each component's memory. Writes report.md, "
+                    "results.json and PNG plots under OUT/<timestamp>/ and prints a summary. A real pretrained "
+                    "model: python -m specserve.bench.real_model --target DIR_OR_GGUF.")
     bench.add_argument("--zoo", default=d.zoo, help="a zoo preset name or a zoo directory (default: %(default)s; "
                                                     "a preset is built on first use, the bench zoo in ~45 minutes)")
     bench.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")

@@ -10,6 +10,7 @@ a third run sends each prompt with nothing but the prompt, as the routing policy
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections import Counter
@@ -68,6 +69,11 @@ class TaskResult:
         return expected_speedup(self.stats.alpha, self.cost_ratio, self.k)
 
 
+# Every prompt is decoded on several paths, one after the other: suffix decoding's memory of the
+# task's recent outputs would hold the answer to the prompt being measured by its second path, and
+# credit speculation with a repeat an unseen prompt never has. Measurements run without it (each
+# request proposes from its own text); `specserve bench` uses the same.
+MEASURED_ON_UNSEEN = {"router": {"suffix": {"global_tokens": 0}}}
 # Decodes one prompt greedily, with the named draft or (None) the target alone: ids, seconds, stats.
 Decoder = Callable[[str, str, "str | None"], tuple[list[int], float, SpecStats]]
 # Decodes one prompt greedily as the service routes it: ids, seconds, the draft that served ("": none).
@@ -86,7 +92,7 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_p
     service = None
     if address is None:
         print("starting the embedded cluster (Ray, Serve, target replica, draft pool)...", flush=True)
-        service = start_service(port=0, overrides={"models": {"zoo": str(zoo.root)}})
+        service = start_service(port=0, overrides={"models": {"zoo": str(zoo.root)}, **copy.deepcopy(MEASURED_ON_UNSEEN)})
         address = service.address
     client = SpecServeClient(address)
     try:

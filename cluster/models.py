@@ -68,17 +68,17 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
             raise ValueError(f"router.tasks[{task!r}] names {not_offered}, which router.draft_free does not offer")
     if not listed:  # the draft-free proposers serve every task of a table the operator did not write
         tasks = {task: tuple(names) + tuple(router.draft_free) for task, names in tasks.items()}
-    trees = {}  # a task's tree: its first draft and the draft-free proposers
+    trees = {}  # a task's tree (its first draft and the draft-free proposers), for a request that asks for one
     for task, names in tasks.items():
         own = next((name for name in names if name in drafts), None)
-        if router.trees and own and router.draft_free and (TREE in names or not listed):
+        if own and router.draft_free:
             trees[task] = (own, *router.draft_free)
-            tasks[task] = tuple(names) + (() if TREE in names else (TREE,))
-            if own in priors.get(task, {}):  # it accepts at least what its draft alone does
-                priors[task][TREE] = priors[task][own]
+            # AUTO serves it only where offered. No prior: it accepts at least what its draft does,
+            # but its width and the draft's time cost what only serving it measures.
+            if TREE not in names and router.trees and not listed:
+                tasks[task] = tuple(names) + (TREE,)
         elif TREE in names:
-            raise ValueError(f"router.tasks[{task!r}] names {TREE!r}, which needs router.trees, a draft and "
-                             f"router.draft_free")
+            raise ValueError(f"router.tasks[{task!r}] names {TREE!r}, which needs a draft and router.draft_free")
     if router.default_task not in tasks:
         raise ValueError(f"router.default_task {router.default_task!r} is not a task; tasks: {', '.join(sorted(tasks))}")
     return ModelSet(target=str(target), drafts=drafts, tasks=tasks, dtype=models.dtype, priors=priors,

@@ -123,9 +123,11 @@ class RouterConfig(FrozenConfig):
     draft_free: tuple[str, ...] = DRAFT_FREE
     ngram: NgramConfig = NgramConfig()
     suffix: SuffixConfig = SuffixConfig()
-    # Offer each task a token tree of its draft and the draft-free proposers (``tree``), proposed at
-    # once and verified in one pass; the policy serves it where its measured speedup is the best.
-    trees: bool = True
+    # Offer AUTO a token tree of each task's draft and the draft-free proposers (``tree``), proposed
+    # at once and verified in one pass. Off by default: on CPUs, where a pass's width costs ~0.14 of
+    # a target step per token, no tree beat the best single proposer (bench zoo, demo zoo, SmolLM2),
+    # and exploring it cost the first requests. A request may always ask for one (draft: tree).
+    trees: bool = False
     # Tokens a tree may hold: its width is verify work (about free on a GPU, not on a CPU).
     tree_max_tokens: int = Field(24, ge=2, le=256)
     # How often workers re-register and how long an entry lives without that.

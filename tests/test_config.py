@@ -47,24 +47,24 @@ def test_zoo_models_resolve_with_a_general_task(tiny_zoo):
     config = ServiceConfig.model_validate({"models": {"zoo": str(tiny_zoo.root)}})
     models = resolve_models(config.models, config.router)
     assert set(models.drafts) == set(tiny_zoo.draft_names)
-    assert models.tasks["sql"][0] == "sql" and models.tasks["general"] == ("general", "ngram", "suffix", "tree")
-    assert models.trees["general"] == ("general", "ngram", "suffix")  # its draft first
+    assert models.tasks["sql"][0] == "sql" and models.tasks["general"] == ("general", "ngram", "suffix")
+    assert models.trees["general"] == ("general", "ngram", "suffix")  # its draft first; asked for, not offered
     assert models.priors["sql"]["sql"] == tiny_zoo.manifest["acceptance"]["sql"]["sql"]  # the policy's start
-    assert models.priors["sql"]["tree"] == models.priors["sql"]["sql"]
+    assert "tree" not in models.priors["sql"]  # measured as it is served
     assert set(models.proposers) == {*tiny_zoo.draft_names, "ngram", "suffix", "tree"}
 
 
 def test_draft_free_proposers_are_offered_as_configured_and_their_names_reserved(tiny_zoo):
     zoo = {"zoo": str(tiny_zoo.root)}
-    models = resolve_models(*_parts({"models": zoo, "router": {"draft_free": ["suffix"], "trees": False}}))
-    assert models.tasks["sql"] == ("sql", "general", "suffix") and models.proposers[-1] == "suffix"
+    models = resolve_models(*_parts({"models": zoo, "router": {"draft_free": ["suffix"], "trees": True}}))
+    assert models.tasks["sql"] == ("sql", "general", "suffix", "tree") and models.proposers[-1] == "tree"
     # An operator's table is taken as written: a task gets a draft-free proposer where it names one.
     models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["ngram", "sql"], "general": ["general"]}}}))
-    assert models.tasks == {"sql": ("ngram", "sql"), "general": ("general",)} and not models.trees
-    assert set(models.proposers) == {*tiny_zoo.draft_names, "ngram", "suffix"}  # a client may still ask for any
+    assert models.tasks == {"sql": ("ngram", "sql"), "general": ("general",)}
+    assert set(models.proposers) == {*tiny_zoo.draft_names, "ngram", "suffix", "tree"}  # a client may ask for any
     models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["sql", "tree"], "general": ["general"]}}}))
-    assert models.trees == {"sql": ("sql", "ngram", "suffix")} and models.tasks["sql"] == ("sql", "tree")
-    with pytest.raises(ValueError, match="names 'tree', which needs"):
+    assert models.trees["sql"] == ("sql", "ngram", "suffix") and models.tasks["sql"] == ("sql", "tree")
+    with pytest.raises(ValueError, match="names 'tree', which needs a draft"):
         resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["tree"], "general": ["general"]}}}))
     with pytest.raises(ValueError, match="which router.draft_free does not offer"):
         resolve_models(*_parts({"models": zoo, "router": {"draft_free": [], "tasks": {"sql": ["ngram"]}}}))
@@ -141,5 +141,5 @@ def test_hub_ids_reach_the_loader_as_given():
                                            "router": {"default_task": "code"}})
     models = resolve_models(config.models, config.router)
     assert (models.target, models.drafts, models.tasks) == ("acme/target-8b", {"code": "acme/draft-code"},
-                                                            {"code": ("code", "ngram", "suffix", "tree")})
+                                                            {"code": ("code", "ngram", "suffix")})
     assert not _is_local(models.target)

@@ -55,30 +55,25 @@ def load_model(spec: ModelSpec) -> PreTrainedModel:
     if spec.threads:
         torch.set_num_threads(spec.threads)
     device = resolve_device(spec.device)
-    where, extra = _where(spec.source)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            where, **extra, dtype=resolve_dtype(spec.dtype, device), local_files_only=_is_local(spec.source)
-        )
-    except (OSError, ValueError, ImportError) as exc:
-        raise ModelLoadError(f"cannot load model from {spec.source!r}: {exc}") from exc
+    model = _from_pretrained(AutoModelForCausalLM, spec.source, "model", dtype=resolve_dtype(spec.dtype, device))
     return model.to(device).eval()
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
-    where, extra = _where(source)
-    try:
-        return AutoTokenizer.from_pretrained(where, **extra, local_files_only=_is_local(source))
-    except (OSError, ValueError, ImportError) as exc:
-        raise ModelLoadError(f"cannot load tokenizer from {source!r}: {exc}") from exc
+    return _from_pretrained(AutoTokenizer, source, "tokenizer")
 
 
 def load_config(source: str) -> PretrainedConfig:
+    return _from_pretrained(AutoConfig, source, "model config")
+
+
+def _from_pretrained(auto, source: str, what: str, **kwargs):
+    """``auto.from_pretrained`` on a directory, hub id or GGUF file, its failures as ModelLoadError."""
     where, extra = _where(source)
     try:
-        return AutoConfig.from_pretrained(where, **extra, local_files_only=_is_local(source))
+        return auto.from_pretrained(where, **extra, **kwargs, local_files_only=_is_local(source))
     except (OSError, ValueError, ImportError) as exc:
-        raise ModelLoadError(f"cannot read the model config of {source!r}: {exc}") from exc
+        raise ModelLoadError(f"cannot load {what} from {source!r}: {exc}") from exc
 
 
 def is_gguf(source: str) -> bool:
