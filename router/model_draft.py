@@ -71,7 +71,7 @@ class ModelDraft(Proposer):
                 self._drop(exc)
         raise ProposerGone(why)
 
-    async def propose(self, k: int, verified: pb.Proposal) -> pb.Proposal:
+    async def propose(self, k: int) -> pb.Proposal:
         """The next proposal; after the worker fails, from another one opened where the request stands."""
         proposal = await self._propose(k)
         self.proposed = list(proposal.ids)

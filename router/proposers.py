@@ -53,9 +53,8 @@ class Proposer(ABC):
         """Be ready to propose after the request's committed tokens."""
 
     @abstractmethod
-    async def propose(self, k: int, verified: pb.Proposal) -> pb.Proposal:
-        """Up to ``k`` tokens after the committed ones, with their q (empty ids: none this step).
-        ``verified`` is the proposal the last verdict was on."""
+    async def propose(self, k: int) -> pb.Proposal:
+        """Up to ``k`` tokens after the committed ones, with their q (empty ids: none this step)."""
 
     def draft_ahead(self, proposal: pb.Proposal) -> None:
         """The target is verifying ``proposal``: start on the next one meanwhile, if this proposer can."""
@@ -83,7 +82,7 @@ class LookupProposer(Proposer):
         self.name = name
         self.source = source  # .tokens, .extend(ids), .propose(k)
 
-    async def propose(self, k: int, verified: pb.Proposal) -> pb.Proposal:
+    async def propose(self, k: int) -> pb.Proposal:
         started = time.perf_counter()
         committed = self.session.decoding.committed_ids()
         self.source.extend(committed[len(self.source.tokens) :])

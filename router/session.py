@@ -142,9 +142,8 @@ class Session:
             await self._open_target()
             if self.route.draft:
                 await self._open_proposer()
-            proposal = EMPTY_PROPOSAL
             while not self.decoding.finished:
-                proposal = await self._propose(proposal)
+                proposal = await self._propose()
                 if self.proposer is not None:  # on the draft's device, while the target verifies
                     self.proposer.draft_ahead(proposal)
                 verdict = await self._verify(proposal)
@@ -164,13 +163,13 @@ class Session:
 
     # The loop's phases: propose, verify, commit (emit is the caller's).
 
-    async def _propose(self, verified: pb.Proposal) -> pb.Proposal:
+    async def _propose(self) -> pb.Proposal:
         """The proposer's next proposal, or none (a target-only step): once it is gone, for good."""
         k = self.decoding.draft_length(self.length.k)
         if self.proposer is None:
             return EMPTY_PROPOSAL
         try:
-            return await self.proposer.propose(k, verified)
+            return await self.proposer.propose(k)
         except ProposerGone as exc:
             self._lose_draft(str(exc))
             return EMPTY_PROPOSAL

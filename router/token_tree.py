@@ -107,11 +107,11 @@ class TreeProposer(Proposer):
             except ProposerGone as exc:
                 self._drop(member, exc)
 
-    async def propose(self, k: int, verified: pb.Proposal) -> pb.Proposal:
+    async def propose(self, k: int) -> pb.Proposal:
         chains = []
         for member in list(self.members):
             try:
-                chains.append((member, await member.propose(k, self.chains.get(id(member), pb.Proposal()))))
+                chains.append((member, await member.propose(k)))
             except ProposerGone as exc:
                 self._drop(member, exc)
         self.proposing = [member for member, _ in chains]
