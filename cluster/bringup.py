@@ -40,6 +40,7 @@ class RunningService:
     address: str  # host:port of the client API
     app_name: str
     owns_cluster: bool
+    http_address: str | None = None  # host:port of the OpenAI-compatible API; None: turned off
 
     def stop(self) -> None:
         """Delete the app (its replicas, the router and the draft pool it owns); stop an embedded cluster."""
@@ -105,13 +106,14 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
         app = pkgutil.resolve_name(app_doc["import_path"])(copy.deepcopy(app_doc["args"]))
         handle = serve.run(app, name=app_doc["name"], route_prefix=app_doc.get("route_prefix"))
         address = handle.endpoint.remote().result()
+        http_address = handle.http_endpoint.remote().result()
         SpecServeClient(address).wait_ready(ready_timeout)
     except BaseException:
         if owns:
             ray.shutdown()
         raise
-    log.info("specserve serving at %s", address)
-    return RunningService(address, app_doc["name"], owns)
+    log.info("specserve serving at %s (OpenAI API: %s)", address, http_address or "off")
+    return RunningService(address, app_doc["name"], owns, http_address)
 
 
 def sigterm_as_interrupt() -> None:

@@ -18,12 +18,13 @@ import grpc
 from transformers.utils import logging as hf_logging
 
 from specserve.cluster.config import DEFAULT_METRICS_PORT
+from specserve.cluster.model_args import add_model_arguments, own_models, split_choice
 from specserve.workers.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_FILE_ENV,
                                         TLS_DIR_ENV)
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.loading import ModelLoadError
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, MAX_K
-from specserve.router.config import PolicyConfig
+from specserve.router.config import DEFAULT_HTTP_PORT, PolicyConfig
 from specserve.router.cost_model import best_k
 from specserve.workers.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
 
@@ -79,10 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run the models in this process (the default when no --address is given)")
     _add_zoo_argument(generate, "(local mode)")
     generate.add_argument("--prompt", required=True, help="the text to continue")
-    generate.add_argument("--task", help="the prompt's task (code, sql, math, prose). Default: the service classifies the "
-                                         "prompt; local mode uses the general draft")
     generate.add_argument("--timeout", type=float, help="deadline in seconds (--address mode; default: none)")
-    generate.add_argument("--draft", help="use this draft instead of the routing policy's choice")
+    add_model_arguments(generate, choosing=True)
     generate.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens to generate at most (default: %(default)s)")
     generate.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS.temperature,
                           help="0 is greedy (default: %(default)s)")
@@ -137,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--address", help="an existing Ray cluster (e.g. ray://host:10001 or auto); default: embedded")
     serve_cmd.add_argument("--port", type=int, help="the client API's gRPC port (default: the config's router.port)")
     serve_cmd.add_argument("--zoo", help="serve this zoo preset or directory instead of the config's models.zoo")
+    add_model_arguments(serve_cmd)
+    serve_cmd.add_argument("--http-port", type=_http_port, metavar="PORT|off",
+                           help=f"the OpenAI-compatible HTTP API's port, or off to turn it off (default: the config's "
+                                f"router.http_port, {DEFAULT_HTTP_PORT} unless set there)")
+    serve_cmd.add_argument("--priors", metavar="FILE", help="a profile from `specserve validate` the routing policy "
+                                                            "starts from (acceptance per task and draft)")
     serve_cmd.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                            help="embedded cluster: where Prometheus scrapes the specserve_ metrics (Ray exports them "
                                 "as ray_specserve_*) (default: %(default)s)")
@@ -229,6 +234,18 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _http_port(text: str) -> int | str:
+    if text == "off":
+        return text
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number or off, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535 (0: any free port), got {port}")
+    return port
+
+
 def _floats(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(v) for v in text.split(","))
@@ -267,19 +284,20 @@ def _add_zoo_argument(parser: argparse.ArgumentParser, note: str = "") -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
+    args.task, task_table = split_choice(args.task, "--task")
+    args.draft, draft_sources = split_choice(args.draft, "--draft")
+    models = own_models(args.target, draft_sources, task_table)
     if args.address:
+        if models.given:
+            raise ValueError("--target and --draft/--task NAME=... load models in this process (--local); a running "
+                             "service (--address) serves its own")
         return _generate_remote(args)
     from specserve.workers.request import GenerationParams
-
-    from .local import open_zoo, zoo_engine
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     params = GenerationParams(max_tokens=args.max_tokens, sampling=sampling, seed=args.seed, stop=tuple(args.stop),
                               k=DEFAULT_K if args.k is None else args.k, speculation=args.speculation != "off")
-    zoo = open_zoo(args.zoo)
-    draft = args.draft or (zoo.default_draft(args.task) if args.task else "general")
-    zoo.draft_dir(draft)  # validates the name before any model loads
-    engine = zoo_engine(zoo, [draft])
+    engine, draft = _local_engine(args, models)
     generation = engine.generate(args.prompt, params, draft=draft)
     if args.json:
         done = generation.complete()
@@ -293,6 +311,34 @@ def _run_generate(args: argparse.Namespace) -> int:
     print(f"[{generation.output.finish_reason}; draft {generation.draft}; acceptance {stats.acceptance_rate:.2f}; "
           f"{stats.tokens_per_pass:.2f} tokens per target pass; seed {stats.seed}]", file=sys.stderr)
     return 0
+
+
+def _local_engine(args: argparse.Namespace, models):
+    """The models of a local generate and the draft it uses (None: the target alone): the zoo's, or
+    your own (--target, --draft NAME=SOURCE), the draft picked by --draft NAME, else by the task's
+    table (--task TASK=...), else the only or first one."""
+    from specserve.workers.engine import SpecEngine
+    from specserve.workers.loading import ModelSpec
+
+    from .local import open_zoo, zoo_engine
+
+    if not models.target:
+        if models.drafts or models.tasks:
+            raise ValueError("--draft NAME=SOURCE and --task TASK=... serve your own models: give --target too")
+        zoo = open_zoo(args.zoo)
+        draft = args.draft or (zoo.default_draft(args.task) if args.task else "general")
+        zoo.draft_dir(draft)  # validates the name before any model loads
+        return zoo_engine(zoo, [draft]), draft
+    draft = args.draft
+    if draft is None and models.drafts:
+        listed = models.tasks.get(args.task, ()) if args.task else ()
+        draft = next((name for name in listed if name in models.drafts), None) or next(iter(models.drafts))
+    if draft is not None and draft not in models.drafts:
+        raise ValueError(f"--draft {draft!r} is not one of the drafts given: {', '.join(models.drafts) or 'none'}")
+    if draft is None:
+        print("specserve: no --draft given: the target alone decodes", file=sys.stderr)
+    spec = {name: ModelSpec(source) for name, source in models.drafts.items() if name == draft}
+    return SpecEngine.load(ModelSpec(models.target), spec), draft
 
 
 def _generate_remote(args: argparse.Namespace) -> int:
@@ -333,12 +379,13 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     logging.getLogger("specserve").setLevel(logging.INFO)  # a server says what it is doing
     sigterm_as_interrupt()  # from here on, also while starting: never leave an embedded cluster behind
-    overrides = {"models": {"zoo": args.zoo}} if args.zoo else None
+    overrides = _serve_overrides(args)
     print("starting specserve (Ray cluster, Serve app, model loading)...", file=sys.stderr, flush=True)
     service = start_service(args.config, address=args.address, port=args.port, overrides=overrides,
                             metrics_port=args.metrics_port)
-    print(f"specserve listening on {service.address} (gRPC: specserve.v1.SpecServe, grpc.health.v1, reflection); "
-          f"Ctrl-C to stop", flush=True)
+    http = f"; OpenAI API: http://{service.http_address}/v1" if service.http_address else "; OpenAI API off"
+    print(f"specserve listening on {service.address} (gRPC: specserve.v1.SpecServe, grpc.health.v1, reflection)"
+          f"{http}; Ctrl-C to stop", flush=True)
     try:
         wait_forever()
     except KeyboardInterrupt:
@@ -347,6 +394,22 @@ def _run_serve(args: argparse.Namespace) -> int:
     finally:
         service.stop()
     return 0
+
+
+def _serve_overrides(args: argparse.Namespace) -> dict:
+    """The config file's settings the flags replace."""
+    from .bringup import merge_into
+
+    models = own_models(args.target, args.draft, args.task)
+    if args.zoo and models.target:
+        raise ValueError("--zoo and --target both name the target: give one")
+    overrides = {"models": {"zoo": args.zoo}} if args.zoo else {}
+    merge_into(overrides, models.overrides())
+    if args.http_port is not None:
+        merge_into(overrides, {"router": {"http_port": None if args.http_port == "off" else args.http_port}})
+    if args.priors:
+        merge_into(overrides, {"models": {"priors": args.priors}})
+    return overrides
 
 
 def _run_stats(args: argparse.Namespace) -> int:

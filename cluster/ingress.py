@@ -2,7 +2,8 @@
 
 It starts the registry and the draft pool, loads the tokenizer (the only model file it needs) and
 serves the client API (``router/service.py``), the standard health service and server reflection
-from one grpc.aio server.
+from one grpc.aio server, and the OpenAI-compatible HTTP API (``router/openai_api.py``) on that
+server's event loop.
 Health turns SERVING once a target replica and the whole draft pool (so a worker for every draft)
 have registered.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -18,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from specserve.proto.v1 import specserve_pb2
 from specserve.router.directory import WorkerDirectory
+from specserve.router.openai_api import OpenAIServer
 from specserve.router.service import SERVICE_NAME, SpecServeService
 from specserve.router.tasks import TaskResolver
 from specserve.router.validation import Limits
@@ -27,14 +30,15 @@ from specserve.workers.registry import Endpoint, Heartbeat, Registration, start_
 from specserve.workers.security import SecuritySettings
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 
-from .config import ServiceConfig
-from .local import open_zoo
+from .config import ModelsConfig, ServiceConfig
+from .local import open_zoo, zoo_location
 from .models import ModelSet
 from .placement import router_options
 from .pool import DraftPool
 
 log = logging.getLogger("specserve.router")
 READY_POLL_SECONDS = 0.5
+HTTP_START_SECONDS = 30.0
 
 
 class Router:
@@ -61,6 +65,13 @@ class Router:
                                        credentials=security.api_server_credentials(),
                                        interceptors=security.api_interceptors())
         self.address = f"{advertised_host()}:{self.server.port}"
+        self.http = None
+        if cfg.router.http_port is not None:  # on the gRPC server's loop: one loop owns the service's state
+            self.http = OpenAIServer(self.service, cfg.router.model_name or model_name(cfg.models), security)
+            port = asyncio.run_coroutine_threadsafe(self.http.start(cfg.router.host, cfg.router.http_port),
+                                                    self.server.loop).result(HTTP_START_SECONDS)
+            log.info("OpenAI-compatible API on http%s://%s:%d/v1 (model %r)", "s" if security.tls else "",
+                     advertised_host(), port, self.http.model)
         self.heartbeat = Heartbeat(registration, lambda: Endpoint("router", "router", self.address))
         asyncio.run_coroutine_threadsafe(self._mark_serving_when_ready(), self.server.loop)
         asyncio.run_coroutine_threadsafe(self.pool.supervise(), self.server.loop)
@@ -92,6 +103,10 @@ class Router:
 
     def endpoint(self) -> str:
         return self.address
+
+    def http_endpoint(self) -> str | None:
+        """host:port of the OpenAI-compatible API; None when router.http_port turns it off."""
+        return f"{advertised_host()}:{self.http.port}" if self.http else None
 
     def check_health(self) -> None:
         if not self.server.alive:
@@ -125,6 +140,17 @@ def _task_resolver(cfg: ServiceConfig, models: ModelSet) -> TaskResolver:
     if classifier is None:
         log.info("no task classifier: requests without a task are served as %r", cfg.router.default_task)
     return TaskResolver(frozenset(models.tasks), cfg.router.default_task, classifier, policy.classifier_min_confidence)
+
+
+def model_name(models: ModelsConfig) -> str:
+    """What the OpenAI API calls the target: a zoo's by the zoo (``zoo-demo``), a hub id as given,
+    a directory or GGUF file by its name."""
+    if models.target is None:
+        return f"zoo-{zoo_location(models.zoo).resolve().name}"
+    path = Path(models.target)
+    if not path.exists():
+        return models.target
+    return path.stem if path.suffix == ".gguf" else path.resolve().name
 
 
 def _context_window(target_source: str) -> int:

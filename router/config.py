@@ -17,6 +17,7 @@ from .proposers import DRAFT_FREE
 
 ROUTER_NODE = "specserve_router_node"  # custom resource of the node the router runs on (clients reach it)
 DEFAULT_PORT = 50051  # the client API (gRPC's customary port)
+DEFAULT_HTTP_PORT = 8000  # the OpenAI-compatible API (vLLM's and SGLang's customary port)
 
 
 class PolicyConfig(FrozenConfig):
@@ -103,6 +104,11 @@ class TimeoutsConfig(FrozenConfig):
 class RouterConfig(FrozenConfig):
     host: str = "0.0.0.0"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)  # 0: any free port (tests)
+    # The OpenAI-compatible HTTP API (router/openai_api.py), on the same host; None turns it off.
+    http_port: int | None = Field(DEFAULT_HTTP_PORT, ge=0, le=65535)
+    # The model id the OpenAI API lists and requests name; None: the target's name (its directory
+    # or file name without .gguf, or its hub id).
+    model_name: str | None = Field(None, min_length=1)
     # The router runs on a node advertising this custom resource: the one clients reach (KubeRay:
     # the head pod, behind the Service). None: wherever Ray puts it.
     node_resource: str | None = ROUTER_NODE

@@ -2,7 +2,7 @@
 
 Handlers take the request's raw bytes and decode them here, so a malformed request (invalid UTF-8
 included) is the client's INVALID_ARGUMENT rather than the server's INTERNAL. Errors map to
-status codes once, in ``_status_of``.
+status codes once, in ``status_of``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from .config import RouterConfig
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.stats import SpecStats
+from specserve.workers.stopping import Chunk
 
 from .admission import Admission, Overloaded
 from .directory import NoWorker, WorkerDirectory
@@ -37,6 +38,8 @@ from .tasks import TaskResolver
 from .validation import InvalidRequest, Limits, ValidRequest, parse_request, validate
 
 log = logging.getLogger("specserve.router")
+# What ends a request mid-stream: no worker could serve or resume it, or a worker refused a step.
+FAILURES = (NoWorker, WorkerFailed, grpc.aio.AioRpcError)
 SERVICE_NAME = "specserve.v1.SpecServe"
 FINISH_REASONS = {"eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
 
@@ -106,39 +109,56 @@ class SpecServeService:
 
     async def GenerateStream(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
         try:
-            raw = parse_request(data)
-            request = validate(raw, self.tokenizer, self.limits)
-            await self.admission.enter()
+            turn = await self.admit(parse_request(data))
         except (InvalidRequest, Overloaded) as exc:
-            self.metrics.record_refused(_status_of(exc).name)
             await _abort(context, exc)
-        session, status = None, grpc.StatusCode.OK
         # grpc does not close a handler's generator when its RPC is cancelled during a write (a
         # slow client): the generator's finally would wait for garbage collection. The done
         # callback frees the request's turn and its workers' sessions at once either way.
-        release = _Release(self.admission, lambda: session)
-        context.add_done_callback(release)
+        context.add_done_callback(turn.release)
         try:
-            session = self._session(request, raw.prompt, _deadline(context))
-            async for chunk in session.run():
+            async for chunk in self.run(turn, _deadline(context)):
                 message = pb.GenerateChunk(text=chunk.text, token_ids=chunk.token_ids)
                 if chunk.finish_reason:
                     message.finish_reason = FINISH_REASONS[chunk.finish_reason]
-                    message.stats.CopyFrom(_stats_message(session))
+                    message.stats.CopyFrom(stats_message(turn.session))
                 yield message
-            self._learn(session)
-        except (NoWorker, WorkerFailed, grpc.aio.AioRpcError) as exc:
-            status = _status_of(exc)
-            log.warning("request %s failed: %s", session.session_id, exc)
+        except FAILURES as exc:
             await _abort(context, exc)
-        except asyncio.CancelledError:  # the client went away or its deadline passed
+
+    async def admit(self, raw: pb.GenerateRequest) -> Turn:
+        """Validate a request and wait for its turn: what every front (gRPC, HTTP) does first.
+        Raises InvalidRequest or Overloaded, counted as refused."""
+        try:
+            request = validate(raw, self.tokenizer, self.limits)
+            await self.admission.enter()
+        except (InvalidRequest, Overloaded) as exc:
+            self.metrics.record_refused(status_of(exc).name)
+            raise
+        return Turn(self.admission, request, raw.prompt)
+
+    async def run(self, turn: Turn, deadline: float | None) -> AsyncIterator[Chunk]:
+        """An admitted request's output, chunk by chunk; then the policy learns from it and its
+        metrics are recorded. A worker failure the session could not survive raises one of
+        FAILURES mid-stream. The turn is released at the end, or earlier by the front."""
+        status = grpc.StatusCode.OK
+        try:
+            turn.session = self._session(turn.request, turn.prompt, deadline)
+            async for chunk in turn.session.run():
+                yield chunk
+            self._learn(turn.session)
+        except FAILURES as exc:
+            status = status_of(exc)
+            log.warning("request %s failed: %s", turn.session and turn.session.session_id, exc)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away or its deadline passed
             status = grpc.StatusCode.CANCELLED
             raise
         finally:
-            release()
-            if session is not None:
-                view = self.policy.view(session.task.task)
-                self.metrics.record(session, view, status.name)
+            turn.release()
+            if turn.session is not None:
+                view = self.policy.view(turn.session.task.task)
+                self.metrics.record(turn.session, view, status.name)
                 self.metrics.record_view(view)
                 self.metrics.record_realized(self.policy.realized)
 
@@ -215,7 +235,7 @@ class SpecServeService:
         self.metrics.queued.set(admission.waiting)
 
 
-def _stats_message(session: Session) -> pb.GenerateStats:
+def stats_message(session: Session) -> pb.GenerateStats:
     s = session.decoding.stats
     return pb.GenerateStats(task=session.task.task, draft=session.route.draft or "", proposed_tokens=s.proposed,
                             accepted_tokens=s.accepted, target_passes=s.target_passes, seed=s.seed, rejections=s.rejections,
@@ -227,23 +247,25 @@ def _stats_message(session: Session) -> pb.GenerateStats:
                             draft_reopens=session.draft_reopens)
 
 
-class _Release:
-    """Gives a request's admission turn back and abandons its session, once, whichever of the
-    handler's end and the RPC's done callback comes first."""
+class Turn:
+    """An admitted request: its validated fields, then its session. ``release`` gives the admission
+    turn back and abandons the session, once, whichever of the run's end and the front's own
+    notice (an RPC's done callback, a closed HTTP connection) comes first."""
 
-    def __init__(self, admission: Admission, session) -> None:
+    def __init__(self, admission: Admission, request: ValidRequest, prompt: str) -> None:
         self.admission = admission
-        self.session = session  # () -> the request's Session, or None before it has one
+        self.request = request
+        self.prompt = prompt
+        self.session: Session | None = None  # set when the run starts
         self.done = False
 
-    def __call__(self, *_) -> None:
+    def release(self, *_) -> None:
         if self.done:
             return
         self.done = True
         self.admission.leave()
-        session = self.session()
-        if session is not None:
-            session.abandon()
+        if self.session is not None:
+            self.session.abandon()
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -252,7 +274,7 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
     return None if remaining is None else time.monotonic() + remaining
 
 
-def _status_of(exc: Exception) -> grpc.StatusCode:
+def status_of(exc: Exception) -> grpc.StatusCode:
     if isinstance(exc, InvalidRequest):
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, Overloaded):
@@ -266,4 +288,4 @@ def _status_of(exc: Exception) -> grpc.StatusCode:
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     details = f"a worker answered {exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-    await context.abort(_status_of(exc), details)
+    await context.abort(status_of(exc), details)

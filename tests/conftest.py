@@ -4,6 +4,7 @@ distillation), in a temporary SPECSERVE_HOME so tests never touch the user's cac
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import socket
 import subprocess
@@ -45,6 +46,14 @@ def tiny_engine(tiny_zoo):
     return zoo_engine(tiny_zoo, tiny_zoo.draft_names)
 
 
+@pytest.fixture(scope="session")
+def gguf_target(tiny_zoo, tmp_path_factory) -> str:
+    """The tiny zoo's target as an f32 GGUF file (tokenizer inside): a path for ``--target``."""
+    from gguf_export import write_gguf
+
+    return str(write_gguf(tiny_zoo.target_dir, tmp_path_factory.mktemp("gguf") / "target.gguf"))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,6 +72,8 @@ def serve_in_subprocess(args: list[str], env: dict, log: Path | None = None):
     from specserve.cluster.client import SpecServeClient
 
     stderr = log.open("w") if log else subprocess.DEVNULL
+    if "--http-port" not in args:  # 8000 may be taken on a shared machine
+        args = [*args, "--http-port", "off"]
     proc = subprocess.Popen([sys.executable, "-m", "specserve.cluster.cli", "serve", *args],
                             stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     try:
@@ -70,6 +81,7 @@ def serve_in_subprocess(args: list[str], env: dict, log: Path | None = None):
         assert line.startswith("specserve listening on "), (
             f"{line!r}, exit {proc.poll()}\n{log.read_text()[-3000:] if log else ''}")
         client = SpecServeClient(line.split()[3])
+        proc.ready_line = line  # for what else it serves (the OpenAI API's address)
         try:
             yield client, proc
         finally:
@@ -98,6 +110,7 @@ def service(tiny_zoo, metrics_port):
     tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
     tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)]}
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
+              "http_port": 0,  # the OpenAI API on a free port: 8000 may be taken on a shared machine
               "policy": {"min_trials": 32},
               "timeouts": SERVICE_TIMEOUTS}
     idle = {"session_idle_seconds": SESSION_IDLE_SECONDS}
@@ -131,3 +144,12 @@ def client(service):
     c = SpecServeClient(service.address)
     yield c
     c.close()
+
+
+DASHBOARD = Path(__file__).parents[1] / "deploy" / "kuberay" / "grafana-dashboard.json"
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every query of every panel of the Grafana dashboard."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [(panel["title"], target["expr"]) for panel in panels for target in panel.get("targets", [])]

@@ -160,6 +160,12 @@ class FakeDirectory:
     def mark_failed(self, worker: Endpoint) -> None:
         self.failed.append(worker.worker_id)
 
+    def target_pressure(self) -> float:
+        return 0.0
+
+    def target_pass_cap(self) -> int:
+        return 0
+
     def stream(self, worker: Endpoint, step_timeout: float, first_step_timeout: float | None = None) -> FakeStream:
         stream = FakeStream(self.workers[worker.worker_id])
         self.workers[worker.worker_id].streams.append(stream)

@@ -44,12 +44,41 @@ def test_bad_input_in_a_fresh_process_is_one_line_without_traceback(tiny_zoo, sp
     (["--temperature", "-1"], "temperature must be 0 (greedy) or a finite number >= 0.01, got -1.0"),
     (["--max-tokens", "0"], "max_tokens must be 1..4096, got 0"),
     (["--draft", "nope"], "unknown draft 'nope'"),
+    (["--draft", "sql=/nowhere"], "give --target too"),
+    (["--target", "/nowhere", "--draft", "x="], "--draft 'x=': expected NAME=SOURCE"),
+    (["--target", "/nowhere", "--draft", "ngram=/a"], "reserved for specserve's own proposers"),
+    (["--target", "/nowhere", "--task", "a", "--task", "b"], "--task picks one: got a, b"),
 ])
 def test_bad_generate_flags(tiny_zoo, specserve_home, capsys, flags, message):
     code = main(["generate", "--zoo", "tiny", "--prompt", "SELECT", *flags])
     err = capsys.readouterr().err
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_generate_local_serves_your_own_models_from_a_gguf_file(tiny_zoo, tiny_engine, gguf_target, capsys):
+    """One command, no YAML: a GGUF target (dequantised, its tokenizer read from the file) with a
+    draft from a directory, checked against each other's tokenizers; greedy output is the target's."""
+    from specserve.workers.request import GenerationParams
+
+    prompt = tiny_zoo.prompts("sql")[0]
+    code = main(["generate", "--local", "--target", gguf_target, "--draft", f"q={tiny_zoo.draft_dir('sql')}",
+                 "--task", "sql=q", "--task", "sql", "--prompt", prompt, "--max-tokens", "24", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["draft"] == "q" and out["stats"]["proposed"] > 0
+    alone = tiny_engine.generate(prompt, GenerationParams(max_tokens=24, speculation=False)).complete()
+    assert out["token_ids"] == alone.token_ids
+
+
+def test_generate_local_refuses_a_draft_of_another_vocabulary(gguf_target, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other"
+    tokenizer = AutoTokenizer.from_pretrained(gguf_target.rsplit("/", 1)[0], gguf_file=gguf_target)
+    tokenizer.add_tokens(["<extra_token>"])  # one token more: ids would no longer mean the same
+    tokenizer.save_pretrained(other)
+    code = main(["generate", "--local", "--target", gguf_target, "--draft", f"d={other}", "--prompt", "x"])
+    assert code == 2 and "tokenizer" in capsys.readouterr().err.lower()
 
 
 def test_unbuilt_zoo_says_how_to_build_it(specserve_home, capsys):
@@ -104,18 +133,30 @@ def test_service_errors_are_one_line_with_the_status(service, capsys):
     assert code == 2 and err.strip() == "specserve: error: INVALID_ARGUMENT: top_p must be in (0, 1], got 1.5"
 
 
-def test_serve_prints_its_address_then_stops_on_sigterm(tiny_zoo, specserve_home, tmp_path):
-    """`specserve serve` as a user runs it: its own embedded cluster, ready line, SIGTERM, clean exit."""
+def test_serve_your_own_gguf_model_in_one_command_then_stop_on_sigterm(tiny_zoo, tiny_engine, gguf_target,
+                                                                      specserve_home, tmp_path):
+    """`specserve serve --target FILE.gguf --draft NAME=DIR --task ...` as a user runs it: its own
+    embedded cluster, the ready line with both APIs, SIGTERM, clean exit."""
     import signal
+    import urllib.request
 
     from specserve.proto.v1 import specserve_pb2 as pb
+    from specserve.workers.request import GenerationParams
 
     env = dict(os.environ, SPECSERVE_HOME=specserve_home)
     log = tmp_path / "serve.log"
     # Its own cluster exports metrics on a port of its own.
-    args = ["--zoo", str(tiny_zoo.root), "--port", "0", "--metrics-port", str(free_port())]
+    args = ["--target", gguf_target, "--draft", f"q={tiny_zoo.draft_dir('sql')}", "--task", "sql=q,ngram",
+            "--port", "0", "--http-port", "0", "--metrics-port", str(free_port())]
+    prompt = tiny_zoo.prompts("sql")[0]
     with serve_in_subprocess(args, env, log) as (client, proc):
-        assert client.generate(pb.GenerateRequest(prompt="SELECT", max_tokens=4)).token_ids
+        reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=16, speculation=pb.SPECULATION_ON))
+        assert reply.stats.task == "sql" and reply.stats.draft in ("q", "ngram")
+        alone = tiny_engine.generate(prompt, GenerationParams(max_tokens=16, speculation=False)).complete()
+        assert list(reply.token_ids) == alone.token_ids
+        http = proc.ready_line.split("OpenAI API: ")[1].split(";")[0]
+        with urllib.request.urlopen(f"{http}/models") as models:
+            assert [m["id"] for m in json.load(models)["data"]] == ["target"]  # the file's name
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
     assert "shutting down" in log.read_text()

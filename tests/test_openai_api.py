@@ -1,0 +1,286 @@
+"""The OpenAI-compatible HTTP API, called by the official ``openai`` client.
+
+Three layers: the body checks alone; the real aiohttp server over the router's real service with
+in-process workers (``fake_workers``: the workers' own session code, no Ray), where a tokenizer
+with a chat template, the token and every error status are set up cheaply; and the real cluster,
+where the API's greedy text must equal the gRPC API's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+import threading
+import urllib.error
+import urllib.request
+
+import grpc
+import openai
+import pytest
+
+from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.router.config import RouterConfig
+from specserve.router.openai_api import ApiError, OpenAIServer, chat_prompt, chat_request, completion_request
+from specserve.router.service import SpecServeService
+from specserve.router.tasks import TaskResolver
+from specserve.router.validation import Limits
+from specserve.workers.request import GenerationParams
+from specserve.workers.security import SecuritySettings
+
+from fake_workers import DRAFT, FakeDirectory, FakeWorker
+
+MODEL = "tiny"
+PROMPT = "def parse_header(line):\n    "
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+TOKEN = "s3cret-token"
+
+
+# --- the body checks -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"model": MODEL, "prompt": "x", "n": 2}, 400, "n must be 1"),
+    ({"model": MODEL, "prompt": "x", "logprobs": 3}, 400, "logprobs is not supported"),
+    ({"model": MODEL, "prompt": "x", "best_of": 2}, 400, "best_of is not supported"),
+    ({"model": MODEL, "prompt": "x", "frobnicate": 1}, 400, "unknown field 'frobnicate'"),
+    ({"model": MODEL, "prompt": ["a", "b"]}, 400, "one prompt per request"),
+    ({"model": MODEL, "prompt": [1, 2, 3]}, 400, "token-id prompts are not accepted"),
+    ({"model": MODEL, "prompt": "x", "max_tokens": "8"}, 400, "max_tokens must be an integer"),
+    ({"model": MODEL, "prompt": "x", "temperature": "hot"}, 400, "temperature must be a number"),
+    ({"model": MODEL, "prompt": "x", "stop": [1]}, 400, "stop must be a string or a list of strings"),
+    ({"model": MODEL, "prompt": "x", "speculation": "maybe"}, 400, "speculation must be one of auto, on, off"),
+    ({"model": MODEL, "prompt": "x", "stream_options": {"include_usage": True}}, 400, "needs stream: true"),
+    ({"model": "gpt-4", "prompt": "x"}, 404, "serves 'tiny'"),
+    ([1, 2], 400, "JSON object"),
+])
+def test_a_bad_body_is_refused_naming_the_field(body, status, words):
+    with pytest.raises(ApiError) as caught:
+        completion_request(body, MODEL)
+    assert caught.value.body()["error"]["message"].count(words) == 1
+    assert caught.value.response().status == status
+
+
+def test_a_body_becomes_the_grpc_request_with_openais_defaults():
+    request = completion_request({"model": MODEL, "prompt": ["hi"], "stop": "\n", "max_tokens": 8, "seed": 3,
+                                  "task": "code", "draft": "d", "k": 2, "top_k": 5, "speculation": "off",
+                                  "user": "ignored", "logprobs": None, "n": 1}, MODEL)
+    g = request.generate
+    assert (g.prompt, list(g.stop), g.max_tokens, g.seed, g.task, g.draft, g.k, g.top_k) == ("hi", ["\n"], 8, 3, "code",
+                                                                                              "d", 2, 5)
+    assert g.speculation == pb.SPECULATION_OFF and g.temperature == 1.0 and g.top_p == 1.0  # OpenAI's defaults
+    assert g.HasField("seed") and not request.stream
+
+
+def test_chat_needs_a_template_and_renders_the_conversation(tiny_engine):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    with pytest.raises(ApiError, match="has no chat template"):
+        chat_prompt(messages, tiny_engine.tokenizer)
+    templated = copy.deepcopy(tiny_engine.tokenizer)
+    templated.chat_template = TEMPLATE
+    assert chat_prompt(messages, templated) == "<system>be brief\n<user>hi\n<assistant>"
+    with pytest.raises(ApiError, match=r"messages\[0\] must be an object whose role"):
+        chat_prompt([{"role": "robot", "content": "x"}], templated)
+    with pytest.raises(ApiError, match="not both"):
+        chat_request({"model": MODEL, "messages": messages, "max_tokens": 1, "max_completion_tokens": 2}, MODEL, templated)
+
+
+# --- the real HTTP server, in-process workers ------------------------------------------------
+
+
+class LocalApi:
+    """The service and its HTTP front on a loop of their own, as in the router process."""
+
+    def __init__(self, tiny_engine, security: SecuritySettings, with_target: bool = True) -> None:
+        tokenizer = copy.deepcopy(tiny_engine.tokenizer)
+        tokenizer.chat_template = TEMPLATE
+        workers = [FakeWorker("draft", "d0", tiny_engine.target)]
+        if with_target:
+            workers.append(FakeWorker("target", "t0", tiny_engine.target))
+        tasks = {"code": (DRAFT,)}
+        limits = Limits(tasks=tasks, drafts=(DRAFT,), context_window=tiny_engine.context_window)
+        # No target to wait for long: a request without one is answered 503 in a second.
+        config = RouterConfig(tasks=tasks, default_task="code", max_concurrent_requests=2, max_queued_requests=0,
+                              timeouts={"target_wait_seconds": 1.0})
+        self.service = SpecServeService(tokenizer, limits, FakeDirectory(*workers), config,
+                                        TaskResolver(frozenset(tasks), "code", None, 0.6), random.Random(0))
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.server = OpenAIServer(self.service, MODEL, security)
+        port = self.call(self.server.start("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{port}/v1"
+
+    def call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
+
+    def client(self, key: str = "unused") -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=60)
+
+    def close(self) -> None:
+        self.call(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.fixture(scope="module")
+def local_api(tiny_engine):
+    api = LocalApi(tiny_engine, SecuritySettings())
+    yield api
+    api.close()
+
+
+def target_alone(tiny_engine, prompt: str, max_tokens: int) -> str:
+    return tiny_engine.generate(prompt, GenerationParams(max_tokens=max_tokens, speculation=False)).complete().text
+
+
+def test_models_lists_the_served_model(local_api):
+    assert [m.id for m in local_api.client().models.list().data] == [MODEL]
+
+
+def test_a_greedy_completion_is_the_target_alone(local_api, tiny_engine):
+    done = local_api.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0,
+                                                 extra_body={"speculation": "on"})
+    assert done.choices[0].text == target_alone(tiny_engine, PROMPT, 24)
+    assert done.choices[0].finish_reason in ("stop", "length") and done.object == "text_completion"
+    stats = done.model_extra["specserve"]
+    assert stats["draft"] == DRAFT and stats["task"] == "code" and int(stats["target_passes"]) >= 1
+    prompt_tokens = len(local_api.service.tokenizer.encode(PROMPT)) + 1  # BOS
+    assert done.usage.prompt_tokens == prompt_tokens
+    assert done.usage.total_tokens == prompt_tokens + done.usage.completion_tokens > prompt_tokens
+
+
+def test_a_streamed_completion_concatenates_to_the_unary_one(local_api):
+    client = local_api.client()
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    finished = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finished) == 1 and finished[0].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert "target_passes" in finished[0].model_extra["specserve"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_chat_uses_the_template_unary_and_streamed(local_api, tiny_engine):
+    client = local_api.client()
+    messages = [{"role": "user", "content": "def main():"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    expected = target_alone(tiny_engine, "<user>def main():\n<assistant>", 16)
+    assert whole.choices[0].message.content == expected and whole.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=16,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_sampled_completions_follow_the_seed(local_api):
+    client = local_api.client()
+    runs = [client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, seed=seed).choices[0].text
+            for seed in (5, 5, 6)]
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"n": 2}, openai.BadRequestError, "n must be 1"),
+    ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
+    ({"temperature": -1.0}, openai.BadRequestError, "temperature must be 0 (greedy)"),
+    ({"extra_body": {"task": "poetry"}}, openai.BadRequestError, "unknown task 'poetry'"),
+    ({"model": "gpt-4"}, openai.NotFoundError, "is not served here"),
+])
+def test_errors_have_openais_shape_and_status(local_api, kwargs, error, words):
+    args = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4} | kwargs
+    with pytest.raises(error) as caught:
+        local_api.client().completions.create(**args)
+    assert words in caught.value.body["message"]
+
+
+def test_a_full_router_answers_429_and_no_worker_503(local_api, tiny_engine):
+    service = local_api.service
+    local_api.call(service.admission.enter())
+    local_api.call(service.admission.enter())  # both turns taken; no queue
+    try:
+        with pytest.raises(openai.RateLimitError, match="RESOURCE_EXHAUSTED|queue|limit"):
+            local_api.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
+    finally:
+        service.admission.leave()
+        service.admission.leave()
+    no_target = LocalApi(tiny_engine, SecuritySettings(), with_target=False)
+    try:
+        with pytest.raises(openai.InternalServerError) as caught:
+            no_target.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
+        assert caught.value.status_code == 503
+        stream = no_target.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, stream=True)
+        with pytest.raises(openai.APIError, match="no target"):
+            list(stream)
+    finally:
+        no_target.close()
+    # The turns came back: the next request runs.
+    assert local_api.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0).choices
+
+
+def test_the_api_token_is_required(tiny_engine):
+    api = LocalApi(tiny_engine, SecuritySettings(api_token=TOKEN))
+    try:
+        with pytest.raises(openai.AuthenticationError, match="Authorization: Bearer"):
+            api.client("wrong").models.list()
+        assert api.client(TOKEN).completions.create(model=MODEL, prompt=PROMPT, max_tokens=4).choices
+        with urllib.request.urlopen(api.url.removesuffix("/v1") + "/health") as health:  # probes send no token
+            assert health.status == 200
+    finally:
+        api.close()
+
+
+def test_malformed_json_and_unknown_paths_answer_in_openais_shape(local_api):
+    for path, data, status in (("/completions", b"{not json", 400), ("/embeddings", b"{}", 404)):
+        req = urllib.request.Request(local_api.url + path, data=data, headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(req)
+        assert caught.value.code == status
+        assert json.loads(caught.value.read())["error"]["message"]
+
+
+# --- the real cluster ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster_api(service) -> openai.OpenAI:
+    assert service.http_address, "the test service runs the OpenAI API"
+    client = openai.OpenAI(base_url=f"http://{service.http_address}/v1", api_key="unused", max_retries=0, timeout=120)
+    yield client
+    client.close()
+
+
+def test_the_services_greedy_text_equals_the_grpc_apis(cluster_api, client, tiny_zoo):
+    model = cluster_api.models.list().data[0].id
+    assert model == f"zoo-{tiny_zoo.root.name}"
+    for task in ("code", "prose"):
+        prompt = tiny_zoo.prompts(task)[0]
+        grpc_reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=32, temperature=0.0, task=task))
+        done = cluster_api.completions.create(model=model, prompt=prompt, max_tokens=32, temperature=0,
+                                              extra_body={"task": task})
+        assert done.choices[0].text == grpc_reply.text
+        assert done.usage.completion_tokens == len(grpc_reply.token_ids)
+        assert done.model_extra["specserve"]["task"] == task
+        streamed = cluster_api.completions.create(model=model, prompt=prompt, max_tokens=32, temperature=0,
+                                                  extra_body={"task": task, "speculation": "off"}, stream=True)
+        assert "".join(c.choices[0].text for c in streamed if c.choices) == grpc_reply.text
+
+
+def test_the_services_chat_without_a_template_is_a_clear_400(cluster_api):
+    model = cluster_api.models.list().data[0].id
+    with pytest.raises(openai.BadRequestError, match="no chat template"):
+        cluster_api.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+
+
+def test_the_grpc_status_of_every_error_has_an_http_status():
+    from specserve.router.openai_api import HTTP_STATUS
+    from specserve.router.service import status_of
+    from specserve.router.admission import Overloaded
+    from specserve.router.directory import NoWorker
+    from specserve.router.validation import InvalidRequest
+
+    for exc in (InvalidRequest("x"), Overloaded("x"), NoWorker("x")):
+        assert status_of(exc) in HTTP_STATUS
+    assert grpc.StatusCode.UNAUTHENTICATED in HTTP_STATUS
