@@ -9,13 +9,15 @@ the ``gguf`` package (``pip install gguf``).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel,
-                          PreTrainedTokenizerBase)
+                          PreTrainedTokenizerBase, PreTrainedTokenizerFast)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -60,11 +62,28 @@ def load_model(spec: ModelSpec) -> PreTrainedModel:
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
-    return _from_pretrained(AutoTokenizer, source, "tokenizer")
+    tokenizer = _from_pretrained(AutoTokenizer, source, "tokenizer")
+    return _without_invented_tokens(tokenizer, load_config(source).vocab_size) if is_gguf(source) else tokenizer
 
 
 def load_config(source: str) -> PretrainedConfig:
     return _from_pretrained(AutoConfig, source, "model config")
+
+
+def _without_invented_tokens(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> PreTrainedTokenizerBase:
+    """A GGUF file's tokenizer with only the file's tokens: none at an id the model has no embedding for.
+
+    transformers (5.x) builds a byte-level ("gpt2") GGUF tokenizer through GPT2Tokenizer, whose default
+    special token ``<|endoftext|>`` it adds as one more token when the file has none (Llama 3's files,
+    the zoo's): a prompt holding that text would index past the embeddings, and the vocabulary would
+    differ from the same model's directory, so every draft would be refused.
+    """
+    if len(tokenizer) <= vocab_size:
+        return tokenizer
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    state["added_tokens"] = [token for token in state["added_tokens"] if token["id"] < vocab_size]
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(state)),
+                                   **tokenizer.special_tokens_map)
 
 
 def _from_pretrained(auto, source: str, what: str, **kwargs):
