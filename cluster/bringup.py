@@ -60,7 +60,13 @@ def serve_config(path: Path, port: int | None = None, overrides: dict | None = N
     args = apps[0].setdefault("args", {})
     merge_into(args, overrides or {})
     if port is not None:
-        args.setdefault("router", {})["port"] = port
+        router = args.setdefault("router", {})
+        router["port"] = port
+        # Port 0 (any free port: tests, benchmarks, the demo) means both APIs, unless the
+        # overrides place the HTTP one or the config turns it off.
+        named = "http_port" in (overrides or {}).get("router", {})
+        if port == 0 and not named and router.get("http_port", 0) is not None:
+            router["http_port"] = 0
     return doc
 
 

@@ -110,7 +110,6 @@ def service(tiny_zoo, metrics_port):
     tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
     tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)]}
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
-              "http_port": 0,  # the OpenAI API on a free port: 8000 may be taken on a shared machine
               "policy": {"min_trials": 32},
               "timeouts": SERVICE_TIMEOUTS}
     idle = {"session_idle_seconds": SESSION_IDLE_SECONDS}

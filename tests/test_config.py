@@ -23,6 +23,12 @@ def test_port_and_overrides_apply_to_the_args():
     config = ServiceConfig.model_validate(doc["applications"][0]["args"])
     assert config.router.port == 0 and config.router.max_concurrent_requests == 3
     assert config.draft_pool.workers == 2  # untouched keys keep the file's values
+    assert config.router.http_port == 0  # port 0 means any free port for both APIs
+    for http_port in (None, 8123):  # unless the overrides say otherwise
+        doc = serve_config(default_config_path(), port=0, overrides={"router": {"http_port": http_port}})
+        assert ServiceConfig.model_validate(doc["applications"][0]["args"]).router.http_port == http_port
+    file_port = serve_config(default_config_path())["applications"][0]["args"]["router"]["http_port"]
+    assert file_port == 8000
 
 
 @pytest.mark.parametrize("args, message", [
