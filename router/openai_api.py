@@ -127,9 +127,13 @@ def chat_prompt(messages, tokenizer: PreTrainedTokenizerBase) -> str:
                           f"messages[{i}].role")
         turns.append({"role": message["role"], "content": _content(message.get("content"), i)})
     try:
-        return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     except Exception as exc:  # a template that raises (e.g. it wants alternating roles) says why
         raise invalid(f"the model's chat template refused these messages: {exc}", "messages") from None
+    # Templates that write BOS as text (Llama 3's) would get a second one: the prompt's encoding
+    # starts with exactly one BOS already (workers/prompt.py).
+    bos = tokenizer.bos_token
+    return text[len(bos):] if bos and text.startswith(bos) else text
 
 
 def _content(content, i: int) -> str:

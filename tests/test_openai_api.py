@@ -81,6 +81,8 @@ def test_chat_needs_a_template_and_renders_the_conversation(tiny_engine):
     templated = copy.deepcopy(tiny_engine.tokenizer)
     templated.chat_template = TEMPLATE
     assert chat_prompt(messages, templated) == "<system>be brief\n<user>hi\n<assistant>"
+    templated.chat_template = "{{ bos_token }}" + TEMPLATE  # a template that writes BOS: one BOS in all
+    assert chat_prompt(messages, templated) == "<system>be brief\n<user>hi\n<assistant>"
     with pytest.raises(ApiError, match=r"messages\[0\] must be an object whose role"):
         chat_prompt([{"role": "robot", "content": "x"}], templated)
     with pytest.raises(ApiError, match="not both"):
