@@ -1,28 +1,105 @@
 """Operator metrics through Ray's metrics system (scraped at each node's metrics export port).
 
-Names start with `specserve_`; Ray exports them with its `ray_` prefix. The speculation counters
-follow vLLM's spec-decode metrics (drafts, draft tokens, accepted tokens, accepted per position).
-Everything is recorded once per request, after its last chunk went out, so the step loop pays
-nothing for it.
+Names start with `specserve_`; Ray exports them with its `ray_` prefix (counters also with a
+`_total` suffix). The speculation counters follow vLLM's spec-decode metrics (drafts, draft tokens,
+accepted tokens, accepted per position). Everything is recorded once per request, after its last
+chunk went out, so the step loop pays nothing for it. Batching is recorded per step (kind: target
+or draft) from the pass each reply says it ran in: a pass of n sessions is counted once per session.
+Gauges are set again every second and the counters of rare events (failovers, fallback and load
+decisions) start at 0, so an idle router's panels read their last value or 0, never "no data".
 
-Batching, per step (kind: target or draft), from the pass each reply says it ran in:
-    mean sessions per pass  rate(specserve_pass_sessions_sum[5m]) / rate(specserve_pass_sessions_count[5m])
-    mean tokens per pass    rate(specserve_pass_tokens_sum[5m]) / rate(specserve_pass_tokens_count[5m])
-    queue wait, p99         histogram_quantile(0.99, rate(specserve_step_queue_seconds_bucket[5m]))
-    (a pass of n sessions is counted once per session: these are the passes a step runs in)
+Derived figures are defined here once, in PromQL, and nowhere else: the dashboard
+(deploy/kuberay/grafana-dashboard.json) charts exactly these expressions (tests/test_metrics_promql.py
+holds it to them) and DERIVED_PROMQL is this block, parsed. They are written as Grafana runs them:
+`$__rate_interval` is the rate window, `$__range` the dashboard's time range and `$task` the task
+filter (a regex; `.*` for all); elsewhere put e.g. `5m` and `.*` in their place. A figure is
+`name = expression`, indented lines continue it, `#` lines say what it means. Quantiles are not
+figures of their own: histogram_quantile over one histogram's buckets, summed by the labels kept.
+
+BEGIN PROMQL
+# Goodput: committed output tokens per second (of requests that succeeded), by task.
+goodput =
+    sum by (task) (rate(ray_specserve_output_tokens_total{task=~"$task"}[$__rate_interval]))
+# Share of finished requests that ended with a status other than OK, by status (refused at the edge:
+# task "", so only `.*` counts them).
+error_share =
+    sum by (status) (rate(ray_specserve_requests_total{task=~"$task", status!="OK"}[$__rate_interval]))
+    / ignoring (status) group_left
+    sum (rate(ray_specserve_requests_total{task=~"$task"}[$__rate_interval]))
+# Acceptance rate (vLLM's): accepted draft tokens over proposed ones, by task and draft. It falls with
+# a longer k even at a fixed per-token acceptance, as the policy's alpha estimate does not.
+acceptance_rate =
+    sum by (task, draft) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
+    / sum by (task, draft) (rate(ray_specserve_draft_tokens_total{task=~"$task"}[$__rate_interval]))
+# Mean acceptance length (vLLM's): tokens committed per target pass that verified a proposal, its
+# accepted tokens and one of the target's own, by task. 1: speculation gains nothing; k + 1: all kept.
+tokens_per_target_pass =
+    1 + sum by (task) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
+    / sum by (task) (rate(ray_specserve_drafts_total{task=~"$task"}[$__rate_interval]))
+# Per position i of a proposal (0 first): the share of verify steps that accepted their i-th draft
+# token, by task and draft.
+acceptance_by_position =
+    sum by (task, draft, position) (rate(ray_specserve_accepted_tokens_per_position_total{task=~"$task"}[$__rate_interval]))
+    / on (task, draft) group_left
+    sum by (task, draft) (rate(ray_specserve_drafts_total{task=~"$task"}[$__rate_interval]))
+# The same over the whole time range and every selected task and draft, highest first.
+acceptance_by_position_over_range =
+    sort_desc(
+      sum by (position) (increase(ray_specserve_accepted_tokens_per_position_total{task=~"$task"}[$__range]))
+      / ignoring (position) group_left
+      sum (increase(ray_specserve_drafts_total{task=~"$task"}[$__range]))
+    )
+# Mean sessions, and mean tokens (all sessions'), in the forward pass a step ran in, by kind.
+sessions_per_pass =
+    sum by (kind) (rate(ray_specserve_pass_sessions_sum[$__rate_interval]))
+    / sum by (kind) (rate(ray_specserve_pass_sessions_count[$__rate_interval]))
+tokens_per_pass =
+    sum by (kind) (rate(ray_specserve_pass_tokens_sum[$__rate_interval]))
+    / sum by (kind) (rate(ray_specserve_pass_tokens_count[$__rate_interval]))
+END PROMQL
 """
 
 from __future__ import annotations
+
+import threading
+import time
 
 from ray.util import metrics
 
 from .load_check import LoadCheck
 from .passes import PassLog
-from .policy import TaskView
+from .policy import LOW_SPEEDUP, LOWERED_K, MEASURED_SLOWER, RAISED_K, TARGET_SATURATED, TaskView
 from .session import Session
+
+
+def _figures(doc: str | None) -> dict[str, str]:
+    """The docstring's PromQL block as {name: expression}, each expression on one line."""
+    if doc is None:  # python -OO strips docstrings
+        return {}
+    figures: dict[str, list[str]] = {}
+    for line in doc.split("BEGIN PROMQL\n")[1].split("END PROMQL")[0].splitlines():
+        if line.startswith(" "):
+            figures[name].append(line)
+        elif line and not line.startswith("#"):
+            name, expression = line.split(" =", 1)
+            if name in figures:
+                raise ValueError(f"{name} is defined twice in router/metrics.py's docstring")
+            figures[name] = [expression]
+    return {name: " ".join(" ".join(lines).split()) for name, lines in figures.items()}
+
+
+DERIVED_PROMQL = _figures(__doc__)
 
 ARM = ("task", "draft")
 KIND = ("kind",)
+WORKER_KINDS = ("target", "draft")
+FALLBACK_CAUSES = (LOW_SPEEDUP, TARGET_SATURATED)
+LOAD_REASONS = (LOWERED_K, RAISED_K, TARGET_SATURATED, MEASURED_SLOWER)
+# Ray (2.60) exports a gauge's value in the report after it was set and its agent drops it two
+# reports later, so a gauge set only when something changes leaves the scrape whenever the router
+# is idle (Prometheus then has no data, not the last value). Each gauge is set again this often:
+# at least once per report, whatever the cluster's interval (Ray's floor is 1 s).
+GAUGE_REFRESH_SECONDS = 1.0
 # Seconds: a draft or verify step on CPU is a few ms, on a GPU well under one; a first token can
 # wait for a queue.
 STEP_BOUNDARIES = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0]
@@ -30,6 +107,34 @@ LATENCY_BOUNDARIES = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 # A pass holds up to BatchingConfig.max_sessions_per_pass sessions and max_tokens_per_pass tokens.
 SESSIONS_BOUNDARIES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 TOKENS_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+class RefreshedGauge(metrics.Gauge):
+    """A Ray gauge that keeps its values in every report (see GAUGE_REFRESH_SECONDS)."""
+
+    def __init__(self, name: str, description: str, tag_keys: tuple[str, ...] = ()) -> None:
+        super().__init__(name, description, tag_keys)
+        self._values: dict[tuple[tuple[str, str], ...], float] = {}
+        self._lock = threading.Lock()  # set by the router, set again by the refresh thread
+
+    def set(self, value: float, tags: dict[str, str] | None = None) -> None:
+        with self._lock:
+            super().set(value, tags)
+            self._values[tuple(sorted((tags or {}).items()))] = value
+
+    def refresh(self) -> None:
+        with self._lock:
+            for tags, value in self._values.items():
+                super().set(value, dict(tags))
+
+
+class CounterFromZero(metrics.Counter):
+    """A Ray counter whose label sets known in advance start at 0 (Ray's inc refuses 0): a series that
+    first appears at 1 has no increase for rate() or increase() to see, so a lone event (a failover)
+    would never show, and a panel of events that did not happen would read 'no data', not 0."""
+
+    def start(self, tags: dict[str, str]) -> None:
+        self._record(0, tags)
 
 
 class RouterMetrics:
@@ -59,37 +164,42 @@ class RouterMetrics:
         self.routes = metrics.Counter("specserve_routing_decisions", "Draft choices: reason is requested, best, "
                                       "explore, probe, fallback, off, or unavailable / lost (no draft "
                                       "worker at the start / it failed mid-request: target-only)", tag_keys=(*ARM, "reason", "task_source"))
-        self.fallbacks = metrics.Counter("specserve_fallback_decisions", "Requests served target-only by the "
+        self.fallbacks = CounterFromZero("specserve_fallback_decisions", "Requests served target-only by the "
                                          "policy, by cause", tag_keys=("task", "reason"))
-        self.speculating = metrics.Gauge("specserve_task_speculating", "1 while the policy speculates for a task, "
-                                         "0 in fallback", tag_keys=("task",))
-        self.expected_speedup = metrics.Gauge("specserve_expected_speedup", "The cost model's speedup for the "
-                                              "arm at its best k", tag_keys=ARM)
-        self.alpha = metrics.Gauge("specserve_acceptance_alpha", "Per-token acceptance estimate", tag_keys=ARM)
-        self.in_flight = metrics.Gauge("specserve_requests_in_flight", "Requests the router is serving")
-        self.queued = metrics.Gauge("specserve_requests_queued", "Requests waiting for a turn (beyond the "
-                                    "router's concurrency limit)")
+        self.speculating = RefreshedGauge("specserve_task_speculating", "1 while the policy speculates for a "
+                                          "task, 0 in fallback", tag_keys=("task",))
+        self.expected_speedup = RefreshedGauge("specserve_expected_speedup", "The cost model's speedup for the "
+                                               "arm at its best k", tag_keys=ARM)
+        self.alpha = RefreshedGauge("specserve_acceptance_alpha", "Per-token acceptance estimate", tag_keys=ARM)
+        self.in_flight = RefreshedGauge("specserve_requests_in_flight", "Requests the router is serving")
+        self.queued = RefreshedGauge("specserve_requests_queued", "Requests waiting for a turn (beyond the "
+                                     "router's concurrency limit)")
         self.pass_sessions = metrics.Histogram("specserve_pass_sessions", "Sessions in the forward pass a step "
                                                "ran in", boundaries=SESSIONS_BOUNDARIES, tag_keys=KIND)
         self.pass_tokens = metrics.Histogram("specserve_pass_tokens", "Tokens (all sessions') in the forward pass "
                                              "a step ran in", boundaries=TOKENS_BOUNDARIES, tag_keys=KIND)
         self.step_queue = metrics.Histogram("specserve_step_queue_seconds", "How long a step waited on its worker "
                                             "before its first pass began", boundaries=STEP_BOUNDARIES, tag_keys=KIND)
-        self.load_decisions = metrics.Counter(
+        self.load_decisions = CounterFromZero(
             "specserve_load_decisions", "Requests whose route the target's load shaped: lowered_k / raised_k (the "
             "policy's k at this load differs from its k unloaded), target_saturated (served target-only: at this "
             "load a step costs more than it commits), measured_slower (served target-only: at this load "
             "speculating requests ran slower than target-only ones)", tag_keys=("task", "reason"))
-        self.priced_sessions = metrics.Gauge("specserve_priced_sessions_per_pass", "The sessions per target pass "
-                                             "the policy prices a step at (its load)")
-        self.realized_speed = metrics.Gauge(
+        self.priced_sessions = RefreshedGauge("specserve_priced_sessions_per_pass", "The sessions per target "
+                                              "pass the policy prices a step at (its load)")
+        self.realized_speed = RefreshedGauge(
             "specserve_realized_decode_tokens_per_second", "What the policy's load check compares: the faded "
             "decode speed (tokens/s after the first chunk) of a task's requests served by a proposer (draft), or "
             "of target-only requests (task and draft \"\"), at a load level (sessions per replica: 2^level up to "
             "2^(level+1))", tag_keys=("task", "draft", "level"))
-        self.failovers = metrics.Counter("specserve_failovers", "Workers that failed a request mid-way and were "
+        self.failovers = CounterFromZero("specserve_failovers", "Workers that failed a request mid-way and were "
                                          "replaced, re-prefilled from its committed tokens (kind: target or draft)",
                                          tag_keys=("kind",))
+        for kind in WORKER_KINDS:
+            self.failovers.start({"kind": kind})
+        self._tasks_started: set[str] = set()
+        gauges = [m for m in vars(self).values() if isinstance(m, RefreshedGauge)]
+        threading.Thread(target=_refresh_forever, args=(gauges,), name="specserve-gauges", daemon=True).start()
 
     def record_refused(self, status: str) -> None:
         """A request refused at the edge (invalid, or over the limit): counted with no task yet."""
@@ -98,13 +208,14 @@ class RouterMetrics:
     def record(self, session: Session, view: TaskView, status: str = "OK") -> None:
         task, draft = session.task.task, session.route.draft or ""
         arm = {"task": task, "draft": draft}
+        self._start_task(task)
         s, t = session.decoding.stats, session.times
         self.requests.inc(1, {"task": task, "status": status})
         self.routes.inc(1, arm | {"reason": session.route.reason, "task_source": session.task.source})
         _add(self.failovers, session.target_resumes, {"kind": "target"})
         _add(self.failovers, session.draft_reopens, {"kind": "draft"})
         if session.route.reason == "fallback":
-            self.fallbacks.inc(1, {"task": task, "reason": view.cause or "low_speedup"})
+            self.fallbacks.inc(1, {"task": task, "reason": view.cause or LOW_SPEEDUP})
         if session.route.load:
             self.load_decisions.inc(1, {"task": task, "reason": session.route.load})
         if status != "OK":
@@ -126,6 +237,15 @@ class RouterMetrics:
         if later_tokens > 0:
             self.tpot.observe((session.elapsed() - session.first_token_seconds) / later_tokens, {"task": task})
 
+    def _start_task(self, task: str) -> None:
+        """The task's decision counters at 0, the first time it is seen."""
+        if task not in self._tasks_started:
+            self._tasks_started.add(task)
+            for cause in FALLBACK_CAUSES:
+                self.fallbacks.start({"task": task, "reason": cause})
+            for reason in LOAD_REASONS:
+                self.load_decisions.start({"task": task, "reason": reason})
+
     def _record_passes(self, log: PassLog, kind: str) -> None:
         tags = {"kind": kind}
         for sessions, tokens, queued in zip(log.sessions, log.tokens, log.queue_seconds, strict=True):
@@ -144,6 +264,13 @@ class RouterMetrics:
             tags = {"task": view.task, "draft": arm.draft}
             self.expected_speedup.set(arm.expected_speedup, tags)
             self.alpha.set(arm.alpha, tags)
+
+
+def _refresh_forever(gauges: list[RefreshedGauge]) -> None:
+    while True:
+        time.sleep(GAUGE_REFRESH_SECONDS)
+        for gauge in gauges:
+            gauge.refresh()
 
 
 def _add(counter: metrics.Counter, value: int, tags: dict[str, str]) -> None:
