@@ -7,6 +7,7 @@ import copy
 import logging
 import pkgutil
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,21 @@ def serve_config(path: Path, port: int | None = None, overrides: dict | None = N
     return doc
 
 
+def check_ports_free(host: str, ports: dict[str, int | None]) -> None:
+    """Refuse in one line, before anything is deployed, a port something else listens on (deploying
+    would take ~20 s and then fail deep inside Serve without naming it)."""
+    for what, port in ports.items():
+        if not port:  # None: off; 0: any free port
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed socket's TIME_WAIT is no user
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                raise ValueError(f"port {port} is in use ({what}: {exc.strerror}); pick another, or stop what "
+                                 f"listens there") from None
+
+
 def merge_into(base: dict, overrides: dict) -> None:
     """Overrides win key by key, at any depth: {"router": {"policy": {"k_max": 16}}} changes one field."""
     for key, value in overrides.items():
@@ -102,6 +118,11 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
                   metrics_port: int | None = None) -> RunningService:
     doc = serve_config(config_path or default_config_path(), port, overrides)
     security = SecuritySettings.from_env()  # a bad variable fails here, before any cluster starts
+    if not address and not ray.is_initialized():  # the router will run on this machine: its ports must be free
+        router = ServiceConfig.model_validate(doc["applications"][0]["args"]).router
+        check_ports_free(router.host, {"--port (router.port, the gRPC API)": router.port,
+                                       "--http-port (router.http_port, the OpenAI API)": router.http_port,
+                                       "--metrics-port": metrics_port})
     owns = start_cluster(address, metrics_port)
     if owns:  # an embedded cluster's processes inherit this environment (the router warns if it is open)
         log.info("security: %s", security.describe())

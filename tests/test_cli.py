@@ -81,6 +81,21 @@ def test_generate_local_refuses_a_draft_of_another_vocabulary(gguf_target, tmp_p
     assert code == 2 and "tokenizer" in capsys.readouterr().err.lower()
 
 
+@pytest.mark.parametrize("flag", ["--port", "--http-port", "--metrics-port"])
+def test_serve_refuses_a_taken_port_in_one_line_before_deploying(tiny_zoo, specserve_home, flag):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"--port": "0", "--http-port": "0", "--metrics-port": str(free_port())} | {flag: str(port)}
+        done = run_cli("serve", "--zoo", str(tiny_zoo.root), *[x for kv in ports.items() for x in kv],
+                       home=specserve_home)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"specserve: error: port {port} is in use ({flag}" in done.stderr
+
+
 def test_unbuilt_zoo_says_how_to_build_it(specserve_home, capsys):
     assert main(["generate", "--zoo", "bench", "--prompt", "x"]) == 2
     assert "run `specserve zoo build --preset bench`" in capsys.readouterr().err
