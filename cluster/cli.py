@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 from transformers.utils import logging as hf_logging
 
+from specserve.cluster import validate
 from specserve.cluster.config import DEFAULT_METRICS_PORT
 from specserve.cluster.model_args import add_model_arguments, own_models, split_choice
 from specserve.workers.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_FILE_ENV,
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--k", type=int, default=DEFAULT_K, help="(default: %(default)s)")
     demo.set_defaults(run=_run_demo)
     _add_bench_command(commands)
+    validate.add_parser(commands)
     return parser
 
 

@@ -17,6 +17,7 @@ from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.proto.v1 import specserve_pb2_grpc as rpc
 
 from specserve.workers.security import TARGET_NAME_OVERRIDE, BearerToken, SecuritySettings
+from specserve.workers.stats import SpecStats
 
 FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
                 pb.FINISH_REASON_UNSPECIFIED: ""}
@@ -71,3 +72,10 @@ class SpecServeClient:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def stats_from_message(msg: pb.GenerateStats) -> SpecStats:
+    """A response's statistics as the in-process engine keeps them (one draft pass per proposed token)."""
+    return SpecStats(proposed=msg.proposed_tokens, accepted=msg.accepted_tokens, target_passes=msg.target_passes,
+                     rejections=msg.rejections, draft_passes=msg.proposed_tokens, draft_seconds=msg.draft_seconds,
+                     verify_seconds=msg.verify_seconds, seed=msg.seed)

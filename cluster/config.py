@@ -27,13 +27,15 @@ class ModelsConfig(FrozenConfig):
 
     `target` and `drafts` (Hugging Face directories, GGUF files or hub ids) override the zoo's; with
     no zoo a target is required, and with no drafts it is served by the draft-free proposers alone
-    (router.draft_free).
+    (router.draft_free). `priors` is a profile written by `specserve validate --profile`: a JSON
+    object {task: {draft: acceptance}} the routing policy starts from, over the zoo's own.
     """
 
     zoo: str | None = "demo"
     target: str | None = None
     drafts: dict[str, str] = Field(default_factory=dict)
     dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
+    priors: str | None = None  # path of a profile JSON; None: the zoo's own measurements alone
 
     @model_validator(mode="after")
     def _has_models(self) -> ModelsConfig:

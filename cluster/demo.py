@@ -29,7 +29,7 @@ from specserve.workers.zoo.presets import PRESETS, get_preset
 from specserve.workers.zoo.zoo import MANIFEST, Zoo
 
 from .bringup import start_service
-from .client import SpecServeClient
+from .client import SpecServeClient, stats_from_message
 from .local import zoo_engine, zoo_location
 
 
@@ -204,12 +204,6 @@ def routed_decoder(client: SpecServeClient, max_tokens: int) -> RoutedDecoder:
         response = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=max_tokens))
         return list(response.token_ids), time.perf_counter() - start, response.stats.draft
     return decode
-
-
-def stats_from_message(msg: pb.GenerateStats) -> SpecStats:
-    return SpecStats(proposed=msg.proposed_tokens, accepted=msg.accepted_tokens, target_passes=msg.target_passes,
-                     rejections=msg.rejections, draft_passes=msg.proposed_tokens, draft_seconds=msg.draft_seconds,
-                     verify_seconds=msg.verify_seconds, seed=msg.seed)
 
 
 def _warm_up(decode: Decoder, zoo: Zoo) -> None:

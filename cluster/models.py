@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from specserve.router.config import RouterConfig
 from specserve.router.proposers import DRAFT_FREE, RESERVED, TREE
@@ -18,8 +20,8 @@ class ModelSet:
     drafts: dict[str, str]  # draft name -> source
     tasks: dict[str, tuple[str, ...]]  # task -> proposers allowed to serve it (drafts preferred first, then draft-free ones)
     dtype: str
-    # task -> draft -> acceptance measured before serving (the zoo's held-out evaluation): the
-    # routing policy's priors. Only for drafts that are the zoo's own.
+    # task -> draft -> acceptance measured before serving: the routing policy's priors. The zoo's
+    # held-out evaluation (for the zoo's own drafts only), then a `specserve validate` profile over it.
     priors: dict[str, dict[str, float]] = field(default_factory=dict)
     draft_free: tuple[str, ...] = ()  # the draft-free proposers configured (router.draft_free)
     trees: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task -> its token tree's members
@@ -81,5 +83,35 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
             raise ValueError(f"router.tasks[{task!r}] names {TREE!r}, which needs a draft and router.draft_free")
     if router.default_task not in tasks:
         raise ValueError(f"router.default_task {router.default_task!r} is not a task; tasks: {', '.join(sorted(tasks))}")
+    if models.priors:
+        for task, row in read_priors(models.priors, tasks, drafts).items():
+            priors[task] = priors.get(task, {}) | row
     return ModelSet(target=str(target), drafts=drafts, tasks=tasks, dtype=models.dtype, priors=priors,
                     draft_free=router.draft_free, trees=trees)
+
+
+def read_priors(path: str, tasks: dict[str, tuple[str, ...]], drafts: dict[str, str]) -> dict[str, dict[str, float]]:
+    """A profile written by `specserve validate --profile` ({task: {draft: acceptance}}), checked
+    against the models it will start the policy of: known tasks, known drafts, acceptances in [0, 1]."""
+    where = f"models.priors ({path})"
+    try:
+        doc = json.loads(Path(path).expanduser().read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{where}: no such file; write a profile with `specserve validate --profile FILE`") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where}: not a readable JSON profile: {exc}") from None
+    if not isinstance(doc, dict) or not all(isinstance(row, dict) for row in doc.values()):
+        raise ValueError(f"{where}: expected a JSON object {{task: {{draft: acceptance}}}}, as `specserve validate "
+                         f"--profile` writes")
+    for task, row in doc.items():
+        if task not in tasks:
+            raise ValueError(f"{where}: unknown task {task!r}; these models' tasks: {', '.join(sorted(tasks))}")
+        for draft, alpha in row.items():
+            if draft not in drafts:
+                raise ValueError(f"{where}: task {task!r} names unknown draft {draft!r}; drafts: "
+                                 f"{', '.join(sorted(drafts)) or 'none'} (the draft-free proposers take no prior: "
+                                 f"the router scores them on its traffic)")
+            if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
+                raise ValueError(f"{where}: the acceptance of draft {draft!r} on task {task!r} must be a number in "
+                                 f"[0, 1], got {alpha!r}")
+    return {task: {draft: float(alpha) for draft, alpha in row.items()} for task, row in doc.items()}

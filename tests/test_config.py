@@ -1,5 +1,8 @@
 """The Serve config file: valid for Ray Serve's own schema, and for ours; typos are refused."""
 
+import json
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -83,6 +86,39 @@ def test_draft_free_proposers_are_offered_as_configured_and_their_names_reserved
 def _parts(doc: dict):
     config = ServiceConfig.model_validate(doc)
     return config.models, config.router
+
+
+def test_a_validate_profile_is_the_policys_start_over_the_zoos(tiny_zoo, tmp_path):
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"sql": {"general": 0.5}, "poor": {"code": 1}}))
+    router = {"tasks": {"sql": ["sql", "general"], "general": ["general"], "poor": ["code"]}}
+    models = resolve_models(*_parts({"models": {"zoo": str(tiny_zoo.root), "priors": str(profile)}, "router": router}))
+    assert models.priors["sql"] == {**tiny_zoo.manifest["acceptance"]["sql"], "general": 0.5}
+    assert models.priors["poor"] == {"code": 1.0}  # a task of the operator's table, not the zoo's
+    own = {"zoo": None, "target": "t", "drafts": {"mine": "d"}, "priors": str(profile)}
+    profile.write_text(json.dumps({"general": {"mine": 0.25}}))
+    assert resolve_models(*_parts({"models": own, "router": {"tasks": {"general": ["mine"]}}})).priors == {
+        "general": {"mine": 0.25}}  # your own models: the profile alone (no zoo measured them)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file; write a profile with `specserve validate --profile FILE`"),
+    ("{", "not a readable JSON profile"),
+    ('["sql"]', "expected a JSON object {task: {draft: acceptance}}"),
+    ('{"poetry": {"sql": 0.5}}', "unknown task 'poetry'; these models' tasks: code, general, math, prose, sql"),
+    ('{"sql": {"nope": 0.5}}', "task 'sql' names unknown draft 'nope'"),
+    ('{"sql": {"ngram": 0.5}}', "the draft-free proposers take no prior"),
+    ('{"sql": {"sql": 1.5}}', "the acceptance of draft 'sql' on task 'sql' must be a number in [0, 1], got 1.5"),
+    ('{"sql": {"sql": "0.5"}}', "must be a number in [0, 1], got '0.5'"),
+    ('{"sql": {"sql": true}}', "must be a number in [0, 1], got True"),
+    ('{"sql": {"sql": NaN}}', "must be a number in [0, 1], got nan"),
+])
+def test_a_bad_profile_is_refused_with_what_is_wrong(tiny_zoo, tmp_path, content, message):
+    profile = tmp_path / "profile.json"
+    if content is not None:
+        profile.write_text(content)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        resolve_models(*_parts({"models": {"zoo": str(tiny_zoo.root), "priors": str(profile)}}))
 
 
 def node(alive: bool = True, **resources: float) -> dict:
