@@ -23,7 +23,7 @@ import time
 import ray
 from ray import serve
 
-from specserve.bench.router_front import CHUNKS, WARMUP, free_port, report
+from specserve.bench.router_front import CHUNKS, alternate, free_port, report
 
 APP = "bench"
 BODY = {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "m",
@@ -114,18 +114,8 @@ def main() -> None:
         own_port = handle.port.remote().result()
         fronts = {"A serve proxy": http.client.HTTPConnection("127.0.0.1", proxy_port),
                   "B own server": http.client.HTTPConnection("127.0.0.1", own_port)}
-        results = {name: {"unary": [], "first": [], "stream": []} for name in fronts}
-        for i in range(WARMUP + args.calls):  # alternate A and B so noise hits both
-            for name, conn in fronts.items():
-                _, total = post(conn, "/v1/completions", stream=False)
-                if i >= WARMUP:
-                    results[name]["unary"].append(total)
-        for i in range(5 + args.streams):
-            for name, conn in fronts.items():
-                first, total = post(conn, "/v1/completions", stream=True)
-                if i >= 5:
-                    results[name]["first"].append(first)
-                    results[name]["stream"].append(total)
+        results = alternate(fronts, lambda conn: post(conn, "/v1/completions", stream=False)[1],
+                            lambda conn: post(conn, "/v1/completions", stream=True), args)
         report(results, args)
     finally:
         serve.shutdown()

@@ -114,22 +114,30 @@ def main() -> None:
                               (("application", APP),)),
             "B own server": (rpc.SpecServeStub(grpc.insecure_channel(f"127.0.0.1:{own_port}")), ()),
         }
-        results = {name: {"unary": [], "first": [], "stream": []} for name in fronts}
-        for i in range(WARMUP + args.calls):  # alternate A and B so noise hits both
-            for name, (stub, md) in fronts.items():
-                t = unary(stub, md)
-                if i >= WARMUP:
-                    results[name]["unary"].append(t)
-        for i in range(5 + args.streams):
-            for name, (stub, md) in fronts.items():
-                first, total = stream(stub, md)
-                if i >= 5:
-                    results[name]["first"].append(first)
-                    results[name]["stream"].append(total)
+        results = alternate(fronts, lambda front: unary(*front), lambda front: stream(*front), args)
         report(results, args)
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def alternate(fronts: dict, call, call_stream, args) -> dict:
+    """Each front's unary latencies, and (first chunk, whole stream) latencies, A and B taking
+    turns so noise hits both; warm-up calls left out. ``call(front)`` -> seconds;
+    ``call_stream(front)`` -> (seconds to the first chunk, seconds in all)."""
+    results = {name: {"unary": [], "first": [], "stream": []} for name in fronts}
+    for i in range(WARMUP + args.calls):
+        for name, front in fronts.items():
+            seconds = call(front)
+            if i >= WARMUP:
+                results[name]["unary"].append(seconds)
+    for i in range(5 + args.streams):
+        for name, front in fronts.items():
+            first, total = call_stream(front)
+            if i >= 5:
+                results[name]["first"].append(first)
+                results[name]["stream"].append(total)
+    return results
 
 
 def report(results: dict, args) -> None:

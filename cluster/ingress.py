@@ -25,19 +25,19 @@ from specserve.router.service import SERVICE_NAME, SpecServeService
 from specserve.router.tasks import TaskResolver
 from specserve.router.validation import Limits
 from specserve.workers.grpc_host import BackgroundServer, advertised_host
-from specserve.workers.loading import load_config, load_tokenizer
+from specserve.workers.loading import load_config
 from specserve.workers.registry import Endpoint, Heartbeat, Registration, start_registry
 from specserve.workers.security import SecuritySettings
-from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 
 from .config import ModelsConfig, ServiceConfig
 from .local import open_zoo, zoo_location
-from .models import ModelSet
+from .models import ModelSet, check_tokenizers
 from .placement import router_options
 from .pool import DraftPool
 
 log = logging.getLogger("specserve.router")
 READY_POLL_SECONDS = 0.5
+HEALTH_POLL_SECONDS = 1.0  # once ready: how often the router checks that a target replica is registered
 HTTP_START_SECONDS = 30.0
 
 
@@ -50,8 +50,7 @@ class Router:
         security.log_startup(log)
         self.config = cfg
         self.models = models
-        tokenizer = load_tokenizer(models.target)
-        _check_draft_tokenizers(tokenizer, models)  # before any worker loads a model
+        tokenizer = check_tokenizers(models)  # before any worker loads a model
         beside_router = router_options(cfg.router)["resources"]
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
         registry = start_registry(registration, beside_router)
@@ -65,9 +64,11 @@ class Router:
                                        credentials=security.api_server_credentials(),
                                        interceptors=security.api_interceptors())
         self.address = f"{advertised_host()}:{self.server.port}"
+        self.serving = False  # what the health service says: set by _set_serving only
         self.http = None
         if cfg.router.http_port is not None:  # on the gRPC server's loop: one loop owns the service's state
-            self.http = OpenAIServer(self.service, cfg.router.model_name or model_name(cfg.models), security)
+            self.http = OpenAIServer(self.service, cfg.router.model_name or model_name(cfg.models), security,
+                                     serving=lambda: self.serving)
             port = asyncio.run_coroutine_threadsafe(self.http.start(cfg.router.host, cfg.router.http_port),
                                                     self.server.loop).result(HTTP_START_SECONDS)
             log.info("OpenAI-compatible API on http%s://%s:%d/v1 (model %r)", "s" if security.tls else "",
@@ -85,10 +86,12 @@ class Router:
 
     async def _mark_serving_when_ready(self) -> None:
         """NOT_SERVING until a target, the whole draft pool, and so a worker for every draft in the
-        task table, are registered: ready means the configured capacity is up, not just some of it."""
+        task table, are registered: ready means the configured capacity is up, not just some of it.
+        Then NOT_SERVING again whenever no target replica is registered (every request would wait
+        for one, then fail), and SERVING when one returns; a missing draft worker only slows
+        requests (they run on another worker, or target-only)."""
         needed = {name for names in self.models.tasks.values() for name in names if name in self.models.drafts}
-        for status in ("", SERVICE_NAME):
-            await self.health.set(status, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._set_serving(False, "starting")
         while True:
             endpoints = await self.directory.refresh(force=True)
             drafts = [e for e in endpoints if e.kind == "draft"]
@@ -97,9 +100,25 @@ class Router:
                     and len(drafts) >= len(self.pool.workers)):
                 break
             await asyncio.sleep(READY_POLL_SECONDS)
-        for status in ("", SERVICE_NAME):
-            await self.health.set(status, health_pb2.HealthCheckResponse.SERVING)
-        log.info("router ready: %d endpoints registered", len(endpoints))
+        await self._set_serving(True, f"ready: {len(endpoints)} endpoints registered")
+        while True:
+            await asyncio.sleep(HEALTH_POLL_SECONDS)
+            try:
+                endpoints = await self.directory.refresh(force=True)
+            except Exception as exc:  # the registry itself unreachable: say so, keep watching
+                log.warning("health: the registry did not answer (%s)", exc)
+                continue
+            targets = sum(e.kind == "target" for e in endpoints)
+            if bool(targets) != self.serving:
+                await self._set_serving(bool(targets), f"{targets} target replicas registered")
+
+    async def _set_serving(self, serving: bool, why: str) -> None:
+        self.serving = serving
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status)
+        log.log(logging.INFO if serving else logging.WARNING, "health: %s (%s)",
+                "SERVING" if serving else "NOT_SERVING", why)
 
     def endpoint(self) -> str:
         return self.address
@@ -120,15 +139,6 @@ class Router:
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.stop()
-
-
-def _check_draft_tokenizers(tokenizer, models: ModelSet) -> None:
-    """Token ids cross between the models: refuse to start with a draft of another vocabulary."""
-    for name, source in models.drafts.items():
-        try:
-            check_compatible(tokenizer, load_tokenizer(source))
-        except TokenizerMismatch as exc:
-            raise TokenizerMismatch(f"draft {name!r} ({source}) cannot serve target {models.target}: {exc}") from None
 
 
 def _task_resolver(cfg: ServiceConfig, models: ModelSet) -> TaskResolver:

@@ -6,9 +6,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transformers import PreTrainedTokenizerBase
+
 from specserve.router.config import RouterConfig
 from specserve.router.proposers import DRAFT_FREE, RESERVED, TREE
-from specserve.workers.loading import ModelSpec
+from specserve.workers.loading import ModelSpec, load_tokenizer
+from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 from specserve.workers.zoo.presets import GENERAL_DRAFT
 
 from .config import ModelsConfig
@@ -115,3 +118,15 @@ def read_priors(path: str, tasks: dict[str, tuple[str, ...]], drafts: dict[str, 
                 raise ValueError(f"{where}: the acceptance of draft {draft!r} on task {task!r} must be a number in "
                                  f"[0, 1], got {alpha!r}")
     return {task: {draft: float(alpha) for draft, alpha in row.items()} for task, row in doc.items()}
+
+
+def check_tokenizers(models: ModelSet) -> PreTrainedTokenizerBase:
+    """The target's tokenizer, once every draft's is checked against it: token ids cross between the
+    models, so a draft of another vocabulary is refused (and a source that is no model fails to load)."""
+    tokenizer = load_tokenizer(models.target)
+    for name, source in models.drafts.items():
+        try:
+            check_compatible(tokenizer, load_tokenizer(source))
+        except TokenizerMismatch as exc:
+            raise TokenizerMismatch(f"draft {name!r} ({source}) cannot serve target {models.target}: {exc}") from None
+    return tokenizer

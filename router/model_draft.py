@@ -78,6 +78,7 @@ class ModelDraft(Proposer):
         return proposal
 
     async def _propose(self, k: int) -> pb.Proposal:
+        started = time.perf_counter()
         try:
             return await self._draft(k, self._take_ahead())
         except WorkerFailed as exc:
@@ -89,10 +90,13 @@ class ModelDraft(Proposer):
                         self.session.session_id, self.name, exc)
             await self.open()
         try:
-            return await self._draft(k, None)
+            # The reopened session's first step prefills every committed token: no draft step's cost.
+            return await self._draft(k, None, timed=False)
         except WorkerFailed as exc:
             self._drop(exc)
             raise ProposerGone(f"failed again mid-request: {exc}") from None
+        finally:
+            self.session.recovery_seconds += time.perf_counter() - started
 
     def follow(self, accepted: int, appended: Sequence[int]) -> None:
         self.mirror.verdict(accepted, appended)  # the worker learns it with its next step
@@ -111,7 +115,7 @@ class ModelDraft(Proposer):
         if self.stream is not None:
             self.stream.cancel()
 
-    async def _draft(self, k: int, ahead: asyncio.Task | None) -> pb.Proposal:
+    async def _draft(self, k: int, ahead: asyncio.Task | None, timed: bool = True) -> pb.Proposal:
         """The lookahead's proposal when it guessed the verdict, else a fresh draft.
 
         Drafting ahead, the first step proposes nothing: the target's prefill answers the first
@@ -133,7 +137,8 @@ class ModelDraft(Proposer):
             s.times.draft_steps.append(time.perf_counter() - waited)
             return pb.Proposal(ids=drafted.ids[1 : k + 1], q=drafted.q[1 : k + 1])
         proposal = await self.stream.ask(pb.DraftRequest(step=self.mirror.step(k, s.length.min_confidence)))
-        s.times.draft_steps.append(time.perf_counter() - waited)
+        if timed:
+            s.times.draft_steps.append(time.perf_counter() - waited)
         s.count_draft(proposal)
         return proposal
 

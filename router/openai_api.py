@@ -23,6 +23,7 @@ import logging
 import ssl
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -215,8 +216,10 @@ def _number(fields: dict, name: str, default: float) -> float:
 class OpenAIServer:
     """The HTTP front: aiohttp on the loop that runs ``service`` (its state is that loop's alone)."""
 
-    def __init__(self, service: SpecServeService, model: str, security: SecuritySettings) -> None:
+    def __init__(self, service: SpecServeService, model: str, security: SecuritySettings,
+                 serving: Callable[[], bool] = lambda: True) -> None:
         self.service = service
+        self.serving = serving  # the router's health: False while no target replica is registered
         self.model = model
         self.security = security
         self.created = int(time.time())
@@ -282,7 +285,10 @@ class OpenAIServer:
                            f"'Authorization: Bearer <token>' with the token in {API_TOKEN_ENV} or {API_TOKEN_FILE_ENV}")
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        """200 when the gRPC health service says SERVING, else 503: a probe of either API agrees."""
+        if self.serving():
+            return web.json_response({"status": "serving"})
+        return web.json_response({"status": "not serving"}, status=503)
 
     async def models(self, request: web.Request) -> web.Response:
         model = {"id": self.model, "object": "model", "created": self.created, "owned_by": "specserve"}

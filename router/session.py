@@ -123,6 +123,9 @@ class Session:
         self.proposed_by: Proposer | None = None  # the proposer it had, for its counts after it is gone
         self.verdict: pb.Verdict | None = None  # the last one
         self.target_resumes = 0  # target replicas replaced mid-request
+        # Time spent recovering from failed workers: no measure of what speculation costs, so left
+        # out of what the policy learns (its step costs, and the request's realized speed).
+        self.recovery_seconds = 0.0
         self.started = time.perf_counter()
         self.first_token_seconds = 0.0
         self.first_chunk_tokens = 0
@@ -177,7 +180,7 @@ class Session:
     async def _verify(self, proposal: pb.Proposal) -> pb.Verdict:
         """The target's verdict on the proposal. If its replica fails, the request moves to another
         (or the restarted one), re-prefilled from the committed tokens, and the step is asked again."""
-        waited = time.perf_counter()
+        started = waited = time.perf_counter()
         reply = None
         while reply is None:
             try:
@@ -185,6 +188,8 @@ class Session:
             except WorkerFailed as exc:
                 await self._resume_target(exc)
                 waited = None  # this step's wait includes a prefill: no cost sample
+        if waited is None:  # the whole step was a recovery: detecting the failure, waiting, re-prefilling
+            self.recovery_seconds += time.perf_counter() - started
         if self.verdict is not None and waited is not None:  # the prefill is no decode step: left out
             wait = time.perf_counter() - waited
             if self._runs(proposal):  # replies queued while the router was busy arrive at once, but
@@ -328,7 +333,8 @@ class Session:
                            plain_device_seconds=t.plain_device, accepted_per_position=s.accepted_per_position,
                            tested_per_position=s.tested_per_position, passes=t.pass_fit,
                            tokens=len(self.decoding.committed) - self.first_chunk_tokens,
-                           seconds=self.elapsed() - self.first_token_seconds, pressure=self.pressure)
+                           seconds=max(self.elapsed() - self.first_token_seconds - self.recovery_seconds, 0.0),
+                           pressure=self.pressure)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

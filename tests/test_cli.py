@@ -96,6 +96,26 @@ def test_serve_refuses_a_taken_port_in_one_line_before_deploying(tiny_zoo, specs
     assert f"specserve: error: port {port} is in use ({flag}" in done.stderr
 
 
+def test_serve_refuses_what_is_no_model_in_one_line_before_starting_a_cluster(tiny_zoo, specserve_home, tmp_path):
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    other = tmp_path / "other-vocabulary"  # a draft whose ids would mean other tokens
+    from specserve.workers.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_zoo.target_dir))
+    tokenizer.add_tokens(["<extra_token>"])
+    tokenizer.save_pretrained(other)
+    (other / "config.json").write_text((tiny_zoo.draft_dir("sql") / "config.json").read_text())
+    for flags, words in ((["--target", str(empty)], f"'{empty}': it is not a model directory, it has no config.json"),
+                         (["--target", str(tmp_path / "nowhere")], "it does not exist; give a model directory"),
+                         (["--target", str(tiny_zoo.target_dir), "--draft", f"d={other}"], "draft 'd'")):
+        done = run_cli("serve", *flags, "--port", "0", home=specserve_home)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        error = [line for line in done.stderr.splitlines() if line.startswith("specserve: error: ")]
+        assert len(error) == 1 and words in error[0], done.stderr
+        assert "Started a local Ray instance" not in done.stderr  # refused before any cluster
+
+
 def test_unbuilt_zoo_says_how_to_build_it(specserve_home, capsys):
     assert main(["generate", "--zoo", "bench", "--prompt", "x"]) == 2
     assert "run `specserve zoo build --preset bench`" in capsys.readouterr().err

@@ -100,6 +100,28 @@ def test_target_replica_killed_mid_request_resumes_with_identical_output(client,
     assert stats.target_resumes == 1 and stats.draft == request.draft
 
 
+def test_health_is_not_serving_while_no_target_replica_is_registered(client, service, recovered):
+    """With its only replica gone the router cannot serve: health (and so the Kubernetes readiness
+    probe, and the HTTP API's /health) says so until Serve's replacement registers."""
+    import urllib.error
+    import urllib.request
+
+    from grpc_health.v1 import health_pb2
+
+    from specserve.cluster.probe import main as probe
+
+    (target,) = workers(client, "target")
+    kill(target)
+    seen = _wait_for(lambda: client.health() == health_pb2.HealthCheckResponse.NOT_SERVING, 60)
+    assert seen, "health stayed SERVING with no target replica"
+    assert probe([service.address, "specserve.v1.SpecServe"]) == 1
+    with pytest.raises(urllib.error.HTTPError) as http:
+        urllib.request.urlopen(f"http://{service.http_address}/health")
+    assert http.value.code == 503
+    assert _wait_for(lambda: client.health() == health_pb2.HealthCheckResponse.SERVING), "never SERVING again"
+    assert probe([service.address, "specserve.v1.SpecServe"]) == 0
+
+
 def test_draft_worker_killed_mid_request_continues_with_identical_output(client, tiny_zoo, recovered):
     """Another draft worker takes over where the request stands; Ray restarts the dead one."""
     tokens, stats, undisturbed, killed = with_draft_struck(client, tiny_zoo, lambda w: kill(w, restart=True))

@@ -94,6 +94,10 @@ def test_a_draft_lost_mid_request_is_reopened_elsewhere(models, target_only, loo
     assert run(session) == target_only
     assert session.draft_reopens == 1 and directory.failed == ["d0"]
     assert spare.steps > 1 and session.route.draft == DRAFT  # the spare drafted the rest
+    # The failover's time (the reopened draft's prefill included) is recovery, not a step's cost.
+    assert session.recovery_seconds > 0
+    observed = session.observation()
+    assert observed.seconds <= session.elapsed() - session.first_token_seconds - session.recovery_seconds + 1e-9
 
 
 def test_a_request_whose_drafts_are_all_lost_goes_on_target_only(models, target_only):
@@ -112,6 +116,7 @@ def test_a_target_lost_mid_request_resumes_on_another(models, target_only, looka
     session = make_session(models, FakeDirectory(lost, spare, draft), lookahead=lookahead)
     assert run(session) == target_only
     assert session.target_resumes == 1 and spare.steps > 1
+    assert session.recovery_seconds > 0  # left out of what the policy learns
     # The replacement was opened holding every token committed before the failure.
     prompt = lost.opened[0]
     assert spare.opened[0] > prompt

@@ -89,6 +89,7 @@ def _without_invented_tokens(tokenizer: PreTrainedTokenizerBase, vocab_size: int
 def _from_pretrained(auto, source: str, what: str, **kwargs):
     """``auto.from_pretrained`` on a directory, hub id or GGUF file, its failures as ModelLoadError."""
     where, extra = _where(source)
+    _check_local(source, what)
     try:
         return auto.from_pretrained(where, **extra, **kwargs, local_files_only=_is_local(source))
     except (OSError, ValueError, ImportError) as exc:
@@ -105,6 +106,19 @@ def _where(source: str) -> tuple[str, dict]:
         path = Path(os.path.expanduser(source))
         return str(path.parent), {"gguf_file": path.name}
     return source, {}
+
+
+def _check_local(source: str, what: str) -> None:
+    """A path that is no model says so in one line (transformers' own messages run to paragraphs)."""
+    path = Path(os.path.expanduser(source))
+    looks_like_a_path = source.startswith(("/", ".", "~")) or is_gguf(source)
+    if looks_like_a_path and not path.exists():
+        raise ModelLoadError(f"cannot load {what} from {source!r}: it does not exist; give a model directory, a "
+                             f".gguf file or a hub id")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelLoadError(f"cannot load {what} from {source!r}: it is not a model directory, it has no "
+                             f"config.json (a Hugging Face model directory holds config.json, the weights and the "
+                             f"tokenizer files; or give a .gguf file)")
 
 
 def _is_local(source: str) -> bool:
