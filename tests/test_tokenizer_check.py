@@ -42,12 +42,10 @@ def test_engine_refuses_a_mismatched_draft_directory(tiny_zoo, tmp_path):
 
 
 def test_the_router_refuses_to_start_with_a_mismatched_draft(tiny_zoo, tmp_path):
-    from specserve.cluster.models import ModelSet
-    from specserve.cluster.ingress import _check_draft_tokenizers
-    from specserve.workers.loading import load_tokenizer
+    from specserve.cluster.models import ModelSet, check_tokenizers
 
     train_tokenizer(["completely different text " * 40], vocab_size=300).save_pretrained(tmp_path)
     models = ModelSet(target=str(tiny_zoo.target_dir), dtype="auto", tasks={"sql": ("sql", "odd")},
                       drafts={"sql": str(tiny_zoo.draft_dir("sql")), "odd": str(tmp_path)})
     with pytest.raises(TokenizerMismatch, match=r"draft 'odd' \(.+\) cannot serve target .+: vocabularies differ"):
-        _check_draft_tokenizers(load_tokenizer(models.target), models)
+        check_tokenizers(models)

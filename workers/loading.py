@@ -115,10 +115,12 @@ def _check_local(source: str, what: str) -> None:
     if looks_like_a_path and not path.exists():
         raise ModelLoadError(f"cannot load {what} from {source!r}: it does not exist; give a model directory, a "
                              f".gguf file or a hub id")
-    if path.is_dir() and not (path / "config.json").is_file():
+    # A tokenizer may live in a directory of its own (the zoo's), without the model's config.
+    needs = ("config.json", "tokenizer.json", "tokenizer_config.json") if what == "tokenizer" else ("config.json",)
+    if path.is_dir() and not any((path / name).is_file() for name in needs):
         raise ModelLoadError(f"cannot load {what} from {source!r}: it is not a model directory, it has no "
-                             f"config.json (a Hugging Face model directory holds config.json, the weights and the "
-                             f"tokenizer files; or give a .gguf file)")
+                             f"{' or '.join(needs)} (a Hugging Face model directory holds config.json, the weights "
+                             f"and the tokenizer files; or give a .gguf file)")
 
 
 def _is_local(source: str) -> bool:
