@@ -52,6 +52,24 @@ class ServiceConfig(FrozenConfig):
     router: RouterConfig = RouterConfig()
     namespace: str = NAMESPACE
 
+    @model_validator(mode="after")
+    def _idle_outlasts_the_routers_waits(self) -> ServiceConfig:
+        """A worker evicts a session idle for session_idle_seconds; the router must never leave one
+        idle that long in normal operation, or a recovery would cost a second one."""
+        waits = self.router.timeouts
+        if self.draft_pool.session_idle_seconds <= waits.target_wait_seconds:
+            raise ValueError(
+                f"draft_pool.session_idle_seconds ({self.draft_pool.session_idle_seconds:g}) must exceed "
+                f"router.timeouts.target_wait_seconds ({waits.target_wait_seconds:g}): a request's draft session "
+                f"idles while the request waits for a target replica, and would be evicted mid-wait")
+        draft_wait = waits.draft_prefill_seconds + waits.draft_step_seconds
+        if self.target.session_idle_seconds <= draft_wait:
+            raise ValueError(
+                f"target.session_idle_seconds ({self.target.session_idle_seconds:g}) must exceed "
+                f"router.timeouts.draft_prefill_seconds + draft_step_seconds ({draft_wait:g}): a request's target "
+                f"session idles while its draft is reopened on another worker, and would be evicted mid-wait")
+        return self
+
 
 def load_yaml(path: Path) -> dict:
     import yaml

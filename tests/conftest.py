@@ -112,9 +112,10 @@ def service(tiny_zoo, metrics_port):
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
               "policy": {"min_trials": 32},
               "timeouts": SERVICE_TIMEOUTS}
-    idle = {"session_idle_seconds": SESSION_IDLE_SECONDS}
+    # Draft sessions outlast the target wait (a config that lets them not is refused).
+    idle, draft_idle = {"session_idle_seconds": SESSION_IDLE_SECONDS}, {"session_idle_seconds": 100.0}
     running = start_service(port=0, overrides={"models": {"zoo": str(tiny_zoo.root)}, "router": router,
-                                               "target": idle, "draft_pool": idle},
+                                               "target": idle, "draft_pool": draft_idle},
                             metrics_port=metrics_port)
     yield running
     running.stop()
@@ -125,8 +126,9 @@ SERVICE_QUEUE = 2
 # Steps: short enough for the fault tests to wait out, long enough on a loaded 2-core machine. A
 # replacement replica takes ~20 s to start here (a new process importing torch and Ray Serve).
 SERVICE_TIMEOUTS = {"draft_step_seconds": 2.0, "target_step_seconds": 4.0, "target_wait_seconds": 90.0}
-# Workers evict a session idle this long; above the longest wait a fault test puts a draft through.
-SESSION_IDLE_SECONDS = 12.0
+# Target replicas evict a session idle this long: above the longest wait for a draft (prefill 10 s
+# + a step 2 s), and short enough for the eviction test.
+SESSION_IDLE_SECONDS = 13.0
 POOR_TASK = "poor"
 
 
