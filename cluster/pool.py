@@ -88,9 +88,10 @@ class DraftPool:
 
 async def _gone(worker: ray.actor.ActorHandle) -> bool:
     try:
-        await asyncio.wait_for(asyncio.wrap_future(worker.ping.remote().future()), PING_TIMEOUT_SECONDS)
+        async with asyncio.timeout(PING_TIMEOUT_SECONDS):
+            await asyncio.wrap_future(worker.ping.remote().future())
     except ActorDiedError:  # dead for good: Ray will not restart it
         return True
-    except (RayActorError, asyncio.TimeoutError):  # restarting, or busy loading its models
+    except (RayActorError, TimeoutError):  # restarting, or busy loading its models
         pass
     return False

@@ -49,9 +49,9 @@ class WorkerDirectory:
         async with self._lock:
             if force or time.monotonic() - self.refreshed > REFRESH_SECONDS:
                 try:
-                    self.endpoints = await asyncio.wait_for(asyncio.wrap_future(self.registry.endpoints.remote().future()),
-                                                            REGISTRY_TIMEOUT_SECONDS)
-                except asyncio.TimeoutError:  # restarting, or its node is gone: go on with what we know
+                    async with asyncio.timeout(REGISTRY_TIMEOUT_SECONDS):  # no task per call, unlike wait_for
+                        self.endpoints = await asyncio.wrap_future(self.registry.endpoints.remote().future())
+                except TimeoutError:  # restarting, or its node is gone: go on with what we know
                     log.warning("the registry did not answer within %g s; using endpoints %.0f s old",
                                 REGISTRY_TIMEOUT_SECONDS, time.monotonic() - self.refreshed)
                 self.refreshed = time.monotonic()
