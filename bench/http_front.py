@@ -15,7 +15,6 @@ streaming latency (first event, whole stream, per event; medians), with the rati
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import time
@@ -23,7 +22,7 @@ import time
 import ray
 from ray import serve
 
-from specserve.bench.router_front import CHUNKS, alternate, free_port, report
+from specserve.bench.router_front import CHUNKS, alternate, free_port, parse_args, report
 
 APP = "bench"
 BODY = {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "m",
@@ -102,10 +101,7 @@ def post(conn: http.client.HTTPConnection, path: str, stream: bool) -> tuple[flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=300, help="measured unary calls per front")
-    parser.add_argument("--streams", type=int, default=50, help="measured streams per front")
-    args = parser.parse_args()
+    args = parse_args(__doc__)
     ray.init(include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024 * 1024)
     try:
         proxy_port = free_port()

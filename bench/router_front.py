@@ -95,10 +95,7 @@ def request():
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=300, help="measured unary calls per front")
-    parser.add_argument("--streams", type=int, default=50, help="measured streams per front")
-    args = parser.parse_args()
+    args = parse_args(__doc__)
     from specserve.proto.v1 import specserve_pb2_grpc as rpc
 
     ray.init(include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024 * 1024)
@@ -119,6 +116,13 @@ def main() -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def parse_args(doc: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=300, help="measured unary calls per front")
+    parser.add_argument("--streams", type=int, default=50, help="measured streams per front")
+    return parser.parse_args()
 
 
 def alternate(fronts: dict, call, call_stream, args) -> dict:
