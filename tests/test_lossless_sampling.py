@@ -13,6 +13,7 @@ Fixed seeds make the test deterministic; the tolerances say how far a correct sa
 
 import asyncio
 import math
+import random
 
 import pytest
 import torch
@@ -178,10 +179,13 @@ def test_draft_disjoint_from_target_accepts_nothing(tokenizer):
 NEIGHBOURS = 64  # sessions in flight at once: each step shares its passes with up to 63 others
 
 
-def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tree: bool = False):
+def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tree: bool = False,
+                                fail: str | None = None):
     """As ``sample_distribution``, through the router's request loop (``Session``) against workers
     that batch: every draft and verify step runs in passes shared with other requests' steps. With
-    ``tree``, each step proposes a token tree of the draft, prompt lookup and suffix decoding."""
+    ``tree``, each step proposes a token tree of the draft, prompt lookup and suffix decoding. With
+    ``fail`` ("draft" or "target"), each request starts on a worker of that kind of its own that
+    fails (UNAVAILABLE) at its first or second step, drawn at random, and goes on on a spare."""
     from fake_workers import DRAFT, FakeDirectory, FakeWorker
 
     from specserve.router.config import TimeoutsConfig
@@ -199,6 +203,7 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
 
     counts: dict[tuple, int] = {}
     passes = {}
+    failovers = []  # the workers that failed a request
 
     async def scenario():
         device = Device(1)
@@ -212,12 +217,26 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
         draft_free = DraftFree()  # its suffix tries learn from the finished requests' outputs
         proposers = Proposers(draft_free, {"t": (DRAFT, "ngram", "suffix")})
 
+        spares = {kind: FakeWorker(kind, f"spare-{kind}", m, scheduler=schedulers[kind])
+                  for kind, m in (("target", target), ("draft", draft))}
+        failing = random.Random(fail)
+
+        def directory_of(seed: int) -> FakeDirectory:
+            if fail is None:
+                return directory
+            model = target if fail == "target" else draft
+            own = FakeWorker(fail, f"{fail}-{seed}", model, fail_at_step=failing.choice((1, 2)),
+                             scheduler=schedulers[fail])
+            others = [verifier, spares["target"]] if fail == "draft" else [spares["draft"]]
+            failovers.append(own)
+            return FakeDirectory(own, *others, spares[fail])
+
         async def one(seed: int) -> None:
             params = params_for_seed(seed)
             request = ValidRequest([tokenizer.bos_token_id], params, "t", name, params.k, "on")
             session = Session(request, ResolvedTask("t", "request", 1.0), Route(name, params.k, "requested"),
-                              DraftLength("fixed", params.k, params.k), tokenizer, directory, TimeoutsConfig(),
-                              lookahead=False, proposers=proposers)
+                              DraftLength("fixed", params.k, params.k), tokenizer, directory_of(seed),
+                              TimeoutsConfig(), lookahead=False, proposers=proposers)
             async with gate:
                 tokens = [t async for chunk in session.run() for t in chunk.token_ids]
             draft_free.learn("t", tokens)
@@ -229,6 +248,7 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
         await asyncio.gather(*(one(seed) for seed in range(n)))
         passes.update({name: s.counts for name, s in schedulers.items()})
         passes["trees"] = sum(bool(p.parents) for p in verifier.proposals)
+        passes["failed"] = sum(w.dead for w in failovers)
 
     asyncio.run(scenario())
     return counts, passes
@@ -244,6 +264,21 @@ def test_sampling_through_batching_workers_matches_target_distribution(tokenizer
                                                  params_for(sampling, k), SAMPLES)
     assert passes["target"].max_sessions > NEIGHBOURS // 2 and passes["draft"].max_sessions > NEIGHBOURS // 2
     assert_same_distribution(exact, counts, SAMPLES)
+
+
+@pytest.mark.parametrize("fail", ["draft", "target"])
+def test_sampling_across_a_failover_matches_target_distribution(tokenizer, fail):
+    """Each request's draft worker (or target replica) fails at its first or second step, and the
+    request goes on on another, reopened with a seed of its own (``replacement_seed``) and
+    re-prefilled from the committed tokens: the output is still the target's distribution."""
+    sampling, k, samples = SamplingParams(temperature=1.0, top_p=0.9), 2, SAMPLES // 2
+    target, draft = tiny_model(0), tiny_model(1)
+    engine = SpecEngine(target, tokenizer, {"d": draft})
+    exact = exact_distribution(engine.target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    counts, passes = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer, params_for(sampling, k),
+                                                 samples, fail=fail)
+    assert passes["failed"] > samples // 2, passes["failed"]  # most requests lost a worker mid-request
+    assert_same_distribution(exact, counts, samples)
 
 
 def test_sampling_through_a_token_tree_matches_target_distribution(tokenizer):
