@@ -59,9 +59,7 @@ class TaskResult:
     @property
     def cost_ratio(self) -> float:
         """c: one draft forward pass over one target-only forward pass, as measured in these runs."""
-        draft_step = self.stats.draft_seconds / max(1, self.stats.draft_passes)
-        target_step = self.target_only.verify_seconds / max(1, self.target_only.target_passes)
-        return draft_step / target_step if target_step else 0.0
+        return self.stats.cost_ratio(self.target_only)
 
     @property
     def bound(self) -> float:

@@ -261,9 +261,7 @@ class Pairing:
     @property
     def cost_ratio(self) -> float:
         """c: one draft forward pass over one target-only forward pass, as `specserve demo` measures it."""
-        draft_step = self.on.draft_seconds / max(1, self.on.draft_passes)
-        target_step = self.off.verify_seconds / max(1, self.off.target_passes)
-        return draft_step / target_step if target_step else 0.0
+        return self.on.cost_ratio(self.off)
 
     @property
     def k(self) -> int:

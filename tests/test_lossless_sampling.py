@@ -266,17 +266,24 @@ def test_sampling_through_batching_workers_matches_target_distribution(tokenizer
     assert_same_distribution(exact, counts, SAMPLES)
 
 
+def sample_the_default_setting_batched(tokenizer, samples: int, **how):
+    """The default setting (temperature 1, top_p 0.9, k 2) through batching workers, ``how`` as
+    ``sample_distribution_batched`` takes it: (the target's exact distribution, counts, passes)."""
+    sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
+    engine = SpecEngine(tiny_model(0), tokenizer, {"d": tiny_model(1)})  # switches both to the pooled attention
+    exact = exact_distribution(engine.target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    counts, passes = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer, params_for(sampling, k),
+                                                 samples, **how)
+    return exact, counts, passes
+
+
 @pytest.mark.parametrize("fail", ["draft", "target"])
 def test_sampling_across_a_failover_matches_target_distribution(tokenizer, fail):
     """Each request's draft worker (or target replica) fails at its first or second step, and the
     request goes on on another, reopened with a seed of its own (``replacement_seed``) and
     re-prefilled from the committed tokens: the output is still the target's distribution."""
-    sampling, k, samples = SamplingParams(temperature=1.0, top_p=0.9), 2, SAMPLES // 2
-    target, draft = tiny_model(0), tiny_model(1)
-    engine = SpecEngine(target, tokenizer, {"d": draft})
-    exact = exact_distribution(engine.target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
-    counts, passes = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer, params_for(sampling, k),
-                                                 samples, fail=fail)
+    samples = SAMPLES // 2
+    exact, counts, passes = sample_the_default_setting_batched(tokenizer, samples, fail=fail)
     assert passes["failed"] > samples // 2, passes["failed"]  # most requests lost a worker mid-request
     assert_same_distribution(exact, counts, samples)
 
@@ -285,11 +292,7 @@ def test_sampling_through_a_token_tree_matches_target_distribution(tokenizer):
     """Each step a tree: the draft's sampled chain beside prompt lookup's and suffix decoding's
     (deterministic, learning from the other requests' outputs as they finish), verified by recursive
     rejection in batched passes. Fewer samples than the chain's test (its TV bound is looser)."""
-    sampling, k, samples = SamplingParams(temperature=1.0, top_p=0.9), 2, SAMPLES // 2
-    target, draft = tiny_model(0), tiny_model(1)
-    engine = SpecEngine(target, tokenizer, {"d": draft})
-    exact = exact_distribution(engine.target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
-    counts, passes = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer, params_for(sampling, k),
-                                                 samples, tree=True)
+    samples = SAMPLES // 2
+    exact, counts, passes = sample_the_default_setting_batched(tokenizer, samples, tree=True)
     assert passes["trees"] > samples // 10, passes["trees"]  # trees were verified, not just chains
     assert_same_distribution(exact, counts, samples)

@@ -68,6 +68,12 @@ class SpecStats:
         # Every pass commits its accepted drafts plus one target token.
         return (self.accepted + self.target_passes) / self.target_passes if self.target_passes else 0.0
 
+    def cost_ratio(self, target_only: SpecStats) -> float:
+        """c: one draft forward pass of these runs over one forward pass of ``target_only``'s."""
+        draft_step = self.draft_seconds / max(1, self.draft_passes)
+        target_step = target_only.verify_seconds / max(1, target_only.target_passes)
+        return draft_step / target_step if target_step else 0.0
+
     def as_dict(self) -> dict:
         return asdict(self) | {"acceptance_rate": self.acceptance_rate, "alpha": self.alpha,
                                "tokens_per_pass": self.tokens_per_pass}
