@@ -57,11 +57,13 @@ class ServiceConfig(FrozenConfig):
         """A worker evicts a session idle for session_idle_seconds; the router must never leave one
         idle that long in normal operation, or a recovery would cost a second one."""
         waits = self.router.timeouts
-        if self.draft_pool.session_idle_seconds <= waits.target_wait_seconds:
+        target_waits = waits.target_wait_seconds + waits.target_full_wait_seconds
+        if self.draft_pool.session_idle_seconds <= target_waits:
             raise ValueError(
                 f"draft_pool.session_idle_seconds ({self.draft_pool.session_idle_seconds:g}) must exceed "
-                f"router.timeouts.target_wait_seconds ({waits.target_wait_seconds:g}): a request's draft session "
-                f"idles while the request waits for a target replica, and would be evicted mid-wait")
+                f"router.timeouts.target_wait_seconds + target_full_wait_seconds ({target_waits:g}): a request's "
+                f"draft session idles while the request waits for a target replica (one to come back, then one "
+                f"with room), and would be evicted mid-wait")
         draft_wait = waits.draft_prefill_seconds + waits.draft_step_seconds
         if self.target.session_idle_seconds <= draft_wait:
             raise ValueError(

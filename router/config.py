@@ -99,6 +99,10 @@ class TimeoutsConfig(FrozenConfig):
     # A request whose replica failed waits this long (within its own deadline) for a replica to
     # resume on, re-prefilled from the committed tokens; then the client gets UNAVAILABLE.
     target_wait_seconds: float = Field(30.0, gt=0)
+    # A request every target replica refuses as full (at its session or KV cache limit) waits this
+    # long (within its own deadline) for one to free room, trying them again; then the client gets
+    # RESOURCE_EXHAUSTED. 0: refuse at once. A replica that has room always takes it first.
+    target_full_wait_seconds: float = Field(10.0, ge=0)
 
 
 class RouterConfig(FrozenConfig):

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Collection
 
 import grpc
 
@@ -57,9 +58,11 @@ class WorkerDirectory:
                 self.refreshed = time.monotonic()
         return self.endpoints
 
-    async def pick(self, kind: str, model: str | None = None) -> Endpoint:
+    async def pick(self, kind: str, model: str | None = None, avoid: Collection[str] = ()) -> Endpoint:
+        """The least-loaded registered worker of ``kind`` (serving ``model``), except those that
+        failed lately and those in ``avoid`` (worker ids: the replicas that refused a request as full)."""
         candidates = [e for e in await self.refresh() if e.kind == kind and (model is None or model in e.models)
-                      and not self._passed_over(e)]
+                      and not self._passed_over(e) and e.worker_id not in avoid]
         if not candidates:
             what = f"{kind} worker serving {model!r}" if model else f"{kind} replica"
             raise NoWorker(f"no {what} is registered yet; retry shortly")

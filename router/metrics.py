@@ -197,6 +197,10 @@ class RouterMetrics:
                                          tag_keys=("kind",))
         for kind in WORKER_KINDS:
             self.failovers.start({"kind": kind})
+        self.full_refusals = CounterFromZero("specserve_target_full_refusals", "Sessions a target replica refused "
+                                             "as full (its session or KV cache limit); the request went on to "
+                                             "another replica or waited for room (router.timeouts.target_full_wait_seconds)")
+        self.full_refusals.start({})
         self._tasks_started: set[str] = set()
         gauges = [m for m in vars(self).values() if isinstance(m, RefreshedGauge)]
         threading.Thread(target=_refresh_forever, args=(gauges,), name="specserve-gauges", daemon=True).start()
@@ -214,6 +218,7 @@ class RouterMetrics:
         self.routes.inc(1, arm | {"reason": session.route.reason, "task_source": session.task.source})
         _add(self.failovers, session.target_resumes, {"kind": "target"})
         _add(self.failovers, session.draft_reopens, {"kind": "draft"})
+        _add(self.full_refusals, session.full_refusals, {})
         if session.route.reason == "fallback":
             self.fallbacks.inc(1, {"task": task, "reason": view.cause or LOW_SPEEDUP})
         if session.route.load:

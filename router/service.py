@@ -32,14 +32,14 @@ from .policy import Policy
 from .proposers import DraftFree
 from .token_tree import Proposers
 from .scoring import ContinuationScorer
-from .session import Session
+from .session import Session, TargetsFull
 from .streams import WorkerFailed
 from .tasks import TaskResolver
 from .validation import InvalidRequest, Limits, ValidRequest, parse_request, validate
 
 log = logging.getLogger("specserve.router")
 # What ends a request mid-stream: no worker could serve or resume it, or a worker refused a step.
-FAILURES = (NoWorker, WorkerFailed, grpc.aio.AioRpcError)
+FAILURES = (NoWorker, TargetsFull, WorkerFailed, grpc.aio.AioRpcError)
 SERVICE_NAME = "specserve.v1.SpecServe"
 FINISH_REASONS = {"eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
 
@@ -244,7 +244,7 @@ def stats_message(session: Session) -> pb.GenerateStats:
                             lookaheads=s.lookaheads, lookahead_hits=s.lookahead_hits,
                             task_source=session.task.source, task_confidence=session.task.confidence,
                             route=session.route.reason, k=session.route.k, target_resumes=session.target_resumes,
-                            draft_reopens=session.draft_reopens)
+                            draft_reopens=session.draft_reopens, target_full_refusals=session.full_refusals)
 
 
 class Turn:
@@ -279,8 +279,8 @@ def status_of(exc: Exception) -> grpc.StatusCode:
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, Overloaded):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(exc, WorkerFailed) and exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return grpc.StatusCode.RESOURCE_EXHAUSTED  # every target replica at its session limit
+    if isinstance(exc, TargetsFull):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED  # every target replica full for the whole full wait
     if isinstance(exc, grpc.aio.AioRpcError):  # a worker refused a step it should have taken: a bug
         return grpc.StatusCode.INTERNAL
     return grpc.StatusCode.UNAVAILABLE  # no worker could serve or resume the request: retryable

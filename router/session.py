@@ -51,6 +51,9 @@ DRAFT_UNAVAILABLE, DRAFT_LOST = "unavailable", "lost"
 # not take the whole fleet down with it, one resume at a time.
 MAX_TARGET_RESUMES = 2
 TARGET_POLL_SECONDS = 0.25  # while waiting for a target replica to resume on
+# While every target replica is full: how often to try them again. A refusal costs the replica a
+# microsecond (it checks its slots and pool before reading anything), the router one round trip.
+FULL_POLL_SECONDS = 0.5
 # The router gives up waiting this long before the client's deadline, so the client hears why
 # (UNAVAILABLE, with the reason) rather than a bare DEADLINE_EXCEEDED.
 DEADLINE_MARGIN_SECONDS = 0.25
@@ -58,6 +61,11 @@ DEADLINE_MARGIN_SECONDS = 0.25
 
 class TargetUnavailable(NoWorker):
     """No target replica could take (or take back) the request in time: the client gets UNAVAILABLE."""
+
+
+class TargetsFull(Exception):
+    """Every target replica refused the request as full for the whole full wait: the client gets
+    RESOURCE_EXHAUSTED, to back off and retry."""
 
 
 @dataclass
@@ -123,6 +131,11 @@ class Session:
         self.proposed_by: Proposer | None = None  # the proposer it had, for its counts after it is gone
         self.verdict: pb.Verdict | None = None  # the last one
         self.target_resumes = 0  # target replicas replaced mid-request
+        # Target replicas that refused this request as full since it last had one, and since when
+        # every registered one has (None: one has room, as far as the request knows).
+        self.refused_by: set[str] = set()
+        self.all_full_since: float | None = None
+        self.full_refusals = 0  # over the whole request
         # Time spent recovering from failed workers: no measure of what speculation costs, so left
         # out of what the policy learns (its step costs, and the request's realized speed).
         self.recovery_seconds = 0.0
@@ -189,7 +202,10 @@ class Session:
                 await self._resume_target(exc)
                 waited = None  # this step's wait includes a prefill: no cost sample
         if waited is None:  # the whole step was a recovery: detecting the failure, waiting, re-prefilling
-            self.recovery_seconds += time.perf_counter() - started
+            if self.verdict is not None:  # before the first token it is in first_token_seconds already
+                self.recovery_seconds += time.perf_counter() - started
+            self.refused_by.clear()  # a replica took it: next time, every replica may have room again
+            self.all_full_since = None
         if self.verdict is not None and waited is not None:  # the prefill is no decode step: left out
             wait = time.perf_counter() - waited
             if self._runs(proposal):  # replies queued while the router was busy arrive at once, but
@@ -257,15 +273,18 @@ class Session:
                               sampling=sampling_message(self.params.sampling, seed),
                               max_new_tokens=self.decoding.remaining, task=self.task.task)
 
+    def _before_deadline(self, give_up: float) -> float:
+        """When to stop waiting: at ``give_up``, or just before the client's deadline if sooner."""
+        return give_up if self.deadline is None else min(give_up, self.deadline - DEADLINE_MARGIN_SECONDS)
+
     async def _open_target(self, after: WorkerFailed | None = None) -> None:
-        """A session on a target replica, waiting for one to be registered (a replica restarting
-        after a failure) until the target wait or the client's deadline, whichever is first."""
-        give_up = time.monotonic() + self.timeouts.target_wait_seconds
-        if self.deadline is not None:
-            give_up = min(give_up, self.deadline - DEADLINE_MARGIN_SECONDS)
+        """A session on a target replica (the least loaded that has not refused this request as
+        full), waiting for one to be registered (a replica restarting after a failure) until the
+        target wait or the client's deadline, whichever is first."""
+        give_up = self._before_deadline(time.monotonic() + self.timeouts.target_wait_seconds)
         while True:
             try:
-                target = await self.directory.pick("target")
+                target = await self.directory.pick("target", avoid=self.refused_by)
                 # A prefill is one step: the same timeout.
                 self.target = self.directory.stream(target, self.timeouts.target_step_seconds)
                 await self.target.send(pb.VerifyRequest(open=self.opening()))
@@ -309,16 +328,38 @@ class Session:
 
     async def _resume_target(self, failure: WorkerFailed) -> None:
         self._drop(failure)
-        if failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not self.decoding.committed:
-            raise failure  # every replica is full: the client backs off (RESOURCE_EXHAUSTED)
+        self.owed = 0  # the failed replica's run is gone; the next one starts afresh
+        if failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # refused at open: full, not failed
+            await self._pass_on(failure)
+            return
         if self.target_resumes >= MAX_TARGET_RESUMES:
             raise TargetUnavailable(f"request {self.session_id} lost its target replica "
                                     f"{self.target_resumes + 1} times; giving up ({failure}); retry") from None
         self.target_resumes += 1
-        self.owed = 0  # the failed replica's run is gone; the next one starts afresh
         log.warning("request %s resumes after %d tokens on another target replica: %s", self.session_id,
                     len(self.decoding.committed), failure)
         await self._open_target(after=failure)
+
+    async def _pass_on(self, refusal: WorkerFailed) -> None:
+        """A replica refused the session as full (its session or KV cache limit): open it on one
+        that has not refused it. Once every registered replica has, wait for room, trying them all
+        again every FULL_POLL_SECONDS, up to the full wait or the client's deadline."""
+        self.refused_by.add(refusal.worker.worker_id)
+        self.full_refusals += 1
+        replicas = {e.worker_id for e in await self.directory.refresh() if e.kind == "target"}
+        if replicas <= self.refused_by:
+            now = time.monotonic()
+            self.all_full_since = self.all_full_since or now
+            give_up = self._before_deadline(self.all_full_since + self.timeouts.target_full_wait_seconds)
+            if now >= give_up:
+                raise TargetsFull(
+                    f"every target replica is full (at its session or KV cache limit) and none freed room for "
+                    f"request {self.session_id} within {self.timeouts.target_full_wait_seconds:g} s or its "
+                    f"deadline ({refusal}); retry later, or add replicas (target.replicas) or raise "
+                    f"target.kv_cache_mib / target.max_sessions") from None
+            await asyncio.sleep(min(FULL_POLL_SECONDS, give_up - now))  # the last try at the end of the wait
+            self.refused_by.clear()
+        await self._open_target(after=refusal)
 
     # What the request tells the others.
 

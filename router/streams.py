@@ -82,6 +82,10 @@ class SessionStream:
         reply = await self.call.read()
         if reply is grpc.aio.EOF:
             raise WorkerFailed(self.worker, "ended its session stream unexpectedly")
+        if reply.refused:  # full: said as a reply, and the worker waits for us to end the stream
+            self.cancel()
+            raise WorkerFailed(self.worker, f"refused the session: RESOURCE_EXHAUSTED: {reply.refused}",
+                               grpc.StatusCode.RESOURCE_EXHAUSTED)
         return reply
 
     async def _guard(self, step):

@@ -112,20 +112,26 @@ def service(tiny_zoo, metrics_port):
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
               "policy": {"min_trials": 32},
               "timeouts": SERVICE_TIMEOUTS}
-    # Draft sessions outlast the target wait (a config that lets them not is refused).
-    idle, draft_idle = {"session_idle_seconds": SESSION_IDLE_SECONDS}, {"session_idle_seconds": 100.0}
+    # Draft sessions outlast the target waits (a config that lets them not is refused).
+    target = {"session_idle_seconds": SESSION_IDLE_SECONDS, "max_sessions": TARGET_SESSIONS}
     running = start_service(port=0, overrides={"models": {"zoo": str(tiny_zoo.root)}, "router": router,
-                                               "target": idle, "draft_pool": draft_idle},
+                                               "target": target, "draft_pool": {"session_idle_seconds": 100.0}},
                             metrics_port=metrics_port)
     yield running
     running.stop()
 
 
-SERVICE_CONCURRENCY = 6
+# Enough at once for the fault tests to strike a worker whose passes eight or more sessions share
+# (the draft pool's two workers split a task's sessions).
+SERVICE_CONCURRENCY = 16
 SERVICE_QUEUE = 2
+# Sessions the target replica takes: above the router's limit, so only the tests that fill the
+# replica themselves (test_faults) find it full.
+TARGET_SESSIONS = 24
 # Steps: short enough for the fault tests to wait out, long enough on a loaded 2-core machine. A
 # replacement replica takes ~20 s to start here (a new process importing torch and Ray Serve).
-SERVICE_TIMEOUTS = {"draft_step_seconds": 2.0, "target_step_seconds": 4.0, "target_wait_seconds": 90.0}
+SERVICE_TIMEOUTS = {"draft_step_seconds": 2.0, "target_step_seconds": 4.0, "target_wait_seconds": 90.0,
+                    "target_full_wait_seconds": 5.0}
 # Target replicas evict a session idle this long: above the longest wait for a draft (prefill 10 s
 # + a step 2 s), and short enough for the eviction test.
 SESSION_IDLE_SECONDS = 13.0

@@ -14,6 +14,7 @@ from specserve.router.directory import NoWorker
 from specserve.router.streams import WorkerFailed
 from specserve.workers.batching import Scheduler
 from specserve.workers.draft_worker import DraftStream
+from specserve.workers.kv_pool import PoolFull
 from specserve.workers.model_host import reserved_length
 from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.registry import Endpoint
@@ -31,7 +32,7 @@ class FakeWorker:
 
     def __init__(self, kind: str, name: str, model, corrupt: Corrupt = lambda step: None,
                  fail_at_step: int | None = None, scheduler: Scheduler | None = None,
-                 fail_at_token: int | None = None) -> None:
+                 fail_at_token: int | None = None, max_sessions: int | None = None) -> None:
         self.endpoint = Endpoint(kind, name, f"fake:{name}", (DRAFT,) if kind == "draft" else ("target",))
         self.model = model
         self.corrupt = corrupt
@@ -43,19 +44,32 @@ class FakeWorker:
         self.verdicts: list[int] = []  # num_accepted of every verdict it gave
         self.proposals: list[pb.Proposal] = []  # every proposal it verified
         self.opened: list[int] = []  # the length of every session it opened
+        self.max_sessions = max_sessions  # beyond it (or its pool's budget) it refuses a session as full
+        self.live = 0
+        self.refused = 0  # sessions it refused as full
         self.streams: list[FakeStream] = []
         self.scheduler = scheduler  # steps share batched passes with other sessions' (else each runs alone)
 
     def open(self, opened: pb.SessionOpen):
-        self.opened.append(len(opened.prompt_ids))
+        """The session ``opened`` asks for; WorkerFailed (RESOURCE_EXHAUSTED) when it is full, as a
+        real worker's SessionLimit answers."""
         capacity = reserved_length(opened, self.model)
-        if self.scheduler:
-            sequence = PooledSequence(self.scheduler.pool.take(capacity), opened.prompt_ids, self.scheduler.pool)
-        else:
-            self.pool, sequence = private_sequence(self.model, opened.prompt_ids, capacity)
+        try:
+            if self.max_sessions is not None and self.live >= self.max_sessions:
+                raise PoolFull(f"holds its limit of {self.max_sessions} sessions")
+            if self.scheduler:
+                sequence = PooledSequence(self.scheduler.pool.take(capacity), opened.prompt_ids, self.scheduler.pool)
+            else:
+                self.pool, sequence = private_sequence(self.model, opened.prompt_ids, capacity)
+        except PoolFull as exc:
+            self.refused += 1
+            return WorkerFailed(self.endpoint, f"failed: RESOURCE_EXHAUSTED: {exc}", grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.opened.append(len(opened.prompt_ids))
+        self.live += 1
         return target_session(sequence, opened) if self.endpoint.kind == "target" else DraftStream(sequence, opened)
 
     def close(self, session) -> None:
+        self.live -= 1
         if self.scheduler and session is not None:
             self.scheduler.release(session.sequence.region if self.endpoint.kind == "target"
                                    else session.session.sequence.region)
@@ -111,16 +125,19 @@ class FakeStream:
             raise WorkerFailed(self.worker, "failed: UNAVAILABLE: gone", grpc.StatusCode.UNAVAILABLE)
         if request.WhichOneof("kind") == "decode":
             self.decode_runs.append(request.decode)
-            self.unread += await self.owner.decode(self.session, request.decode)
+            if not isinstance(self.session, WorkerFailed):  # else written to a refused stream: the read says so
+                self.unread += await self.owner.decode(self.session, request.decode)
         else:
             self.session = self.owner.open(request.open)
 
     async def ask(self, request):
         await asyncio.sleep(0)  # let a lookahead interleave with the verify step, as on the wire
+        self._refused()
         return await self.owner.answer(self.session, request)
 
     async def receive(self):
         await asyncio.sleep(0)
+        self._refused()
         self.owner.tokens_read += 1
         if self.owner.dead or self.owner.tokens_read == self.owner.fail_at_token:
             self.owner.dead = True
@@ -135,8 +152,14 @@ class FakeStream:
         self.cancelled = True
         self._end()
 
+    def _refused(self) -> None:
+        """A refused open surfaces at the stream's first read, as on the wire."""
+        if isinstance(self.session, WorkerFailed):
+            refusal, self.session = self.session, None
+            raise refusal
+
     def _end(self) -> None:
-        if self.session is not None:  # the session's memory goes back once, however the stream ends
+        if self.session is not None and not isinstance(self.session, WorkerFailed):  # the session's memory goes back once, however the stream ends
             self.owner.close(self.session)
             self.session = None
 
@@ -151,9 +174,9 @@ class FakeDirectory:
     async def refresh(self, force: bool = False) -> list[Endpoint]:
         return [w.endpoint for w in self.workers.values() if not w.dead]
 
-    async def pick(self, kind: str, model: str | None = None) -> Endpoint:
+    async def pick(self, kind: str, model: str | None = None, avoid=()) -> Endpoint:
         for endpoint in await self.refresh():
-            if endpoint.kind == kind and (model is None or model in endpoint.models):
+            if endpoint.kind == kind and (model is None or model in endpoint.models) and endpoint.worker_id not in avoid:
                 return endpoint
         raise NoWorker(f"no {kind} worker")
 

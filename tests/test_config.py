@@ -40,8 +40,8 @@ def test_port_and_overrides_apply_to_the_args():
     ({"draft_pool": {"workers": 0}}, "greater than or equal to 1"),
     ({"target": {"device": "tpu"}}, "pattern"),
     ({"models": {"zoo": None}}, "give a zoo, or a target"),
-    ({"draft_pool": {"session_idle_seconds": 30}}, r"draft_pool.session_idle_seconds \(30\) must exceed "
-                                                    r"router.timeouts.target_wait_seconds \(30\)"),
+    ({"draft_pool": {"session_idle_seconds": 40}}, r"draft_pool.session_idle_seconds \(40\) must exceed "
+                                                    r"router.timeouts.target_wait_seconds \+ target_full_wait_seconds \(40\)"),
     ({"target": {"session_idle_seconds": 12}}, r"target.session_idle_seconds \(12\) must exceed"),
 ])
 def test_bad_config_is_refused_with_the_key(args, message):

@@ -9,6 +9,7 @@ asserts that the committed tokens equal target-only decoding.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -17,10 +18,15 @@ from specserve.router.draft_length import DraftLength
 from specserve.router.policy import Route
 from specserve.router.proposers import DRAFT_FREE, DraftFree
 from specserve.router.token_tree import Proposers
-from specserve.router.session import DRAFT_LOST, Session
+from specserve.router.session import DRAFT_LOST, Session, TargetsFull
 from specserve.router.tasks import ResolvedTask
 from specserve.router.validation import ValidRequest
 from specserve.workers.acceptance import SamplingParams
+from specserve.workers.batching import Scheduler
+from specserve.workers.config import BatchingConfig
+from specserve.workers.grpc_host import Device
+from specserve.workers.kv_cache import session_capacity
+from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.request import GenerationParams
 
@@ -43,12 +49,13 @@ def target_only(tiny_engine) -> list[int]:
 
 def make_session(models, directory: FakeDirectory, *, lookahead: bool, sampling: SamplingParams = SamplingParams(),
                  schedule: str = "fixed", seed: int = 7, route: Route = Route(DRAFT, K, "requested"),
-                 decode_run: int = 1, draft_free: DraftFree | None = None) -> Session:
+                 decode_run: int = 1, draft_free: DraftFree | None = None,
+                 timeouts: TimeoutsConfig = TimeoutsConfig()) -> Session:
     target, tokenizer = models
     params = GenerationParams(max_tokens=MAX_TOKENS, sampling=sampling, k=K, seed=seed)
     request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", route.draft, route.k, "on")
     return Session(request, ResolvedTask("code", "request", 1.0), route, DraftLength(schedule, route.k, 8),
-                   tokenizer, directory, TimeoutsConfig(), lookahead=lookahead, decode_run=decode_run,
+                   tokenizer, directory, timeouts, lookahead=lookahead, decode_run=decode_run,
                    proposers=Proposers(draft_free or DraftFree(), {"code": (DRAFT, "ngram", "suffix")}))
 
 
@@ -130,6 +137,73 @@ def test_a_sampled_request_survives_its_draft_and_its_target(models):
     tokens = run(session)
     assert len(tokens) == MAX_TOKENS or session.decoding.output.finish_reason == "eos"
     assert session.target_resumes == 1 and session.draft_reopens == 1
+
+
+def kv_for_sessions(models, sessions: float) -> Scheduler:
+    """A target scheduler whose KV budget holds ``sessions`` of this file's requests (a fraction:
+    not even one), as a replica's ``kv_cache_mib`` bounds its pool."""
+    target, tokenizer = models
+    shape = KVShape.of(target)
+    capacity = session_capacity(len(encode_prompt(tokenizer, PROMPT)), MAX_TOKENS, target.config.max_position_embeddings)
+    return Scheduler(target, KVPool(shape, Budget(int(sessions * capacity * shape.bytes_per_position))), Device(1),
+                     BatchingConfig())
+
+
+@pytest.mark.parametrize("limit", ["sessions", "kv", "sessions-target-only"])
+def test_a_full_replica_passes_the_request_on_to_one_with_room(models, target_only, limit):
+    """A replica at its session limit, or whose KV budget cannot hold the request, refuses it; the
+    request opens on another replica at once (no resume, no recovery counted) with the same output,
+    also target-only, where the refusal ends a decode run granted ahead."""
+    full = (FakeWorker("target", "t0", models[0], scheduler=kv_for_sessions(models, 0.5)) if limit == "kv"
+            else FakeWorker("target", "t0", models[0], max_sessions=0))
+    roomy = FakeWorker("target", "t1", models[0])
+    route = dict(route=TARGET_ONLY, decode_run=8) if limit.endswith("target-only") else {}
+    session = make_session(models, FakeDirectory(full, roomy, FakeWorker("draft", "d0", models[0])), lookahead=True,
+                           **route)
+    assert run(session) == target_only
+    assert full.refused == 1 and not full.opened and roomy.steps > 1
+    assert session.target_resumes == 0 and session.recovery_seconds == 0
+
+
+def test_with_every_replica_full_a_request_waits_for_room(models, target_only):
+    """The only replica's KV budget holds one request: a second one, refused, waits (the bounded
+    full wait) until the first gives its region back, then runs there, and both keep their output."""
+    replica = FakeWorker("target", "t0", models[0], scheduler=kv_for_sessions(models, 1))
+    directory = FakeDirectory(replica, FakeWorker("draft", "d0", models[0]))
+    first, second = (make_session(models, directory, lookahead=False) for _ in range(2))
+
+    async def both():
+        return await asyncio.gather(drain(first), drain(second))
+
+    assert asyncio.run(both()) == [target_only, target_only]
+    assert replica.refused >= 1 and len(replica.opened) == 2
+    assert first.target_resumes == second.target_resumes == 0
+
+
+def test_full_for_the_whole_wait_is_resource_exhausted(models):
+    """Refused by every replica for target_full_wait_seconds: TargetsFull (the client gets
+    RESOURCE_EXHAUSTED), saying what is full and what to change, after trying again meanwhile."""
+    full = FakeWorker("target", "t0", models[0], max_sessions=0)
+    session = make_session(models, FakeDirectory(full, FakeWorker("draft", "d0", models[0])), lookahead=False,
+                           timeouts=TimeoutsConfig(target_full_wait_seconds=1.5))
+    started = time.monotonic()
+    with pytest.raises(TargetsFull) as refused:
+        run(session)
+    assert 1.5 <= time.monotonic() - started < 1.5 + 1.0
+    assert full.refused >= 2, "the wait did not try the replica again"
+    assert "every target replica is full" in str(refused.value) and "target.kv_cache_mib" in str(refused.value)
+
+
+def test_a_resumed_request_passes_over_a_full_replica(models, target_only):
+    """A request that lost its replica is refused by a full spare and resumes on the next one: one
+    resume, not two."""
+    lost = FakeWorker("target", "t0", models[0], fail_at_step=4)
+    full = FakeWorker("target", "t1", models[0], max_sessions=0)
+    spare = FakeWorker("target", "t2", models[0])
+    session = make_session(models, FakeDirectory(lost, full, spare, FakeWorker("draft", "d0", models[0])),
+                           lookahead=False)
+    assert run(session) == target_only
+    assert session.target_resumes == 1 and full.refused == 1 and spare.steps > 1
 
 
 def test_a_cancelled_request_frees_its_workers(models, target_only):

@@ -9,6 +9,7 @@ from collections import Counter
 import grpc
 import pytest
 
+from specserve.proto.v1 import internal_pb2 as pb
 from specserve.router.streams import SessionStream, WorkerFailed
 from specserve.workers.registry import Endpoint
 
@@ -54,3 +55,25 @@ def test_any_other_status_is_a_bug_raised_as_it_is(code, details):
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         ask(code, details)
     assert raised.value.code() == code
+
+
+class RefusingCall(FailingCall):
+    """A call whose worker refuses the session as a reply (it has no room), as workers do."""
+
+    def __init__(self, reply) -> None:
+        super().__init__(grpc.StatusCode.OK, "")
+        self.reply = reply
+
+    async def read(self):
+        return self.reply
+
+
+@pytest.mark.parametrize("reply", [pb.VerifyReply(refused="holds its limit of 2 sessions"),
+                                   pb.Proposal(refused="no region of 300 positions fits")])
+def test_a_refusal_said_on_the_stream_is_a_full_worker_not_a_broken_one(reply):
+    call = RefusingCall(reply)
+    stream = SessionStream(WORKER, call, step_timeout=1.0, load=Counter())
+    with pytest.raises(WorkerFailed) as failed:
+        asyncio.run(stream.ask(object()))
+    assert failed.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not failed.value.broken
+    assert reply.refused in str(failed.value) and call.cancelled  # the worker waits for us to end it

@@ -74,8 +74,9 @@ class DrafterServicer(rpc.DrafterServicer):
                 async for request in host.steps(requests):
                     done = await scheduler.run(stream.step(request.step), opened.task)
                     yield proposal_message(done.result, stream.greedy, done.device_seconds, pass_info(done))
-        except SessionLimit as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)
+            yield pb.Proposal(refused=str(exc))
+            await host.refuse(requests)
         except SessionIdle as exc:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except ValueError as exc:  # a step that does not fit this session: it ends, the worker carries on

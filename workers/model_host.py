@@ -133,6 +133,20 @@ class ModelHost:
                                   f"session evicted") from None
             yield request
 
+    async def refuse(self, requests) -> None:
+        """After a refusal (SessionLimit) was said on the stream: wait for the router to end it.
+
+        A refusal is a reply, not the RPC's status, because the router may be writing its next
+        request as the RPC ends, and grpc's asyncio client then reports INTERNAL ("Internal error
+        from Core") in place of the status (grpc/grpc#36066): a full worker would pass for a dead
+        one. So the worker never ends the stream first; the router cancels it once it has read the
+        refusal (a stream the router leaves open ends at the idle time)."""
+        try:
+            async for _ in self.steps(requests):
+                pass
+        except SessionIdle:
+            pass
+
     def state(self) -> pb.WorkerState:
         schedulers = self.schedulers.values()
         counts = [s.counts for s in schedulers]

@@ -160,8 +160,9 @@ class VerifierServicer(rpc.VerifierServicer):
                         return
                     done = await scheduler.run(session.step(proposal_from(request.step)), opened.task)
                     yield verify_reply(done.result, done)
-        except SessionLimit as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)
+            yield pb.VerifyReply(refused=str(exc))
+            await host.refuse(requests)
         except SessionIdle as exc:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except ValueError as exc:  # a malformed proposal: this session ends, the replica carries on
