@@ -1,5 +1,6 @@
-"""Several nodes on one machine: targets on the head, drafts on a node of their own, models from a
-directory as a mounted volume gives them, and the draft node going away under a running service.
+"""Several nodes on one machine: two target replicas on the head, drafts on a node of their own,
+models from a directory as a mounted volume gives them, a full replica passing a request on to the
+other, and the draft node going away under a running service.
 
 A two-node cluster (tests/two_nodes.py) in its own process, and `specserve serve --address` in
 another, exactly as an operator attaches the service to a cluster that is already running.
@@ -28,6 +29,7 @@ from specserve.proto.v1 import specserve_pb2 as pb
 from conftest import serve_in_subprocess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+REPLICA_SESSIONS = 4  # per target replica: few, for the test that fills one
 REGISTRY_EXPIRY_SECONDS = 30  # an entry lives 3 heartbeats (6 s by default); generous on a busy machine
 VOLUME_DRAFTS = ("sql", "general")
 
@@ -79,7 +81,8 @@ def volume_config(tiny_zoo, tmp_path_factory) -> Path:
     models = {"zoo": None, "target": str(volume / "target"),
               "drafts": {name: str(volume / f"draft-{name}") for name in VOLUME_DRAFTS}}
     doc = serve_config(SERVE_CONFIG, overrides={"models": models,
-                                                "router": {"tasks": {name: [name] for name in VOLUME_DRAFTS}}})
+                                                "router": {"tasks": {name: [name] for name in VOLUME_DRAFTS}},
+                                                "target": {"replicas": 2, "max_sessions": REPLICA_SESSIONS}})
     path = volume / "serve_config.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -99,6 +102,25 @@ def test_targets_run_on_the_head_and_drafts_on_the_draft_node(two_nodes, attache
     workers = client.stats().workers
     assert {(w.kind, w.node_id) for w in workers} == {("target", nodes.head), ("draft", nodes.draft)}, workers
     assert all(set(w.models) == set(VOLUME_DRAFTS) for w in workers if w.kind == "draft"), workers  # the volume's
+
+
+def test_a_full_replica_passes_the_request_on_to_the_other(attached_service):
+    """The replica the router would pick holds its limit of sessions (opened by another router, so
+    this one cannot know): it refuses the request, which opens on the other replica at once, with
+    the same output, not counted as a resume. Target-only, so the refusal ends a decode run."""
+    from test_faults import HeldSessions
+    from specserve.bench.faults import workers
+
+    client = attached_service
+    alone = client.generate(request(speculation=pb.SPECULATION_OFF, max_tokens=32))
+    first = min(workers(client, "target"), key=lambda w: w.worker_id)  # least loaded, ties by id
+    held = HeldSessions(first, REPLICA_SESSIONS)
+    try:
+        passed_on = client.generate(request(speculation=pb.SPECULATION_OFF, max_tokens=32), timeout=60)
+    finally:
+        held.release()
+    assert list(passed_on.token_ids) == list(alone.token_ids)
+    assert passed_on.stats.target_full_refusals == 1 and passed_on.stats.target_resumes == 0, passed_on.stats
 
 
 def test_generation_crosses_nodes_and_survives_losing_the_draft_node(two_nodes, attached_service):
@@ -139,4 +161,4 @@ def test_generation_crosses_nodes_and_survives_losing_the_draft_node(two_nodes, 
 
 def request(**fields) -> pb.GenerateRequest:
     """The sql prompt, long enough that a request takes many steps (the tiny zoo's window is 256)."""
-    return pb.GenerateRequest(prompt="SELECT name FROM", task="sql", max_tokens=200, **fields)
+    return pb.GenerateRequest(prompt="SELECT name FROM", task="sql", **({"max_tokens": 200} | fields))

@@ -1,6 +1,6 @@
 """Two Ray nodes on one machine, as the multi-node test needs them: run as a program.
 
-The head advertises the target's device and the router's node; the second node advertises draft
+The head advertises two target devices and the router's node; the second node advertises draft
 devices only, so every draft worker must land there. Ray's own tests build clusters this way
 (``ray.cluster_utils.Cluster``). It runs in a process of its own because the test session's
 process is already attached to the session's embedded cluster.
@@ -25,7 +25,7 @@ SMALL_STORE = 100 * 1024 * 1024  # bytes; tokens travel over gRPC, not through t
 
 def main() -> None:
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 1, "resources": {TARGET_DEVICE: 1, ROUTER_NODE: 1},
+        "num_cpus": 1, "resources": {TARGET_DEVICE: 2, ROUTER_NODE: 1},
         "include_dashboard": False, "object_store_memory": SMALL_STORE})
     draft_node = cluster.add_node(num_cpus=1, resources={DRAFT_DEVICE: 2}, object_store_memory=SMALL_STORE)
     cluster.wait_for_nodes()
