@@ -114,6 +114,14 @@ def start_cluster(address: str | None, metrics_port: int | None = None) -> bool:
     return not address
 
 
+def embedded_node() -> dict:
+    """The node the embedded cluster will be, as ``ray.nodes()`` lists it: its custom resources, and
+    the GPUs Ray will find (those torch sees)."""
+    import torch
+
+    return {"Alive": True, "Resources": local_resources() | {"GPU": float(torch.cuda.device_count())}}
+
+
 def start_service(config_path: Path | None = None, address: str | None = None, port: int | None = None,
                   overrides: dict | None = None, ready_timeout: float = READY_TIMEOUT_SECONDS,
                   metrics_port: int | None = None) -> RunningService:
@@ -127,6 +135,7 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
         # Models that are no models, or drafts of another vocabulary, fail here in seconds rather
         # than in the router's process after a deploy (a traceback from Serve ~20 s later).
         check_tokenizers(resolve_models(config.models, config.router))
+        check_devices(config, [embedded_node()], embedded=True)  # the real nodes are checked again below
     owns = start_cluster(address, metrics_port)
     if owns:  # an embedded cluster's processes inherit this environment (the router warns if it is open)
         log.info("security: %s", security.describe())

@@ -28,6 +28,7 @@ from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, MAX_K
 from specserve.router.config import DEFAULT_HTTP_PORT, PolicyConfig
 from specserve.router.cost_model import best_k
 from specserve.workers.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
+from specserve.workers.zoo.zoo import specserve_home
 
 EXIT_USAGE = 2  # what argparse uses for bad arguments; ours match it
 EXIT_FAILURE = 1  # the service failed or is unreachable
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     except (ValueError, OSError, ModelLoadError) as exc:  # input the user can fix (paths included)
-        print(f"specserve: error: {exc}", file=sys.stderr)
+        print(f"specserve: error: {what_to_fix(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except grpc.RpcError as exc:  # the service's answer: its status and message say what to fix
         print(f"specserve: error: {exc.code().name}: {exc.details()}", file=sys.stderr)
@@ -62,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specserve: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def what_to_fix(exc: Exception) -> str:
+    """The one line a user's error gets: as it says, or for a file it may not read, what to do."""
+    if isinstance(exc, PermissionError) and exc.filename:
+        return (f"permission denied on {exc.filename}: give the user running specserve access to it (read for "
+                f"models and zoos, write for what it builds under SPECSERVE_HOME, {specserve_home()})")
+    return str(exc)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -76,9 +76,10 @@ def router_options(config: RouterConfig) -> dict:
     return {"num_cpus": 0, "resources": resources}
 
 
-def check_devices(config: ServiceConfig, nodes: list[dict]) -> None:
+def check_devices(config: ServiceConfig, nodes: list[dict], embedded: bool = False) -> None:
     """Refuse a cluster where the model processes could never be placed (they would wait forever),
-    saying which resource is missing and how to provide it. ``nodes`` as ``ray.nodes()``."""
+    saying which resource is missing and how to provide it. ``nodes`` as ``ray.nodes()``;
+    ``embedded``: the local cluster ``serve`` starts, whose resources are fixed."""
     resources: dict[str, float] = {}
     for node in nodes:
         if node.get("Alive"):
@@ -96,8 +97,10 @@ def check_devices(config: ServiceConfig, nodes: list[dict]) -> None:
             if have < need:
                 how = "GPUs" if name == "GPU" else f"--resources '{{\"{name}\": N}}'"
                 left = " left" if taken.get(name) else ""
-                raise ValueError(f"{key}={count} needs {need:g} {name!r} but the cluster has {have:g}{left}: "
-                                 f"start nodes with {how}, or lower {key}")
+                fix = (f"lower {key}, or start a cluster with more and attach to it (--address)" if embedded
+                       else f"start nodes with {how}, or lower {key}")
+                where = "the embedded local cluster" if embedded else "the cluster"
+                raise ValueError(f"{key}={count} needs {need:g} {name!r} but {where} has {have:g}{left}: {fix}")
             taken[name] = taken.get(name, 0) + need
     router = config.router.node_resource
     if router and resources.get(router, 0) < ROUTER_SHARE:

@@ -116,6 +116,58 @@ def test_serve_refuses_what_is_no_model_in_one_line_before_starting_a_cluster(ti
         assert "Started a local Ray instance" not in done.stderr  # refused before any cluster
 
 
+def test_serve_refuses_a_broken_zoo_in_one_line_before_starting_a_cluster(specserve_home, tmp_path):
+    """An interrupted build or copy leaves a manifest that is no JSON: say which zoo, and how to fix it."""
+    (tmp_path / "manifest.json").write_text('{"tasks": ')
+    done = run_cli("serve", "--zoo", str(tmp_path), "--port", "0", home=specserve_home)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"specserve: error: the zoo at {tmp_path} has a broken manifest.json" in done.stderr
+    assert f"specserve zoo build --out {tmp_path}" in done.stderr
+    assert "Started a local Ray instance" not in done.stderr
+
+
+def test_serve_refuses_more_workers_than_the_embedded_cluster_has_devices(tiny_zoo, specserve_home, tmp_path):
+    """The embedded cluster has one target device and two draft devices: a config asking for more
+    would wait forever for placement; it is refused in one line before any cluster starts."""
+    import yaml
+
+    from specserve.cluster.bringup import serve_config
+    from specserve.cluster.config import DEFAULT_CONFIG_FILE
+
+    config = tmp_path / "three-drafts.yaml"
+    config.write_text(yaml.safe_dump(serve_config(DEFAULT_CONFIG_FILE, overrides={"draft_pool": {"workers": 3}})))
+    done = run_cli("serve", "--config", str(config), "--zoo", str(tiny_zoo.root), "--port", "0", home=specserve_home)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert ("specserve: error: draft_pool.workers=3 needs 3 'specserve_draft_device' but the embedded local "
+            "cluster has 2: lower draft_pool.workers") in done.stderr
+    assert "Started a local Ray instance" not in done.stderr
+
+
+def test_a_file_specserve_may_not_read_says_whose_access_to_fix(tiny_zoo, monkeypatch, capsys):
+    """Run as a user without access (tested here by refusing the read: the tests run as root, whom
+    file modes do not stop): one line naming the file and what access to give."""
+    from pathlib import Path
+
+    manifest = tiny_zoo.root / "manifest.json"
+    real_read = Path.read_text
+
+    def read_text(path, *args, **kwargs):
+        if path == manifest:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    assert main(["generate", "--local", "--zoo", str(tiny_zoo.root), "--prompt", "x"]) == 2
+    error = capsys.readouterr().err
+    assert f"cannot read the zoo at {tiny_zoo.root} (Permission denied: {manifest})" in error, error
+    assert "give the user running specserve read access" in error and "Traceback" not in error
+
+    from specserve.cluster.cli import what_to_fix
+
+    denied = what_to_fix(PermissionError(13, "Permission denied", "/models/target/config.json"))
+    assert denied.startswith("permission denied on /models/target/config.json: give the user running specserve")
+
+
 def test_unbuilt_zoo_says_how_to_build_it(specserve_home, capsys):
     assert main(["generate", "--zoo", "bench", "--prompt", "x"]) == 2
     assert "run `specserve zoo build --preset bench`" in capsys.readouterr().err

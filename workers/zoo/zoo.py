@@ -43,9 +43,17 @@ class Zoo:
     @classmethod
     def open(cls, root: Path) -> Zoo:
         path = Path(root) / MANIFEST
-        if not path.exists():
-            raise ZooNotBuilt(f"no complete zoo at {root}: build it with `specserve zoo build --out {root}`")
-        return cls(Path(root), json.loads(path.read_text()))
+        try:
+            if not path.exists():
+                raise ZooNotBuilt(f"no complete zoo at {root}: build it with `specserve zoo build --out {root}`")
+            return cls(Path(root), json.loads(path.read_text()))
+        except PermissionError as exc:
+            raise PermissionError(f"cannot read the zoo at {root} ({exc.strerror}: {exc.filename}): give the user "
+                                  f"running specserve read access to it, or build one of its own with "
+                                  f"`specserve zoo build --out DIR`") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"the zoo at {root} has a broken {MANIFEST} ({exc}): an interrupted build or copy; "
+                             f"rebuild it with `specserve zoo build --out {root}`") from None
 
     @property
     def tasks(self) -> list[str]:
