@@ -67,14 +67,20 @@ def long_request(tiny_zoo, **fields) -> pb.GenerateRequest:
     return pb.GenerateRequest(task=task, speculation=pb.SPECULATION_ON, **fields)
 
 
-def stream_with_fault(client, request, fault, timeout=None) -> tuple[list[int], pb.GenerateStats]:
-    """Stream ``request``; after the first chunk, inject ``fault``; the tokens as the client saw them."""
+# Chunks a request has streamed when a draft worker is struck. A greedy request drafts ahead: its
+# first token is the target's alone while the draft prefills, and the second comes from the draft's
+# first proposal. Struck before that, the draft would be stuck in its prefill, whose timeout
+# (draft_prefill_seconds) is longer than a step's.
+DRAFTING = 2
+
+
+def stream_with_fault(client, request, fault, timeout=None, after: int = 1) -> tuple[list[int], pb.GenerateStats]:
+    """Stream ``request``; after ``after`` chunks, inject ``fault``; the tokens as the client saw them."""
     chunks = client.stream(request, timeout=timeout)
-    first = next(chunks)
+    before = [next(chunks) for _ in range(after)]
     fault()
-    rest = list(chunks)
-    tokens = [t for c in [first, *rest] for t in c.token_ids]
-    return tokens, rest[-1].stats if rest else first.stats
+    streamed = before + list(chunks)
+    return [t for c in streamed for t in c.token_ids], streamed[-1].stats
 
 
 def with_draft_struck(client, tiny_zoo, strike, times: dict | None = None, **fields):
@@ -95,7 +101,7 @@ def with_draft_struck(client, tiny_zoo, strike, times: dict | None = None, **fie
 
     started = time.monotonic()
     try:
-        tokens, stats = stream_with_fault(client, request, fault)
+        tokens, stats = stream_with_fault(client, request, fault, after=DRAFTING)
     finally:
         times["struck"] = time.monotonic() - started
         for worker in struck:
@@ -258,14 +264,14 @@ def batch_of_requests(tiny_zoo) -> list[pb.GenerateRequest]:
 
 
 def strike_a_batch(client, tiny_zoo, kind: str, strike):
-    """The batch streamed at once; when every request is under way, ``strike(worker)`` hits the
+    """The batch streamed at once; when every request is drafting (DRAFTING chunks in), ``strike(worker)`` hits the
     worker of ``kind`` holding the most of their sessions (thawed at the end, should it be frozen).
     Returns (requests, tokens undisturbed, tokens struck, final stats, sessions the worker held)."""
     requests = batch_of_requests(tiny_zoo)
     with ThreadPoolExecutor(len(requests)) as pool:
         undisturbed = list(pool.map(lambda r: list(client.generate(r).token_ids), requests))
         streams = [client.stream(r) for r in requests]
-        firsts = list(pool.map(next, streams))
+        befores = list(pool.map(lambda stream: [next(stream) for _ in range(DRAFTING)], streams))
         held, victim = max(((inspect(kind, w.address).live_sessions, w) for w in workers(client, kind)),
                            key=lambda pair: pair[0])
         try:
@@ -273,8 +279,8 @@ def strike_a_batch(client, tiny_zoo, kind: str, strike):
             rests = list(pool.map(list, streams))
         finally:
             thaw(victim.pid)
-    struck = [[t for chunk in [first, *rest] for t in chunk.token_ids] for first, rest in zip(firsts, rests)]
-    stats = [(rest or [first])[-1].stats for first, rest in zip(firsts, rests)]
+    struck = [[t for chunk in before + rest for t in chunk.token_ids] for before, rest in zip(befores, rests)]
+    stats = [(before + rest)[-1].stats for before, rest in zip(befores, rests)]
     return requests, undisturbed, struck, stats, held
 
 
