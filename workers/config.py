@@ -51,8 +51,8 @@ class WorkerConfig(FrozenConfig):
     cpus: tuple[int, ...] = ()
     max_sessions: int = Field(64, ge=1)  # concurrent sessions (streams) this process accepts
     # KV cache memory this process may hold over all its sessions. A session reserves what its
-    # longest possible sequence needs when it opens; one that does not fit is refused
-    # (RESOURCE_EXHAUSTED), so memory is bounded however requests arrive.
+    # longest possible sequence needs when it opens; one that does not fit is refused (the router
+    # opens it on another replica, or waits for room), so memory is bounded however requests arrive.
     kv_cache_mib: float = Field(4096, gt=0)
     # A session whose router sent nothing for this long is evicted, its cache freed: the router
     # died without closing the stream, or hangs. Routers wait at most a target step or a target
