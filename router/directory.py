@@ -58,11 +58,15 @@ class WorkerDirectory:
                 self.refreshed = time.monotonic()
         return self.endpoints
 
+    async def available(self, kind: str, model: str | None = None) -> list[Endpoint]:
+        """The registered workers of ``kind`` (serving ``model``) that have not failed lately."""
+        return [e for e in await self.refresh() if e.kind == kind and (model is None or model in e.models)
+                and not self._passed_over(e)]
+
     async def pick(self, kind: str, model: str | None = None, avoid: Collection[str] = ()) -> Endpoint:
-        """The least-loaded registered worker of ``kind`` (serving ``model``), except those that
-        failed lately and those in ``avoid`` (worker ids: the replicas that refused a request as full)."""
-        candidates = [e for e in await self.refresh() if e.kind == kind and (model is None or model in e.models)
-                      and not self._passed_over(e) and e.worker_id not in avoid]
+        """The least-loaded available worker of ``kind`` (serving ``model``), except those in
+        ``avoid`` (worker ids: those that refused this request as full)."""
+        candidates = [e for e in await self.available(kind, model) if e.worker_id not in avoid]
         if not candidates:
             what = f"{kind} worker serving {model!r}" if model else f"{kind} replica"
             raise NoWorker(f"no {what} is registered yet; retry shortly")

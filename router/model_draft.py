@@ -10,6 +10,8 @@ proposed, so this changes speed only.
 
 A worker that fails mid-request is replaced by another, opened holding every committed token (the
 router holds the truth), up to ``MAX_DRAFT_REOPENS`` times; then the request goes on target-only.
+A worker that refuses the session as full is no failure: the draft opens on another that has not
+refused it (a draft is optional, so there is no waiting for room), else the request goes target-only.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class ModelDraft(Proposer):
         self.mirror = DraftMirror(len(session.request.prompt_ids))  # the draft session's tokens, as the router knows them
         self.ahead: asyncio.Task | None = None  # the next proposal, drafted while the target verifies
         self.reopens = 0  # draft workers replaced mid-request
+        self.refused_by: set[str] = set()  # workers that refused this request's draft as full
         self.proposed: list[int] = []  # its last proposal
         # The target's token after a verdict that accepted all of the last proposal (what a
         # lookahead has guessed if it was right); None after any other verdict.
@@ -55,7 +58,7 @@ class ModelDraft(Proposer):
         why = ""
         for _ in range(OPEN_ATTEMPTS):
             try:
-                worker = await s.directory.pick("draft", self.name)
+                worker = await s.directory.pick("draft", self.name, avoid=self.refused_by)
             except NoWorker as exc:
                 why = str(exc)
                 break
@@ -83,20 +86,22 @@ class ModelDraft(Proposer):
             return await self._draft(k, self._take_ahead())
         except WorkerFailed as exc:
             self._drop(exc)
-            if self.reopens >= MAX_DRAFT_REOPENS:
-                raise ProposerGone(f"failed mid-request, {self.reopens} times already: {exc}") from None
-            self.reopens += 1
-            log.warning("request %s: draft %s failed mid-request; reopening it elsewhere: %s",
-                        self.session.session_id, self.name, exc)
+            if not exc.full:  # a full worker failed nothing: no reopen spent
+                if self.reopens >= MAX_DRAFT_REOPENS:
+                    raise ProposerGone(f"failed mid-request, {self.reopens} times already: {exc}") from None
+                self.reopens += 1
+                log.warning("request %s: draft %s failed mid-request; reopening it elsewhere: %s",
+                            self.session.session_id, self.name, exc)
             await self.open()
         try:
             # The reopened session's first step prefills every committed token: no draft step's cost.
             return await self._draft(k, None, timed=False)
         except WorkerFailed as exc:
             self._drop(exc)
-            raise ProposerGone(f"failed again mid-request: {exc}") from None
+            raise ProposerGone(f"{'refused' if exc.full else 'failed again'} mid-request: {exc}") from None
         finally:
-            self.session.recovery_seconds += time.perf_counter() - started
+            if self.session.verdict is not None:  # before the first token it is in first_token_seconds
+                self.session.recovery_seconds += time.perf_counter() - started
 
     def follow(self, accepted: int, appended: Sequence[int]) -> None:
         self.mirror.verdict(accepted, appended)  # the worker learns it with its next step
@@ -171,5 +176,7 @@ class ModelDraft(Proposer):
         if self.stream is not None and self.stream.worker.worker_id == failure.worker.worker_id:
             self.stream.cancel()
             self.stream = None
+        if failure.full:
+            self.refused_by.add(failure.worker.worker_id)
         if failure.broken:
             self.session.directory.mark_failed(failure.worker)

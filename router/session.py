@@ -204,8 +204,7 @@ class Session:
         if waited is None:  # the whole step was a recovery: detecting the failure, waiting, re-prefilling
             if self.verdict is not None:  # before the first token it is in first_token_seconds already
                 self.recovery_seconds += time.perf_counter() - started
-            self.refused_by.clear()  # a replica took it: next time, every replica may have room again
-            self.all_full_since = None
+            self._room_again()  # a replica took it
         if self.verdict is not None and waited is not None:  # the prefill is no decode step: left out
             wait = time.perf_counter() - waited
             if self._runs(proposal):  # replies queued while the router was busy arrive at once, but
@@ -292,6 +291,7 @@ class Session:
             except (NoWorker, WorkerFailed) as exc:
                 if isinstance(exc, WorkerFailed):
                     self._drop(exc)
+                self.refused_by.clear()  # waiting for a replica: those that were full may have room by then
                 if time.monotonic() + TARGET_POLL_SECONDS >= give_up:
                     last = after or exc
                     raise TargetUnavailable(f"no target replica could serve request {self.session_id} "
@@ -329,9 +329,10 @@ class Session:
     async def _resume_target(self, failure: WorkerFailed) -> None:
         self._drop(failure)
         self.owed = 0  # the failed replica's run is gone; the next one starts afresh
-        if failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # refused at open: full, not failed
+        if failure.full:  # refused at open: full, not failed
             await self._pass_on(failure)
             return
+        self._room_again()  # it had a replica: the full wait, if it comes again, starts afresh
         if self.target_resumes >= MAX_TARGET_RESUMES:
             raise TargetUnavailable(f"request {self.session_id} lost its target replica "
                                     f"{self.target_resumes + 1} times; giving up ({failure}); retry") from None
@@ -346,8 +347,8 @@ class Session:
         again every FULL_POLL_SECONDS, up to the full wait or the client's deadline."""
         self.refused_by.add(refusal.worker.worker_id)
         self.full_refusals += 1
-        replicas = {e.worker_id for e in await self.directory.refresh() if e.kind == "target"}
-        if replicas <= self.refused_by:
+        replicas = {e.worker_id for e in await self.directory.available("target")}
+        if replicas and replicas <= self.refused_by:  # (none at all: _open_target waits for one)
             now = time.monotonic()
             self.all_full_since = self.all_full_since or now
             give_up = self._before_deadline(self.all_full_since + self.timeouts.target_full_wait_seconds)
@@ -360,6 +361,11 @@ class Session:
             await asyncio.sleep(min(FULL_POLL_SECONDS, give_up - now))  # the last try at the end of the wait
             self.refused_by.clear()
         await self._open_target(after=refusal)
+
+    def _room_again(self) -> None:
+        """Forget the refusals: every replica may have room for this request again."""
+        self.refused_by.clear()
+        self.all_full_since = None
 
     # What the request tells the others.
 

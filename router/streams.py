@@ -32,12 +32,15 @@ class WorkerFailed(Exception):
 
     ``broken``: the worker itself looks broken (gone, stuck), so new sessions should pass it over
     for a while; not so when it refused a session because it is full or ended one that sat idle.
+    ``full``: it refused the session for want of room, as it says on the stream (a status of
+    RESOURCE_EXHAUSTED may be grpc's own, say a message over its size limit).
     """
 
-    def __init__(self, worker: Endpoint, what: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(self, worker: Endpoint, what: str, code: grpc.StatusCode | None = None, full: bool = False) -> None:
         super().__init__(f"{worker.kind} {worker.worker_id} at {worker.address} {what}")
         self.worker = worker
         self.code = code
+        self.full = full
         self.broken = code not in WORKER_SAID_SO
 
 
@@ -85,7 +88,7 @@ class SessionStream:
         if reply.refused:  # full: said as a reply, and the worker waits for us to end the stream
             self.cancel()
             raise WorkerFailed(self.worker, f"refused the session: RESOURCE_EXHAUSTED: {reply.refused}",
-                               grpc.StatusCode.RESOURCE_EXHAUSTED)
+                               grpc.StatusCode.RESOURCE_EXHAUSTED, full=True)
         return reply
 
     async def _guard(self, step):

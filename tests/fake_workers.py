@@ -63,7 +63,8 @@ class FakeWorker:
                 self.pool, sequence = private_sequence(self.model, opened.prompt_ids, capacity)
         except PoolFull as exc:
             self.refused += 1
-            return WorkerFailed(self.endpoint, f"failed: RESOURCE_EXHAUSTED: {exc}", grpc.StatusCode.RESOURCE_EXHAUSTED)
+            return WorkerFailed(self.endpoint, f"refused the session: RESOURCE_EXHAUSTED: {exc}",
+                                grpc.StatusCode.RESOURCE_EXHAUSTED, full=True)
         self.opened.append(len(opened.prompt_ids))
         self.live += 1
         return target_session(sequence, opened) if self.endpoint.kind == "target" else DraftStream(sequence, opened)
@@ -172,11 +173,17 @@ class FakeDirectory:
         self.failed: list[str] = []
 
     async def refresh(self, force: bool = False) -> list[Endpoint]:
-        return [w.endpoint for w in self.workers.values() if not w.dead]
+        """Every worker, dead ones too: the registry lists a dead worker until its entry expires."""
+        return [w.endpoint for w in self.workers.values()]
+
+    async def available(self, kind: str, model: str | None = None) -> list[Endpoint]:
+        return [e for e in await self.refresh() if e.kind == kind and (model is None or model in e.models)
+                and e.worker_id not in self.failed]
 
     async def pick(self, kind: str, model: str | None = None, avoid=()) -> Endpoint:
-        for endpoint in await self.refresh():
-            if endpoint.kind == kind and (model is None or model in endpoint.models) and endpoint.worker_id not in avoid:
+        """The first available worker not in ``avoid`` (the fakes keep no load)."""
+        for endpoint in await self.available(kind, model):
+            if endpoint.worker_id not in avoid:
                 return endpoint
         raise NoWorker(f"no {kind} worker")
 

@@ -332,8 +332,9 @@ class HeldSessions:
             self.release_event.wait(SESSION_IDLE_SECONDS)
 
         self.calls = [stub.Verify(open_then_hold(i)) for i in range(count)]
-        full = _wait_for(lambda: inspect("target", target.address).live_sessions >= count, 10)
-        assert full, "the held sessions did not open"
+        if not _wait_for(lambda: inspect("target", target.address).live_sessions >= count, 10):
+            self.release()
+            raise AssertionError("the held sessions did not open")
 
     def release(self) -> None:
         self.release_event.set()

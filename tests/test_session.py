@@ -206,6 +206,41 @@ def test_a_resumed_request_passes_over_a_full_replica(models, target_only):
     assert session.target_resumes == 1 and full.refused == 1 and spare.steps > 1
 
 
+def test_a_request_resumed_while_its_spare_is_full_waits_for_room_there(models, target_only):
+    """Its replica dies (and stays listed, as in the registry until its entry expires, passed over);
+    the only other one is full until its own request ends. The resumed request waits for room on it
+    (the full wait), not for the dead one to come back."""
+    roomy_once = FakeWorker("target", "t1", models[0], scheduler=kv_for_sessions(models, 1))
+    dying = FakeWorker("target", "t0", models[0], fail_at_step=4)
+    directory = FakeDirectory(roomy_once, dying, FakeWorker("draft", "d0", models[0]))
+    timeouts = TimeoutsConfig(target_wait_seconds=5.0)
+    holder, resumed = (make_session(models, directory, lookahead=False, timeouts=timeouts) for _ in range(2))
+
+    async def both():
+        return await asyncio.gather(drain(holder), drain(resumed))
+
+    assert asyncio.run(both()) == [target_only, target_only]
+    assert resumed.target_resumes == 1 and resumed.full_refusals >= 1 and "t0" in directory.failed
+
+
+def test_a_full_draft_worker_passes_the_draft_on(models, target_only):
+    """A draft worker with no room refuses; the draft opens on another at once (no reopen spent);
+    with every draft worker full the request goes on target-only. The output is the same."""
+    full = FakeWorker("draft", "d0", models[0], max_sessions=0)
+    roomy = FakeWorker("draft", "d1", models[0])
+    session = make_session(models, FakeDirectory(FakeWorker("target", "t0", models[0]), full, roomy), lookahead=True)
+    assert run(session) == target_only
+    assert full.refused == 1 and roomy.steps > 1 and session.draft_reopens == 0
+    assert session.route.reason != DRAFT_LOST and session.decoding.stats.proposed > 0
+
+    also_full = FakeWorker("draft", "d1", models[0], max_sessions=0)
+    session = make_session(models, FakeDirectory(FakeWorker("target", "t0", models[0]),
+                                                 FakeWorker("draft", "d0", models[0], max_sessions=0), also_full),
+                           lookahead=False)
+    assert run(session) == target_only
+    assert also_full.refused == 1 and session.proposer is None and session.draft_reopens == 0
+
+
 def test_a_cancelled_request_frees_its_workers(models, target_only):
     target = FakeWorker("target", "t0", models[0])
     draft = FakeWorker("draft", "d0", models[0])

@@ -47,6 +47,7 @@ def test_a_worker_gone_or_full_is_a_worker_failure(code, details):
     with pytest.raises(WorkerFailed) as failed:
         ask(code, details)
     assert failed.value.code == code and failed.value.broken == (code != grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert not failed.value.full  # a status may be grpc's own (a message over its limit): only a refusal says full
 
 
 @pytest.mark.parametrize("code,details", [(grpc.StatusCode.INTERNAL, "a handler's own INTERNAL"),
@@ -75,5 +76,5 @@ def test_a_refusal_said_on_the_stream_is_a_full_worker_not_a_broken_one(reply):
     stream = SessionStream(WORKER, call, step_timeout=1.0, load=Counter())
     with pytest.raises(WorkerFailed) as failed:
         asyncio.run(stream.ask(object()))
-    assert failed.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not failed.value.broken
+    assert failed.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and failed.value.full and not failed.value.broken
     assert reply.refused in str(failed.value) and call.cancelled  # the worker waits for us to end it
