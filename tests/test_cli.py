@@ -118,12 +118,13 @@ def test_serve_refuses_what_is_no_model_in_one_line_before_starting_a_cluster(ti
 
 def test_serve_refuses_a_broken_zoo_in_one_line_before_starting_a_cluster(specserve_home, tmp_path):
     """An interrupted build or copy leaves a manifest that is no JSON: say which zoo, and how to fix it."""
-    (tmp_path / "manifest.json").write_text('{"tasks": ')
-    done = run_cli("serve", "--zoo", str(tmp_path), "--port", "0", home=specserve_home)
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert f"specserve: error: the zoo at {tmp_path} has a broken manifest.json" in done.stderr
-    assert f"specserve zoo build --out {tmp_path}" in done.stderr
-    assert "Started a local Ray instance" not in done.stderr
+    for broken in ('{"tasks": ', '{"tasks": ["sql"]}', '[]'):  # cut short; JSON, but no zoo's
+        (tmp_path / "manifest.json").write_text(broken)
+        done = run_cli("serve", "--zoo", str(tmp_path), "--port", "0", home=specserve_home)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert f"specserve: error: the zoo at {tmp_path} has a broken manifest.json" in done.stderr
+        assert f"specserve zoo build --out {tmp_path}" in done.stderr
+        assert "Started a local Ray instance" not in done.stderr
 
 
 def test_serve_refuses_more_workers_than_the_embedded_cluster_has_devices(tiny_zoo, specserve_home, tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 from .corpora import Corpus
 
 MANIFEST = "manifest.json"
+MANIFEST_KEYS = ("tasks", "target", "drafts", "task_drafts", "acceptance")  # what serving a zoo reads
 CLASSIFIER = "classifier.npz"  # the task classifier (specserve.workers.classifier)
 DEFAULT_HOME = "~/.cache/specserve"  # overridden by the SPECSERVE_HOME environment variable
 
@@ -46,7 +47,12 @@ class Zoo:
         try:
             if not path.exists():
                 raise ZooNotBuilt(f"no complete zoo at {root}: build it with `specserve zoo build --out {root}`")
-            return cls(Path(root), json.loads(path.read_text()))
+            manifest = json.loads(path.read_text())
+            missing = [key for key in MANIFEST_KEYS if key not in manifest] if isinstance(manifest, dict) else MANIFEST_KEYS
+            if missing:
+                raise ValueError(f"the zoo at {root} has a broken {MANIFEST} (no {', '.join(missing)}): not a zoo's, "
+                                 f"or from an interrupted build; rebuild it with `specserve zoo build --out {root}`")
+            return cls(Path(root), manifest)
         except PermissionError as exc:
             raise PermissionError(f"cannot read the zoo at {root} ({exc.strerror}: {exc.filename}): give the user "
                                   f"running specserve read access to it, or build one of its own with "
