@@ -100,8 +100,7 @@ class ModelDraft(Proposer):
             self._drop(exc)
             raise ProposerGone(f"{'refused' if exc.full else 'failed again'} mid-request: {exc}") from None
         finally:
-            if self.session.verdict is not None:  # before the first token it is in first_token_seconds
-                self.session.recovery_seconds += time.perf_counter() - started
+            self.session.count_recovery(started)
 
     def follow(self, accepted: int, appended: Sequence[int]) -> None:
         self.mirror.verdict(accepted, appended)  # the worker learns it with its next step

@@ -21,7 +21,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import grpc
 from transformers import PreTrainedTokenizerBase
 
 from specserve.proto.v1 import internal_pb2 as pb
@@ -202,8 +201,7 @@ class Session:
                 await self._resume_target(exc)
                 waited = None  # this step's wait includes a prefill: no cost sample
         if waited is None:  # the whole step was a recovery: detecting the failure, waiting, re-prefilling
-            if self.verdict is not None:  # before the first token it is in first_token_seconds already
-                self.recovery_seconds += time.perf_counter() - started
+            self.count_recovery(started)
             self._room_again()  # a replica took it
         if self.verdict is not None and waited is not None:  # the prefill is no decode step: left out
             wait = time.perf_counter() - waited
@@ -271,6 +269,12 @@ class Session:
         return pb.SessionOpen(session_id=self.session_id, prompt_ids=self.decoding.committed_ids(), model=model,
                               sampling=sampling_message(self.params.sampling, seed),
                               max_new_tokens=self.decoding.remaining, task=self.task.task)
+
+    def count_recovery(self, started: float) -> None:
+        """The time since ``started`` (perf_counter) went to recovering from a failed worker: left
+        out of what the policy learns. Before the first token it is in first_token_seconds already."""
+        if self.verdict is not None:
+            self.recovery_seconds += time.perf_counter() - started
 
     def _before_deadline(self, give_up: float) -> float:
         """When to stop waiting: at ``give_up``, or just before the client's deadline if sooner."""

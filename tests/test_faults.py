@@ -210,6 +210,12 @@ def test_client_deadline_is_honoured_and_frees_the_sessions(client, tiny_zoo, re
     assert time.monotonic() - started < 1.5 + 1.0
 
 
+def raw_open(session_id: str) -> internal_pb2.SessionOpen:
+    """A small session opened straight on a target replica, as a router would (no client request)."""
+    return internal_pb2.SessionOpen(session_id=session_id, prompt_ids=[1, 2, 3], max_new_tokens=8,
+                                    sampling=internal_pb2.Sampling(top_p=1.0))
+
+
 def _wait_for(condition, timeout: float = RECOVERY_SECONDS):
     deadline = time.monotonic() + timeout
     while not (result := condition()):
@@ -223,8 +229,7 @@ def test_an_abandoned_session_is_evicted_and_its_memory_freed(client):
     """A caller that opens a session and goes silent (a router that hung) holds it only for the
     idle time; the worker then ends it (DEADLINE_EXCEEDED) and gives back its KV reservation."""
     (target,) = workers(client, "target")
-    opened = internal_pb2.SessionOpen(session_id="abandoned", prompt_ids=[1, 2, 3], max_new_tokens=8,
-                                      sampling=internal_pb2.Sampling(top_p=1.0))
+    opened = raw_open("abandoned")
     silent = threading.Event()
 
     def open_then_say_nothing():
@@ -326,9 +331,7 @@ class HeldSessions:
         stub = internal_pb2_grpc.VerifierStub(self.channel)
 
         def open_then_hold(i):
-            opened = internal_pb2.SessionOpen(session_id=f"held-{i}", prompt_ids=[1, 2, 3], max_new_tokens=8,
-                                              sampling=internal_pb2.Sampling(top_p=1.0))
-            yield internal_pb2.VerifyRequest(open=opened)
+            yield internal_pb2.VerifyRequest(open=raw_open(f"held-{i}"))
             self.release_event.wait(SESSION_IDLE_SECONDS)
 
         self.calls = [stub.Verify(open_then_hold(i)) for i in range(count)]
@@ -385,9 +388,7 @@ async def refusals(target, times: int) -> list[WorkerFailed]:
     try:
         for i in range(times):
             stream = SessionStream(endpoint, internal_pb2_grpc.VerifierStub(channel).Verify(), 5.0, Counter())
-            opened = internal_pb2.SessionOpen(session_id=f"refused-{i}", prompt_ids=[1, 2, 3], max_new_tokens=8,
-                                              sampling=internal_pb2.Sampling(top_p=1.0))
-            await stream.send(internal_pb2.VerifyRequest(open=opened))
+            await stream.send(internal_pb2.VerifyRequest(open=raw_open(f"refused-{i}")))
             await asyncio.sleep(pauses.uniform(0, 0.001))
             try:
                 for _ in range(WRITES):
