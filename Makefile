@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench soak serve proto manifests image
+.PHONY: demo test test-slow bench soak serve proto manifests image docs
 
 $(INSTALLED): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,7 @@ image:
 soak: $(INSTALLED)
 	$(BIN)/python -m specserve.bench.soak $(if $(MINUTES),--minutes $(MINUTES))
 
-# Long suites (more sampling settings, bigger budgets): see "Tests" in the README.
+# Long suites (more sampling settings, bigger budgets): see docs/pages/tests.md.
 test-slow: $(INSTALLED)
 	$(BIN)/python -m pytest -m slow
 
@@ -48,3 +48,7 @@ test-slow: $(INSTALLED)
 bench: $(INSTALLED)
 	$(BIN)/specserve zoo build --preset bench
 	$(BIN)/specserve bench
+
+# The documentation site (MkDocs, docs/mkdocs.yml) into docs/site/; strict: a broken link fails it.
+docs: $(INSTALLED)
+	$(BIN)/python -m mkdocs build --strict -f docs/mkdocs.yml

@@ -15,6 +15,7 @@ from dataclasses import asdict
 import numpy as np
 
 from specserve.router.cost_model import expected_speedup
+from specserve.workers import stats
 
 from .load_figures import derive_load
 from .samples import (ENGINE_OFF, ENGINE_TASK, GENERAL, HF_ASSISTED, OFF, PROPOSER_PATHS, ROUTED, TASK, TASK_ADAPTIVE,
@@ -51,13 +52,13 @@ def by_run(samples: list[Sample]) -> list[dict[str, Sample]]:
 
 
 def alpha(samples: list[Sample]) -> float | None:
-    """Per-token acceptance: accepted / (accepted + rejections), over the samples that drafted."""
-    accepted = sum(s.accepted for s in samples)
-    trials = accepted + sum(s.rejections for s in samples)
-    return accepted / trials if trials else None
+    """workers/stats.py's alpha over the samples; None where none drafted."""
+    accepted, rejections = sum(s.accepted for s in samples), sum(s.rejections for s in samples)
+    return stats.alpha(accepted, rejections) if accepted + rejections else None
 
 
 def tokens_per_pass(samples: list[Sample]) -> float | None:
+    """Output tokens per target pass (each pass's accepted tokens and the target's own)."""
     passes = sum(s.target_passes for s in samples)
     return sum(s.tokens for s in samples) / passes if passes else None
 
@@ -66,10 +67,12 @@ def cost_ratio(drafted: list[Sample], target_only: list[Sample]) -> float | None
     """c: a draft token's device time over a target-only pass's. Taken from the in-process engine,
     where the two models take turns on one thread and no draft work is thrown away: the service
     drafts ahead, and a missed lookahead's tokens would count against c without costing a step."""
+    # In process every drafted token is proposed: workers/stats.py's c, per drafted token.
     proposed, passes = sum(s.proposed for s in drafted), sum(s.target_passes for s in target_only)
     if not proposed or not passes:
         return None
-    return (sum(s.draft_seconds for s in drafted) / proposed) / (sum(s.verify_seconds for s in target_only) / passes)
+    return stats.cost_ratio(sum(s.draft_seconds for s in drafted), proposed,
+                            sum(s.verify_seconds for s in target_only), passes)
 
 
 def time_per_pass(samples: list[Sample]) -> dict | None:

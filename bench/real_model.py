@@ -3,7 +3,7 @@
 The zoo's models are trained here and small; this section runs a model someone else trained, as
 a user would serve it: ``models.target`` set to its directory or GGUF file, no draft model, the
 tasks served by prompt lookup and suffix decoding (a distilled draft is ``specserve distill``'s
-job, and its note in the README says where it stands). Prompts are chat-templated instructions of
+job, and its note in docs/pages/benchmarks.md says where it stands). Prompts are chat-templated instructions of
 two kinds: code (write, fix or extend a function: the answer reuses the prompt's identifiers) and
 chat (questions and summaries).
 

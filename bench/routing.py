@@ -29,6 +29,7 @@ from specserve.cluster.client import SpecServeClient
 from specserve.cluster.local import open_zoo
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.zoo.presets import GENERAL_DRAFT
+from specserve.workers.stats import alpha
 
 MODES = ("routed", "general", "off")
 SCHEDULES = ("fixed", "heuristic", "confidence")
@@ -59,7 +60,7 @@ class Totals:
 
     @property
     def alpha(self) -> float:
-        return self.accepted / (self.accepted + self.rejections) if self.accepted + self.rejections else float("nan")
+        return alpha(self.accepted, self.rejections) if self.accepted + self.rejections else float("nan")
 
     @property
     def tokens_per_second(self) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from specserve.router.config import RouterConfig
-from specserve.router.proposers import DRAFT_FREE, RESERVED, TREE
+from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE
 from specserve.workers.loading import ModelSpec, load_tokenizer
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 from specserve.workers.zoo.presets import GENERAL_DRAFT

@@ -8,7 +8,7 @@ which goes with it.
 The pool keeps its size. A worker whose process dies is restarted by Ray (``max_restarts``) with
 its models and its name; one that is gone for good (killed without restart, its restarts used up)
 is replaced by a new worker, found by the router's ``supervise`` loop. Requests that were drafting
-on it carry on meanwhile (router/session.py).
+on it carry on meanwhile (router/remote_draft.py).
 """
 
 from __future__ import annotations

@@ -9,11 +9,10 @@ from pydantic import Field, model_validator
 
 from specserve.workers.config import FrozenConfig
 from specserve.workers.ngram import NgramConfig
-from specserve.workers.request import MAX_K
+from specserve.workers.request import GENERAL_TASK, MAX_K
 from specserve.workers.suffix_tree import SuffixConfig
-from specserve.workers.zoo.presets import GENERAL_DRAFT
 
-from .proposers import DRAFT_FREE
+from specserve.workers.lookup import DRAFT_FREE
 
 ROUTER_NODE = "specserve_router_node"  # custom resource of the node the router runs on (clients reach it)
 DEFAULT_PORT = 50051  # the client API (gRPC's customary port)
@@ -28,7 +27,7 @@ class PolicyConfig(FrozenConfig):
     """
 
     # Requests without a task: the classifier's answer below this confidence resolves to the
-    # default task. Held-out prompts of the zoo's tasks score well above it (see README).
+    # default task. Held-out prompts of the zoo's tasks score well above it (see docs/pages/routing.md).
     classifier_min_confidence: float = Field(0.6, ge=0, le=1)
     classifier: str | None = None  # a classifier .npz (`specserve classifier train`); None: the zoo's
     # k is chosen per (task, draft) in [k_min, k_max] to maximise the expected speedup.
@@ -37,7 +36,7 @@ class PolicyConfig(FrozenConfig):
     # Within a request: "fixed" (the chosen k every step), "heuristic" (Hugging Face's: +2 after a
     # fully accepted step, -1 after a rejection) or "confidence" (the draft stops early after a token
     # it gave less than `confidence_threshold`; HF's assistant_confidence_threshold, AdaEDL's idea).
-    # On the bench zoo the heuristic matched fixed k and the confidence rule cost math ~15% (README).
+    # On the bench zoo the heuristic matched fixed k and the confidence rule cost math ~15% (docs/pages/routing.md).
     k_schedule: str = Field("heuristic", pattern="^(fixed|heuristic|confidence)$")
     confidence_threshold: float = Field(0.4, ge=0, le=1)  # HF's default
     # Exploration: Thompson sampling over each draft's acceptance (Beta posterior), so a draft
@@ -118,8 +117,8 @@ class RouterConfig(FrozenConfig):
     node_resource: str | None = ROUTER_NODE
     max_concurrent_requests: int = Field(32, ge=1)  # run at once; beyond it, requests queue
     max_queued_requests: int = Field(32, ge=0)  # wait for a turn; beyond it: RESOURCE_EXHAUSTED
-    default_task: str = GENERAL_DRAFT  # for requests that name no task
-    # Greedy requests: draft the next proposal while the target verifies this one (router/session.py).
+    default_task: str = GENERAL_TASK  # for requests that name no task
+    # Greedy requests: draft the next proposal while the target verifies this one (router/remote_draft.py).
     lookahead: bool = True
     # A request decoding target-only asks its replica for up to this many tokens ahead, answered one
     # by one, so it stays in every batched pass instead of sitting out a round trip per token; at
@@ -127,7 +126,7 @@ class RouterConfig(FrozenConfig):
     decode_run_tokens: int = Field(8, ge=1, le=256)
     # The drafts allowed to serve each task, preferred first. Empty: the zoo's own table.
     tasks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
-    # Draft-free proposers (router/proposers.py): prompt lookup (ngram) and suffix decoding (suffix),
+    # Draft-free proposers (workers/lookup.py): prompt lookup (ngram) and suffix decoding (suffix),
     # run in the router at no device cost. They serve every task beside its drafts, unless `tasks`
     # is given: that table is taken as written (name them in an entry to offer them there).
     draft_free: tuple[str, ...] = DRAFT_FREE

@@ -19,7 +19,7 @@ from specserve.workers.grpc_host import CHANNEL_OPTIONS
 from specserve.workers.registry import Endpoint
 from specserve.workers.security import SecuritySettings, internal_aio_channel
 
-from .streams import SessionStream
+from .streams import WorkerStream
 
 log = logging.getLogger("specserve.router")
 REFRESH_SECONDS = 1.0  # how stale the router's copy of the registry may get
@@ -99,8 +99,8 @@ class WorkerDirectory:
                 endpoint.address, self.security, options=CHANNEL_OPTIONS)
         return self.channels[endpoint.address]
 
-    def stream(self, worker: Endpoint, step_timeout: float, first_step_timeout: float | None = None) -> SessionStream:
+    def stream(self, worker: Endpoint, step_timeout: float, first_step_timeout: float | None = None) -> WorkerStream:
         """A new session stream to ``worker``: Verify on a target replica, Draft on a draft worker."""
         channel = self.channel(worker)
         call = rpc.VerifierStub(channel).Verify() if worker.kind == "target" else rpc.DrafterStub(channel).Draft()
-        return SessionStream(worker, call, step_timeout, self.load, first_step_timeout)
+        return WorkerStream(worker, call, step_timeout, self.load, first_step_timeout)

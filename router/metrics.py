@@ -8,7 +8,7 @@ or draft) from the pass each reply says it ran in: a pass of n sessions is count
 Gauges are set again every second and the counters of rare events (failovers, fallback and load
 decisions) start at 0, so an idle router's panels read their last value or 0, never "no data".
 
-Derived figures are defined here once, in PromQL, and nowhere else: the dashboard
+Derived figures are defined here once, in PromQL, under the names workers/stats.py gives them: the dashboard
 (deploy/kuberay/grafana-dashboard.json) charts exactly these expressions (tests/test_metrics_promql.py
 holds it to them) and DERIVED_PROMQL is this block, parsed. They are written as Grafana runs them:
 `$__rate_interval` is the rate window, `$__range` the dashboard's time range and `$task` the task
@@ -31,9 +31,9 @@ error_share =
 acceptance_rate =
     sum by (task, draft) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
     / sum by (task, draft) (rate(ray_specserve_draft_tokens_total{task=~"$task"}[$__rate_interval]))
-# Mean acceptance length (vLLM's): tokens committed per target pass that verified a proposal, its
-# accepted tokens and one of the target's own, by task. 1: speculation gains nothing; k + 1: all kept.
-tokens_per_target_pass =
+# Mean acceptance length (vLLM's; workers/stats.py tokens_per_pass): tokens committed per target pass
+# that verified a proposal, its accepted tokens and one of the target's own, by task. 1: speculation gains nothing; k + 1: all kept.
+tokens_per_pass =
     1 + sum by (task) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
     / sum by (task) (rate(ray_specserve_drafts_total{task=~"$task"}[$__rate_interval]))
 # Per position i of a proposal (0 first): the share of verify steps that accepted their i-th draft
@@ -49,11 +49,11 @@ acceptance_by_position_over_range =
       / ignoring (position) group_left
       sum (increase(ray_specserve_drafts_total{task=~"$task"}[$__range]))
     )
-# Mean sessions, and mean tokens (all sessions'), in the forward pass a step ran in, by kind.
+# Mean sessions, and mean tokens (all sessions': the pass's width), in the forward pass a step ran in, by kind.
 sessions_per_pass =
     sum by (kind) (rate(ray_specserve_pass_sessions_sum[$__rate_interval]))
     / sum by (kind) (rate(ray_specserve_pass_sessions_count[$__rate_interval]))
-tokens_per_pass =
+pass_width =
     sum by (kind) (rate(ray_specserve_pass_tokens_sum[$__rate_interval]))
     / sum by (kind) (rate(ray_specserve_pass_tokens_count[$__rate_interval]))
 END PROMQL
@@ -69,7 +69,7 @@ from ray.util import metrics
 from .load_check import LoadCheck
 from .passes import PassLog
 from .policy import LOW_SPEEDUP, LOWERED_K, MEASURED_SLOWER, RAISED_K, TARGET_SATURATED, TaskView
-from .session import Session
+from .request import Request
 
 
 def _figures(doc: str | None) -> dict[str, str]:
@@ -209,7 +209,7 @@ class RouterMetrics:
         """A request refused at the edge (invalid, or over the limit): counted with no task yet."""
         self.requests.inc(1, {"task": "", "status": status})
 
-    def record(self, session: Session, view: TaskView, status: str = "OK") -> None:
+    def record(self, session: Request, view: TaskView, status: str = "OK") -> None:
         task, draft = session.task.task, session.route.draft or ""
         arm = {"task": task, "draft": draft}
         self._start_task(task)

@@ -37,11 +37,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from .config import PolicyConfig
+from specserve.workers.lookup import DRAFT_FREE
+from specserve.workers.stats import alpha as alpha_of
 
+from .config import PolicyConfig
 from .cost_model import Load, PassFit, best_k
 from .load_check import LoadCheck
-from .proposers import DRAFT_FREE
 
 SPECULATE, FALLBACK = "speculate", "fallback"
 LOW_SPEEDUP, TARGET_SATURATED = "low_speedup", "target_saturated"  # why a task falls back
@@ -112,7 +113,8 @@ class Arm:
 
     @property
     def alpha(self) -> float:
-        return (self.accepted + 1) / (self.trials + 2)  # posterior mean under Beta(1, 1)
+        # workers/stats.py's alpha with one success and one failure a priori: the posterior mean under Beta(1, 1)
+        return alpha_of(self.accepted + 1, self.rejections + 1)
 
     @property
     def coverage(self) -> float:

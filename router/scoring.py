@@ -20,7 +20,7 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .directory import NoWorker, WorkerDirectory
 from .policy import Policy
-from .proposers import DRAFT_FREE, TREE, DraftFree
+from specserve.workers.lookup import DRAFT_FREE, TREE, DraftFree
 
 log = logging.getLogger("specserve.router")
 SCORE_TIMEOUT_SECONDS = 10.0

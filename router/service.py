@@ -20,19 +20,20 @@ from transformers import PreTrainedTokenizerBase
 
 from .config import RouterConfig
 from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.workers.draft_length import DraftLength
+from specserve.workers.lookup import DraftFree
 from specserve.workers.stats import SpecStats
 from specserve.workers.stopping import Chunk
 
 from .admission import Admission, Overloaded
 from .directory import NoWorker, WorkerDirectory
-from .draft_length import DraftLength
 from .metrics import RouterMetrics
 from .passes import PassWindow
 from .policy import Policy
-from .proposers import DraftFree
-from .token_tree import Proposers
+from .proposers import ProposerFactory
 from .scoring import ContinuationScorer
-from .session import Session, TargetsFull
+from .request import Request, Routing, Workers
+from .target_link import TargetsFull
 from .streams import WorkerFailed
 from .tasks import TaskResolver
 from .validation import InvalidRequest, Limits, ValidRequest, parse_request, validate
@@ -52,7 +53,7 @@ class TaskTotals:
         self.output_tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.stats: defaultdict[tuple[str, str], SpecStats] = defaultdict(SpecStats)
 
-    def add(self, session: Session) -> None:
+    def add(self, session: Request) -> None:
         key = (session.task.task, session.route.draft or "")
         self.requests[key] += 1
         self.output_tokens[key] += len(session.decoding.committed)
@@ -82,7 +83,9 @@ class SpecServeService:
         rng = rng or random.Random()
         self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {})
         self.draft_free = DraftFree(config.ngram, config.suffix)
-        self.proposers = Proposers(self.draft_free, trees or {}, config.tree_max_tokens)
+        proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens)
+        self.workers = Workers(tokenizer, directory, config.timeouts, proposers, config.lookahead,
+                               config.decode_run_tokens)
         self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free)
         self.metrics = RouterMetrics()
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
@@ -149,7 +152,7 @@ class SpecServeService:
             self._learn(turn.session)
         except FAILURES as exc:
             status = status_of(exc)
-            log.warning("request %s failed: %s", turn.session and turn.session.session_id, exc)
+            log.warning("request %s failed: %s", turn.session and turn.session.request_id, exc)
             raise
         except (asyncio.CancelledError, GeneratorExit):  # the client went away or its deadline passed
             status = grpc.StatusCode.CANCELLED
@@ -162,7 +165,7 @@ class SpecServeService:
                 self.metrics.record_view(view)
                 self.metrics.record_realized(self.policy.realized)
 
-    def _session(self, request: ValidRequest, prompt: str, deadline: float | None) -> Session:
+    def _session(self, request: ValidRequest, prompt: str, deadline: float | None) -> Request:
         task = self.resolver.resolve(request.task, prompt)
         self.policy.pass_cap = self.directory.target_pass_cap()
         pressure = self.directory.target_pressure()
@@ -170,12 +173,9 @@ class SpecServeService:
         policy = self.config.policy
         schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
         length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
-        session = Session(request, task, route, length, self.tokenizer, self.directory, self.config.timeouts,
-                          self.config.lookahead, deadline, self.config.decode_run_tokens, self.proposers)
-        session.pressure = pressure
-        return session
+        return Request(request, Routing(task, route, length, pressure), self.workers, deadline)
 
-    def _learn(self, session: Session) -> None:
+    def _learn(self, session: Request) -> None:
         """A finished request: into the totals and the policy; scored by the other proposers (the
         draft-free ones always, drafts sometimes); its output joins its task's suffix trie."""
         self.totals.add(session)
@@ -235,7 +235,7 @@ class SpecServeService:
         self.metrics.queued.set(admission.waiting)
 
 
-def stats_message(session: Session) -> pb.GenerateStats:
+def stats_message(session: Request) -> pb.GenerateStats:
     s = session.decoding.stats
     return pb.GenerateStats(task=session.task.task, draft=session.route.draft or "", proposed_tokens=s.proposed,
                             accepted_tokens=s.accepted, target_passes=s.target_passes, seed=s.seed, rejections=s.rejections,
@@ -256,7 +256,7 @@ class Turn:
         self.admission = admission
         self.request = request
         self.prompt = prompt
-        self.session: Session | None = None  # set when the run starts
+        self.session: Request | None = None  # set when the run starts
         self.done = False
 
     def release(self, *_) -> None:

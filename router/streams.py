@@ -1,4 +1,4 @@
-"""A session stream to one worker, and the one way its failures surface.
+"""A request's stream to one worker (its session there), and the one way its failures surface.
 
 However a worker fails a step (its RPC breaks, its stream ends, or it does not answer within the
 step timeout), the session sees a ``WorkerFailed`` and decides what to do: resume on another
@@ -44,7 +44,7 @@ class WorkerFailed(Exception):
         self.broken = code not in WORKER_SAID_SO
 
 
-class SessionStream:
+class WorkerStream:
     """One bidirectional session stream to a worker: write a request, read its answer (or, after
     a request for a target-only decode run, read its answers one by one).
 

@@ -109,7 +109,7 @@ class FakeWorker:
 
 
 class FakeStream:
-    """A session stream as ``SessionStream`` offers it: send the open or a decode run, ask a step,
+    """A session stream as ``WorkerStream`` offers it: send the open or a decode run, ask a step,
     receive a decode run's replies, close, cancel."""
 
     def __init__(self, worker: FakeWorker) -> None:

@@ -25,7 +25,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specserve.workers.acceptance import SamplingParams, SparseDist, Verdict, sample, sparsify, verify_batch, warp
+from specserve.workers.acceptance import SamplingParams, SparseDist, Outcome, sample, sparsify, verify_batch, warp
 from specserve.workers.acceptance_reference import verify_reference
 
 DRAWS = 200_000  # proposals per case, all verified in one call
@@ -294,7 +294,7 @@ def test_batch_verdicts_match_reference(case):
     for r in range(REFERENCE_ROWS):
         q = [dict(zip(t.q.ids[r, i].tolist(), t.q.probs[r, i].tolist())) for i in range(t.pair.k)]
         expected = verify_reference(t.p[r].double().tolist(), t.draft[r].tolist(), q, t.uniforms[r].tolist())
-        assert Verdict(int(t.num_accepted[r]), int(t.token[r])) == expected, f"row {r}"
+        assert Outcome(int(t.num_accepted[r]), int(t.token[r])) == expected, f"row {r}"
 
 
 def test_draft_equal_to_target_accepts_every_draft():

@@ -15,7 +15,7 @@ import torch
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.batching import Scheduler, Ticket, candidates
 from specserve.workers.config import BatchingConfig
-from specserve.workers.drafting import DraftSession, Proposal
+from specserve.workers.drafting import DraftSession, DraftTokens
 from specserve.workers.grpc_host import Device
 from specserve.workers.kv_cache import CachedLM
 from specserve.workers.kv_pool import Budget, KVPool, KVShape, PoolFull
@@ -93,7 +93,7 @@ def decoded_alone(model, sequences, sampling, tokens: int) -> list[list[int]]:
     alone = []
     for i, prompt in enumerate(sequences):
         pool, session = verify_session(model, prompt, sampling, seed=i)
-        alone.append([run_alone(model, pool, session.step(Proposal.empty())).token for _ in range(tokens)])
+        alone.append([run_alone(model, pool, session.step(DraftTokens.empty())).token for _ in range(tokens)])
     return alone
 
 
@@ -118,7 +118,7 @@ def test_verdicts_in_a_batch_equal_verdicts_alone(target, sampling):
 
         async def decode(i):
             for _ in range(12):
-                done = await scheduler.run(sessions[i].step(Proposal.empty()))
+                done = await scheduler.run(sessions[i].step(DraftTokens.empty()))
                 tokens[i].append(done.result.token)
         await asyncio.gather(*(decode(i) for i in range(len(sessions))))
         return scheduler, tokens
@@ -187,8 +187,8 @@ def test_a_step_that_cannot_fit_its_session_fails_alone(target):
 
     async def scenario():
         scheduler = Scheduler(target, pool, Device(1), BatchingConfig())
-        return await asyncio.gather(scheduler.run(small.step(Proposal.empty())),
-                                    scheduler.run(fine.step(Proposal.empty())), return_exceptions=True)
+        return await asyncio.gather(scheduler.run(small.step(DraftTokens.empty())),
+                                    scheduler.run(fine.step(DraftTokens.empty())), return_exceptions=True)
 
     failed, verified = asyncio.run(scenario())
     assert isinstance(failed, ValueError) and "past the 4 it reserved" in str(failed)
@@ -202,7 +202,7 @@ def test_a_cancelled_step_leaves_the_batch_and_its_region_returns_after_the_pass
 
     async def scenario():
         scheduler = Scheduler(target, pool, Device(1), BatchingConfig())
-        tasks = [asyncio.create_task(scheduler.run(s.step(Proposal.empty()))) for s in sessions]
+        tasks = [asyncio.create_task(scheduler.run(s.step(DraftTokens.empty()))) for s in sessions]
         while not scheduler.passing:  # the first pass starts with all three
             await asyncio.sleep(0)
         tasks[0].cancel()  # its client went away mid-pass
@@ -261,7 +261,7 @@ def test_a_replica_extends_a_run_with_grants_and_drops_it_when_its_rpc_ends(targ
 
     prompt = prompts(1, seed=3)[0]
     pool, alone_session = verify_session(target, prompt, GREEDY, seed=0)
-    alone = [run_alone(target, pool, alone_session.step(Proposal.empty())).token for _ in range(12)]
+    alone = [run_alone(target, pool, alone_session.step(DraftTokens.empty())).token for _ in range(12)]
 
     async def scenario():
         pool = KVPool(KVShape.of(target), Budget(2**28))

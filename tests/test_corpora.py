@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from specserve.workers.zoo import corpora
+from specserve.workers.zoo.corpora import task_prose
 from specserve.workers.zoo.corpora import (
     HELD_OUT_FRACTION, TASKS, Corpus, build_corpus, prompt_of, split_held_out,
 )
@@ -138,7 +139,7 @@ def test_unknown_task_names_the_valid_ones():
 
 
 def test_prose_without_usr_share_doc(monkeypatch):
-    monkeypatch.setattr(corpora, "DOC_DIRS", (Path("/nonexistent/licenses"), Path("/nonexistent/doc")))
+    monkeypatch.setattr(task_prose, "DOC_DIRS", (Path("/nonexistent/licenses"), Path("/nonexistent/doc")))
     corpus = build_corpus("prose", seed=0, max_chars=50_000)
     assert corpus.train and sum(map(len, all_docs(corpus))) <= 50_000
 

@@ -3,14 +3,44 @@ the service (the session's cluster) and in process."""
 
 import pytest
 
-from specserve.cluster.demo import run_demo
-from specserve.router.cost_model import expected_speedup
+from specserve.cluster.demo import TaskResult, format_table, run_demo
+from specserve.workers.stats import SpecStats
+
+K = 3
+
+
+def leviathan(alpha: float, c: float, k: int) -> float:
+    """Leviathan et al. (2023), written out here rather than imported from the code under test:
+    E = (1 - alpha^(k+1)) / (1 - alpha) tokens per target pass, over a step's cost k c + 1."""
+    tokens = k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens / (k * c + 1)
+
+
+def table_row(table: str, task: str) -> list[str]:
+    """The table's row for ``task``, split into its columns (task, draft, alpha, alpha(zoo), acc.rate,
+    tok/pass, c, speedup, bound, identical[, routed, routed to...])."""
+    (row,) = [line.split() for line in table.splitlines() if line.split()[:1] == [task]]
+    return row
+
+
+def test_the_table_row_on_known_counts():
+    """Every column of a row from counts whose figures are worked out by hand."""
+    stats = SpecStats(proposed=12, accepted=8, rejections=2, target_passes=4, draft_passes=30, draft_seconds=0.3)
+    result = TaskResult("sql", "sql-d", alpha_held_out=0.5, k=K, stats=stats,
+                        target_only=SpecStats(target_passes=20, verify_seconds=2.0),
+                        seconds_target_only=3.0, seconds_speculative=1.2)
+    # alpha = 8 / (8 + 2) = 0.8; c = (0.3 s / 30 draft passes) / (2.0 s / 20 target passes) = 0.01 / 0.1 = 0.1;
+    # E = (1 - 0.8^4) / (1 - 0.8) = 0.5904 / 0.2 = 2.952 tokens per pass; bound = 2.952 / (3 * 0.1 + 1) = 2.270769...
+    assert result.bound == pytest.approx(2.270769, abs=1e-6)
+    # acc.rate = 8 / 12 = 0.67; tok/pass = (8 + 4) / 4 = 3.00; speedup = 3.0 s / 1.2 s = 2.50
+    assert table_row(format_table([result]), "sql") == ["sql", "sql-d", "0.80", "0.50", "0.67", "3.00", "0.100",
+                                                         "2.50x", "2.27x", "yes"]
 
 
 @pytest.mark.parametrize("where", ["service", "in-process"])
 def test_demo_prints_a_row_per_task_from_measurements(tiny_zoo, capsys, request, where):
     address = request.getfixturevalue("service").address if where == "service" else None
-    results = run_demo(str(tiny_zoo.root), prompts_per_task=2, max_tokens=12, k=3, in_process=where == "in-process",
+    results = run_demo(str(tiny_zoo.root), prompts_per_task=2, max_tokens=12, k=K, in_process=where == "in-process",
                        address=address)
     table = capsys.readouterr().out
     assert [r.task for r in results] == tiny_zoo.tasks
@@ -19,10 +49,16 @@ def test_demo_prints_a_row_per_task_from_measurements(tiny_zoo, capsys, request,
         assert r.seconds_target_only > 0 and r.seconds_speculative > 0
         assert r.stats.target_passes > 0 and r.stats.proposed > 0
         assert r.draft == r.task
-        assert f"{r.speedup:>7.2f}x" in table and f"{r.stats.alpha:>6.2f}" in table
-        assert r.cost_ratio > 0 and r.bound == expected_speedup(r.stats.alpha, r.cost_ratio, 3)
+        # The printed figures, recomputed here from the run's raw counts and times.
+        alpha = r.stats.accepted / (r.stats.accepted + r.stats.rejections)
+        c = (r.stats.draft_seconds / r.stats.draft_passes) / (r.target_only.verify_seconds / r.target_only.target_passes)
+        assert c > 0 and r.bound == pytest.approx(leviathan(alpha, c, K))
+        row = table_row(table, r.task)
+        assert row[2] == f"{alpha:.2f}" and row[6] == f"{c:.3f}"
+        assert row[7] == f"{r.seconds_target_only / r.seconds_speculative:.2f}x"
+        assert row[8] == f"{leviathan(alpha, c, K):.2f}x"
         if where == "service":  # the same prompts routed by the policy, checked against target-only too
             assert r.seconds_routed > 0 and sum(r.routed_to.values()) == 2
-            assert f"{r.routed_speedup:>6.2f}x" in table
+            assert row[10] == f"{r.seconds_target_only / r.seconds_routed:.2f}x"
         else:
             assert not r.routed_to

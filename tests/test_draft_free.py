@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from specserve.router.proposers import DraftFree
+from specserve.workers.lookup import DraftFree
 from specserve.workers.ngram import NgramConfig, NgramIndex
 from specserve.workers.suffix_tree import GrowingTrie, SuffixConfig, SuffixProposer, SuffixTrie, TaskOutputs
 

@@ -1,6 +1,6 @@
 """The adaptive-k schedules."""
 
-from specserve.router.draft_length import DraftLength
+from specserve.workers.draft_length import DraftLength
 
 
 def test_heuristic_is_hugging_faces():

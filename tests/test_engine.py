@@ -93,3 +93,22 @@ def test_a_replacement_session_draws_from_a_seed_of_its_own():
     seeds = {replacement_seed(7, kind, n) for kind in ("target", "draft") for n in range(1, 4)}
     assert replacement_seed(7, "target", 0) == replacement_seed(7, "draft", 0) == 7  # the first session: the request's
     assert len(seeds) == 6 and 7 not in seeds and all(0 <= s < 2**63 for s in seeds)
+
+
+@pytest.mark.parametrize("proposer,tree", [("ngram", ()), ("suffix", ()), ("tree", ("sql", "ngram", "suffix")),
+                                           ("tree", ("ngram", "suffix"))])
+def test_every_proposer_runs_in_process_and_keeps_greedy_output(tiny_engine, prompt, proposer, tree):
+    """The engine drives the service's loop: draft-free proposers and token trees run here too."""
+    alone = tiny_engine.generate(prompt, GenerationParams(max_tokens=32, speculation=False)).complete()
+    repeated = prompt + alone.text + prompt  # something for prompt lookup to find
+    alone = tiny_engine.generate(repeated, GenerationParams(max_tokens=32, speculation=False)).complete()
+    done = tiny_engine.generate(repeated, GenerationParams(max_tokens=32, k=4), draft=proposer, tree=tree).complete()
+    assert done.token_ids == alone.token_ids
+    assert done.stats.proposed > 0 and done.stats.accepted > 0, done.stats
+
+
+def test_an_unknown_proposer_or_tree_is_refused(tiny_engine, prompt):
+    with pytest.raises(ValueError, match="unknown draft 'nope'.*ngram, suffix"):
+        tiny_engine.generate(prompt, GenerationParams(max_tokens=8), draft="nope")
+    with pytest.raises(ValueError, match="a tree needs two or more"):
+        tiny_engine.generate(prompt, GenerationParams(max_tokens=8), draft="tree", tree=("ngram",))

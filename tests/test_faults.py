@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from specserve.router.streams import SessionStream, WorkerFailed
+from specserve.router.streams import WorkerStream, WorkerFailed
 from specserve.workers.registry import Endpoint
 from specserve.workers.security import SecuritySettings, internal_aio_channel, internal_channel
 from specserve.bench.faults import freeze, holding_a_session, inspect, kill, thaw, workers
@@ -378,7 +378,7 @@ def test_a_full_replica_makes_a_request_wait_for_room_not_fail(client, tiny_zoo,
 
 
 async def refusals(target, times: int) -> list[WorkerFailed]:
-    """Open ``times`` sessions on ``target`` through the router's SessionStream, each followed
+    """Open ``times`` sessions on ``target`` through the router's WorkerStream, each followed
     within a millisecond by a burst of writes (WRITES steps, then one asked), so that writes cross
     the worker's answer: how each one failed."""
     endpoint = Endpoint("target", target.worker_id, target.address)
@@ -387,7 +387,7 @@ async def refusals(target, times: int) -> list[WorkerFailed]:
     step = internal_pb2.VerifyRequest(step=internal_pb2.Proposal())
     try:
         for i in range(times):
-            stream = SessionStream(endpoint, internal_pb2_grpc.VerifierStub(channel).Verify(), 5.0, Counter())
+            stream = WorkerStream(endpoint, internal_pb2_grpc.VerifierStub(channel).Verify(), 5.0, Counter())
             await stream.send(internal_pb2.VerifyRequest(open=raw_open(f"refused-{i}")))
             await asyncio.sleep(pauses.uniform(0, 0.001))
             try:

@@ -189,11 +189,11 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
     from fake_workers import DRAFT, FakeDirectory, FakeWorker
 
     from specserve.router.config import TimeoutsConfig
-    from specserve.router.draft_length import DraftLength
+    from specserve.workers.draft_length import DraftLength
     from specserve.router.policy import Route
-    from specserve.router.proposers import TREE, DraftFree
-    from specserve.router.session import Session
-    from specserve.router.token_tree import Proposers
+    from specserve.router.proposers import ProposerFactory
+    from specserve.router.request import Request, Routing, Workers
+    from specserve.workers.lookup import TREE, DraftFree
     from specserve.router.tasks import ResolvedTask
     from specserve.router.validation import ValidRequest
     from specserve.workers.batching import Scheduler
@@ -215,7 +215,7 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
         gate = asyncio.Semaphore(NEIGHBOURS)
         name = TREE if tree else DRAFT
         draft_free = DraftFree()  # its suffix tries learn from the finished requests' outputs
-        proposers = Proposers(draft_free, {"t": (DRAFT, "ngram", "suffix")})
+        proposers = ProposerFactory(draft_free, {"t": (DRAFT, "ngram", "suffix")})
 
         spares = {kind: FakeWorker(kind, f"spare-{kind}", m, scheduler=schedulers[kind])
                   for kind, m in (("target", target), ("draft", draft))}
@@ -234,9 +234,9 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
         async def one(seed: int) -> None:
             params = params_for_seed(seed)
             request = ValidRequest([tokenizer.bos_token_id], params, "t", name, params.k, "on")
-            session = Session(request, ResolvedTask("t", "request", 1.0), Route(name, params.k, "requested"),
-                              DraftLength("fixed", params.k, params.k), tokenizer, directory_of(seed),
-                              TimeoutsConfig(), lookahead=False, proposers=proposers)
+            routing = Routing(ResolvedTask("t", "request", 1.0), Route(name, params.k, "requested"),
+                              DraftLength("fixed", params.k, params.k))
+            session = Request(request, routing, Workers(tokenizer, directory_of(seed), TimeoutsConfig(), proposers))
             async with gate:
                 tokens = [t async for chunk in session.run() for t in chunk.token_ids]
             draft_free.learn("t", tokens)

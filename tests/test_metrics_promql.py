@@ -49,7 +49,7 @@ def all_queries() -> list[tuple[str, str]]:
 
 
 def test_the_docstring_defines_the_figures_the_dashboard_derives():
-    assert {"goodput", "acceptance_rate", "tokens_per_target_pass"} <= set(DERIVED_PROMQL)
+    assert {"goodput", "acceptance_rate", "tokens_per_pass", "pass_width"} <= set(DERIVED_PROMQL)
     for name, expr in DERIVED_PROMQL.items():
         assert name.isidentifier() and expr == one_line(expr) and "ray_specserve_" in expr, (name, expr)
 

@@ -9,16 +9,18 @@ asserts that the committed tokens equal target-only decoding.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
 
 from specserve.router.config import TimeoutsConfig
-from specserve.router.draft_length import DraftLength
+from specserve.workers.draft_length import DraftLength
 from specserve.router.policy import Route
-from specserve.router.proposers import DRAFT_FREE, DraftFree
-from specserve.router.token_tree import Proposers
-from specserve.router.session import DRAFT_LOST, Session, TargetsFull
+from specserve.router.proposers import ProposerFactory
+from specserve.router.request import DRAFT_LOST, Request, Routing, Workers
+from specserve.router.target_link import FULL_POLL_SECONDS, TargetsFull
+from specserve.workers.lookup import DRAFT_FREE, DraftFree
 from specserve.router.tasks import ResolvedTask
 from specserve.router.validation import ValidRequest
 from specserve.workers.acceptance import SamplingParams
@@ -50,23 +52,23 @@ def target_only(tiny_engine) -> list[int]:
 def make_session(models, directory: FakeDirectory, *, lookahead: bool, sampling: SamplingParams = SamplingParams(),
                  schedule: str = "fixed", seed: int = 7, route: Route = Route(DRAFT, K, "requested"),
                  decode_run: int = 1, draft_free: DraftFree | None = None,
-                 timeouts: TimeoutsConfig = TimeoutsConfig()) -> Session:
+                 timeouts: TimeoutsConfig = TimeoutsConfig()) -> Request:
     target, tokenizer = models
     params = GenerationParams(max_tokens=MAX_TOKENS, sampling=sampling, k=K, seed=seed)
     request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", route.draft, route.k, "on")
-    return Session(request, ResolvedTask("code", "request", 1.0), route, DraftLength(schedule, route.k, 8),
-                   tokenizer, directory, timeouts, lookahead=lookahead, decode_run=decode_run,
-                   proposers=Proposers(draft_free or DraftFree(), {"code": (DRAFT, "ngram", "suffix")}))
+    proposers = ProposerFactory(draft_free or DraftFree(), {"code": (DRAFT, "ngram", "suffix")})
+    return Request(request, Routing(ResolvedTask("code", "request", 1.0), route, DraftLength(schedule, route.k, 8)),
+                   Workers(tokenizer, directory, timeouts, proposers, lookahead, decode_run))
 
 
-async def drain(session: Session) -> list[int]:
+async def drain(session: Request) -> list[int]:
     tokens = []
     async for chunk in session.run():
         tokens += chunk.token_ids
     return tokens
 
 
-def run(session: Session) -> list[int]:
+def run(session: Request) -> list[int]:
     return asyncio.run(drain(session))
 
 
@@ -183,14 +185,23 @@ def test_with_every_replica_full_a_request_waits_for_room(models, target_only):
 def test_full_for_the_whole_wait_is_resource_exhausted(models):
     """Refused by every replica for target_full_wait_seconds: TargetsFull (the client gets
     RESOURCE_EXHAUSTED), saying what is full and what to change, after trying again meanwhile."""
+    wait = 1.5
     full = FakeWorker("target", "t0", models[0], max_sessions=0)
     session = make_session(models, FakeDirectory(full, FakeWorker("draft", "d0", models[0])), lookahead=False,
-                           timeouts=TimeoutsConfig(target_full_wait_seconds=1.5))
+                           timeouts=TimeoutsConfig(target_full_wait_seconds=wait))
     started = time.monotonic()
     with pytest.raises(TargetsFull) as refused:
-        run(session)
-    assert 1.5 <= time.monotonic() - started < 1.5 + 1.0
-    assert full.refused >= 2, "the wait did not try the replica again"
+        # A guard, not a measurement: a wait that never ends fails here instead of at the suite's timeout.
+        asyncio.run(asyncio.wait_for(drain(session), timeout=20 * wait))
+    # It gave up no sooner than the wait: a slow machine only makes this longer.
+    assert time.monotonic() - started >= wait
+    # One try when refused, then one every FULL_POLL_SECONDS until the wait is over, the last at its
+    # end: at most 1 + 1.5 / 0.5 = 4 tries, fewer on a slow machine (a try that ends a poll late
+    # leaves less of the wait). A wait that never tried again makes 1, one that polls without
+    # sleeping (or restarts the wait at each refusal) many more.
+    assert 2 <= full.refused <= 1 + math.ceil(wait / FULL_POLL_SECONDS), full.refused
+    assert session.full_refusals == full.refused and not full.opened
+    assert f"within {wait:g} s" in str(refused.value)  # the full wait it was given, not another
     assert "every target replica is full" in str(refused.value) and "target.kv_cache_mib" in str(refused.value)
 
 
@@ -281,8 +292,10 @@ def test_a_stop_mid_run_drops_the_rest_of_it(models, target_only):
     params = GenerationParams(max_tokens=MAX_TOKENS, stop=(stop,))
     request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", None, None, "off")
     worker = FakeWorker("target", "t0", target)
-    session = Session(request, ResolvedTask("code", "request", 1.0), TARGET_ONLY, DraftLength("fixed", 0, 8),
-                      tokenizer, FakeDirectory(worker), TimeoutsConfig(), decode_run=8)
+    routing = Routing(ResolvedTask("code", "request", 1.0), TARGET_ONLY, DraftLength("fixed", 0, 8))
+    proposers = ProposerFactory(DraftFree(), {})
+    session = Request(request, routing, Workers(tokenizer, FakeDirectory(worker), TimeoutsConfig(), proposers,
+                                                decode_run=8))
     tokens = run(session)
     assert session.decoding.output.finish_reason == "stop" and tokens == target_only[: len(tokens)]
     assert len(tokens) <= 22 and worker.streams[0].cancelled  # the run's remaining tokens are dropped

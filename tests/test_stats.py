@@ -58,3 +58,23 @@ def test_the_window_keeps_the_latest_steps_and_summarises_them():
     assert (s.mean_sessions, s.p50_sessions) == (2.75, 2)
     assert (s.mean_tokens, s.p50_tokens) == (13.75, 10)
     assert s.mean_queue_seconds == pytest.approx(0.002) and s.p50_queue_seconds == pytest.approx(0.001)
+
+
+def test_each_derived_figure_is_pinned():
+    """The one definition of each figure (workers/stats.py), on numbers worked by hand."""
+    from specserve.workers import stats
+
+    assert stats.alpha(accepted=6, rejections=2) == 0.75  # 6 / (6 + 2)
+    assert stats.acceptance_rate(accepted=6, proposed=12) == 0.5
+    assert stats.tokens_per_pass(accepted=6, target_passes=4) == 2.5  # (6 + 4) / 4
+    # c per drafted token: 10 tokens in 20 ms (2 ms each) against 4 target-only passes in 40 ms (10 ms each).
+    assert stats.cost_ratio(draft_seconds=0.020, drafted=10, target_seconds=0.040, target_passes=4) == pytest.approx(0.2)
+    assert stats.alpha(0, 0) == stats.acceptance_rate(0, 0) == stats.tokens_per_pass(0, 0) == 0.0
+    assert stats.cost_ratio(0.02, 0, 0.04, 4) == stats.cost_ratio(0.02, 10, 0.04, 0) == 0.0
+
+
+def test_spec_stats_use_the_same_definitions():
+    on = SpecStats(proposed=12, accepted=6, rejections=2, target_passes=4, draft_passes=10, draft_seconds=0.02)
+    off = SpecStats(target_passes=4, verify_seconds=0.04)
+    assert (on.alpha, on.acceptance_rate, on.tokens_per_pass) == (0.75, 0.5, 2.5)
+    assert on.cost_ratio(off) == pytest.approx(0.2)  # per drafted token, not per proposed one (12)

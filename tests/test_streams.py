@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from specserve.proto.v1 import internal_pb2 as pb
-from specserve.router.streams import SessionStream, WorkerFailed
+from specserve.router.streams import WorkerStream, WorkerFailed
 from specserve.workers.registry import Endpoint
 
 WORKER = Endpoint("draft", "d0", "fake:d0", ("d",))
@@ -36,7 +36,7 @@ class FailingCall:
 
 def ask(code: grpc.StatusCode, details: str):
     load = Counter()
-    stream = SessionStream(WORKER, FailingCall(code, details), step_timeout=1.0, load=load)
+    stream = WorkerStream(WORKER, FailingCall(code, details), step_timeout=1.0, load=load)
     return asyncio.run(stream.ask(object()))
 
 
@@ -73,7 +73,7 @@ class RefusingCall(FailingCall):
                                    pb.Proposal(refused="no region of 300 positions fits")])
 def test_a_refusal_said_on_the_stream_is_a_full_worker_not_a_broken_one(reply):
     call = RefusingCall(reply)
-    stream = SessionStream(WORKER, call, step_timeout=1.0, load=Counter())
+    stream = WorkerStream(WORKER, call, step_timeout=1.0, load=Counter())
     with pytest.raises(WorkerFailed) as failed:
         asyncio.run(stream.ask(object()))
     assert failed.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and failed.value.full and not failed.value.broken

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specserve.workers.acceptance import SamplingParams, one_hot
-from specserve.workers.drafting import Proposal
+from specserve.workers.drafting import DraftTokens
 from specserve.workers.kv_cache import CachedLM
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass, tree_depths
@@ -30,7 +30,7 @@ def target(tiny_engine):
 def target_only(model, prompt: list[int], tokens: int) -> list[int]:
     pool, sequence = private_sequence(model, prompt, 256)
     session = TargetSession(sequence, GREEDY, torch.Generator())
-    return [run_alone(model, pool, session.step(Proposal.empty())).token for _ in range(tokens)]
+    return [run_alone(model, pool, session.step(DraftTokens.empty())).token for _ in range(tokens)]
 
 
 def test_each_node_of_a_tree_pass_gets_the_logits_of_its_path_as_a_chain(target):
@@ -61,10 +61,10 @@ def test_a_greedy_tree_commits_its_right_branch_and_decoding_goes_on_as_target_o
     tokens, parents = first + second, [-1, 0, 1, -1, 3, 4]
     pool, sequence = private_sequence(target, PROMPT, 256)
     session = TargetSession(sequence, GREEDY, torch.Generator())
-    verdict = run_alone(target, pool, session.step(Proposal(tokens, one_hot(torch.tensor(tokens)), parents)))
+    verdict = run_alone(target, pool, session.step(DraftTokens(tokens, one_hot(torch.tensor(tokens)), parents)))
     assert verdict.num_accepted == 3 and verdict.path == ((0, 1, 2) if branch == 0 else (3, 4, 5))
     assert verdict.token == expected[3]
-    after = [run_alone(target, pool, session.step(Proposal.empty())).token for _ in range(8)]
+    after = [run_alone(target, pool, session.step(DraftTokens.empty())).token for _ in range(8)]
     assert [*right, verdict.token, *after] == expected
 
 
@@ -75,7 +75,7 @@ def test_a_sampled_tree_verdict_follows_the_sessions_own_generator(target):
     for _ in range(2):
         pool, sequence = private_sequence(target, PROMPT, 256)
         session = TargetSession(sequence, sampled, torch.Generator().manual_seed(3))
-        verdicts.append(run_alone(target, pool, session.step(Proposal(tokens, one_hot(torch.tensor(tokens)), parents))))
+        verdicts.append(run_alone(target, pool, session.step(DraftTokens(tokens, one_hot(torch.tensor(tokens)), parents))))
     assert verdicts[0] == verdicts[1] and all(n in (0, 1, 2) for n in verdicts[0].path)
 
 
@@ -83,9 +83,9 @@ def test_a_malformed_tree_is_refused_before_it_runs(target):
     pool, sequence = private_sequence(target, PROMPT, 256)
     session = TargetSession(sequence, GREEDY, torch.Generator())
     with pytest.raises(ValueError, match="earlier node"):
-        session.step(Proposal([1, 2], one_hot(torch.tensor([1, 2])), [1, -1]))
+        session.step(DraftTokens([1, 2], one_hot(torch.tensor([1, 2])), [1, -1]))
     with pytest.raises(ValueError, match="as many parents"):
-        session.step(Proposal([1, 2], one_hot(torch.tensor([1, 2])), [-1]))
+        session.step(DraftTokens([1, 2], one_hot(torch.tensor([1, 2])), [-1]))
 
 
 def test_the_pool_moves_slots_in_every_layer(target):

@@ -22,7 +22,9 @@ from specserve.cluster.cli import main
 from specserve.cluster.config import ServiceConfig
 from specserve.cluster.models import resolve_models
 from specserve.cluster.two_sample import permutation_test
-from specserve.cluster.validate import Prompt, Settings, engine_decoder, read_prompts, validate
+from specserve.cluster.validate import validate
+from specserve.cluster.validate_report import Settings
+from specserve.cluster.validate_runs import Prompt, engine_decoder, read_prompts
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers import drafting
 from specserve.workers.acceptance import SamplingParams, one_hot, sample_sparse, sparsify, warp

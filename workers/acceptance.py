@@ -83,8 +83,8 @@ class SparseDist:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """Outcome of one verify step: ``num_accepted`` draft tokens kept, then ``token``."""
+class Outcome:
+    """The verdict of one verify step: ``num_accepted`` draft tokens kept, then ``token``."""
 
     num_accepted: int
     token: int  # the recovered token, or the bonus token when every draft was accepted
@@ -196,13 +196,13 @@ def verify(
     draft_ids: torch.Tensor,  # [k] proposed tokens
     q: SparseDist,  # [k, m] distributions the draft tokens were sampled from
     uniforms: torch.Tensor,  # [k+1] uniforms in [0, 1): k acceptance tests + the final draw
-) -> Verdict:
+) -> Outcome:
     """One request's verify step: ``verify_batch`` over a batch of one."""
     n, token = verify_batch(p[None], draft_ids[None], SparseDist(q.ids[None], q.probs[None]), uniforms[None])
-    return Verdict(int(n[0]), int(token[0]))
+    return Outcome(int(n[0]), int(token[0]))
 
 
-def verify_greedy(target_argmax: torch.Tensor, draft_ids: torch.Tensor) -> Verdict:
+def verify_greedy(target_argmax: torch.Tensor, draft_ids: torch.Tensor) -> Outcome:
     """Greedy verification: keep drafts while they equal the target's argmax.
 
     target_argmax: [k+1] argmax of the target logits at each position; draft_ids: [k].
@@ -210,7 +210,7 @@ def verify_greedy(target_argmax: torch.Tensor, draft_ids: torch.Tensor) -> Verdi
     k = draft_ids.shape[0]
     mismatch = (target_argmax[:k] != draft_ids).nonzero()
     n = int(mismatch[0]) if mismatch.numel() else k
-    return Verdict(n, int(target_argmax[n]))
+    return Outcome(n, int(target_argmax[n]))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .acceptance import SamplingParams, TreeVerdict, Verdict
+from .acceptance import SamplingParams, TreeVerdict, Outcome
 
 
 def warp_reference(logits: list[float], params: SamplingParams) -> list[float]:
@@ -55,7 +55,7 @@ def verify_reference(
     draft_ids: list[int],  # k proposed tokens
     q: list[dict[int, float]],  # k sparse draft distributions, token id -> probability
     uniforms: list[float],  # k+1 uniforms
-) -> Verdict:
+) -> Outcome:
     """Accept x_i with probability min(1, p(x_i)/q(x_i)); resample the first rejection from
     norm(max(0, p - q)); when every draft is accepted, draw the bonus token from p."""
     k = len(draft_ids)
@@ -66,8 +66,8 @@ def verify_reference(
         leftover = [max(0.0, p[i][t] - q[i].get(t, 0.0)) for t in range(len(p[i]))]
         if sum(leftover) <= 1e-12:
             leftover = p[i]
-        return Verdict(i, sample_reference(leftover, uniforms[k]))
-    return Verdict(k, sample_reference(p[k], uniforms[k]))
+        return Outcome(i, sample_reference(leftover, uniforms[k]))
+    return Outcome(k, sample_reference(p[k], uniforms[k]))
 
 
 def verify_tree_reference(

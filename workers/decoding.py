@@ -1,6 +1,6 @@
 """The bookkeeping of one request's speculative loop, written once for every place the loop runs.
 
-The in-process engine (``engine.py``) and the router's session (``router/session.py``) drive the
+The in-process engine (``engine.py``) and the router's request (``router/request.py``) drive the
 same algorithm (propose, verify, commit, emit) over different transports: method calls on local
 models, or streams to workers. What they share is here: how long a proposal may be, what is
 committed, the statistics, and the client's output.

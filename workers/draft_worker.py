@@ -14,7 +14,7 @@ from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .config import DraftPoolConfig
-from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftStep, score_continuation
+from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftRun, score_continuation
 from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
 from .ragged_pass import PooledSequence
@@ -48,9 +48,9 @@ class DraftStream:
         sampling = sampling_from(opened.sampling)
         self.greedy = sampling.greedy
         self.session = DraftSession(sequence, sampling, request_generators(opened.sampling.seed)[1], DRAFT_MAX_SUPPORT)
-        self.last: DraftStep | None = None  # its result is the proposal the next step's lengths refer to
+        self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
 
-    def step(self, step: pb.DraftStep) -> DraftStep:
+    def step(self, step: pb.DraftRun) -> DraftRun:
         """The drafting this step asks for, after moving the session to what stands (bookkeeping)."""
         self.session.resync(self.last.result if self.last else None, step.keep, list(step.append))
         self.last = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
-from .acceptance import SamplingParams, SparseDist, Verdict, one_hot, sample_sparse, sparsify, warp
+from .acceptance import SamplingParams, SparseDist, Outcome, one_hot, sample_sparse, sparsify, warp
 from .ragged_pass import PooledSequence, Segment
 
 # The draft samples from its warped distribution truncated to this many tokens. q stays exact (the
@@ -17,14 +18,23 @@ DRAFT_MAX_SUPPORT = 32
 
 
 @dataclass(frozen=True)
-class Proposal:
+class DraftTokens:
+    """A proposal: draft tokens with the exact q each was drawn from (on the wire: ``pb.Proposal``)."""
+
     ids: list[int]  # [k] proposed tokens
     q: SparseDist  # [k, m] the distribution each was sampled from
     parents: list[int] | None = None  # a token tree: each token's parent (-1: the last committed token); None: a chain
 
     @staticmethod
-    def empty() -> Proposal:
-        return Proposal([], SparseDist(torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, 1)))
+    def empty() -> DraftTokens:
+        return DraftTokens([], SparseDist(torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, 1)))
+
+    @staticmethod
+    def of_ids(ids: Sequence[int], parents: Sequence[int] | None = None) -> DraftTokens:
+        """A deterministic proposal: ``ids`` with one-hot q."""
+        if not ids:
+            return DraftTokens.empty()
+        return DraftTokens(list(ids), one_hot(torch.tensor(ids)), None if parents is None else list(parents))
 
 
 class DraftSession:
@@ -37,17 +47,17 @@ class DraftSession:
         self.generator = generator
         self.max_support = max_support
 
-    def step(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1) -> DraftStep:
+    def step(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1) -> DraftRun:
         """Up to k tokens; with `min_confidence`, stop after a token (past the first `min_tokens`)
         the draft gave less probability than that. The stopping rule looks at the draft's own
         draws only, so the verified output keeps the target's distribution."""
-        return DraftStep(self, k, min_confidence, min_tokens)
+        return DraftRun(self, k, min_confidence, min_tokens)
 
-    def commit(self, proposal: Proposal, verdict: Verdict) -> None:
+    def commit(self, proposal: DraftTokens, verdict: Outcome) -> None:
         """Take the verifier's verdict: keep the accepted prefix, drop the rest of the cache."""
         self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
 
-    def resync(self, proposal: Proposal | None, keep: int, append: list[int]) -> None:
+    def resync(self, proposal: DraftTokens | None, keep: int, append: list[int]) -> None:
         """The router's word on what stands (see PooledSequence.resync)."""
         self.sequence.resync(proposal.ids if proposal else [], keep, append)
 
@@ -67,7 +77,7 @@ class DraftSession:
         return float(q.probs[q.ids == token].sum())
 
 
-class DraftStep:
+class DraftRun:
     """Drafting one proposal, one pass per token: the first runs what the cache lacks (the verdict's
     tokens, or the prompt, in chunks if long), each later one the token drawn last."""
 
@@ -79,7 +89,7 @@ class DraftStep:
         self.ids: list[int] = []
         self.rows: list[SparseDist] = []
         self.planned: Segment | None = None
-        self.result: Proposal | None = Proposal.empty() if k < 1 else None
+        self.result: DraftTokens | None = DraftTokens.empty() if k < 1 else None
 
     def plan(self, room: int) -> Segment | None:
         self.planned = self.session.sequence.segment(self.ids[-1:], 1, room)
@@ -97,7 +107,7 @@ class DraftStep:
                      or session.confidence(logits, token, q) >= self.min_confidence)
         if len(self.ids) < self.k and confident:
             return False
-        self.result = Proposal(self.ids, _stack(self.rows))
+        self.result = DraftTokens(self.ids, _stack(self.rows))
         return True
 
 
@@ -115,5 +125,5 @@ def score_continuation(model: PreTrainedModel, ids: list[int], start: int) -> tu
 
 def _stack(rows: list[SparseDist]) -> SparseDist:
     if not rows:
-        return Proposal.empty().q
+        return DraftTokens.empty().q
     return SparseDist(torch.cat([r.ids for r in rows]), torch.cat([r.probs for r in rows]))

@@ -1,29 +1,36 @@
-"""The in-process speculative decoder: propose, verify, commit, emit.
+"""The in-process speculative decoder: the loop (loop.py) over local models.
 
-The same loop runs target-only decoding (an empty proposal each step), so the two paths share the
-target's forward pass, its sampling rule and its stop handling, and differ only in the draft. Its
-bookkeeping (``decoding.py``) is the router's session's too.
+The same loop runs in the service (router/request.py) with a target replica's stream as its
+verifier; here the verifier is the target's session in this process, and the proposer a local
+draft, a draft-free one, or a token tree of several, each run alone (a batch of one).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .acceptance import Verdict
 from .decoding import Completion, Decoding
-from .drafting import DRAFT_MAX_SUPPORT, DraftSession, Proposal
+from .draft_length import DraftLength
+from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftTokens
 from .kv_cache import session_capacity
+from .kv_pool import KVPool
+from .local_draft import LocalDraft
+from .lookup import DRAFT_FREE, TREE, DraftFree
+from .loop import SpeculativeLoop, run_now
+from .proposing import Proposer, Verified
 from .loading import ModelSpec, load_model, load_tokenizer
 from .prompt import encode_prompt
 from .request import GenerationParams
 from .seeds import request_generators
 from .ragged_pass import use_pooled_attention
+from .recording import StatsRecorder
 from .stats import SpecStats
 from .steps import private_sequence, run_alone
 from .stopping import Chunk, OutputAssembler
+from .token_tree import TREE_MAX_TOKENS, TreeProposer
 from .tokenizer_check import check_compatible
 from .verifying import TargetSession
 
@@ -43,6 +50,9 @@ class SpecEngine:
         self.drafts = {name: use_pooled_attention(model) for name, model in drafts.items()}
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.context_window = int(target.config.max_position_embeddings)
+        self.draft_free = DraftFree()  # prompt lookup and suffix decoding (over the prompt alone: no task's outputs)
+        self.task = ""  # whose outputs suffix decoding reads, if a caller teaches draft_free some
+        self.tree_max_tokens = TREE_MAX_TOKENS
 
     @classmethod
     def load(cls, target: ModelSpec, drafts: dict[str, ModelSpec]) -> SpecEngine:
@@ -52,7 +62,10 @@ class SpecEngine:
             check_compatible(tokenizer, load_tokenizer(spec.source))
         return cls(load_model(target), tokenizer, {name: load_model(spec) for name, spec in drafts.items()})
 
-    def generate(self, prompt: str | list[int], params: GenerationParams, draft: str | None = None) -> Generation:
+    def generate(self, prompt: str | list[int], params: GenerationParams, draft: str | None = None,
+                 tree: Sequence[str] = ()) -> Generation:
+        """``draft`` names the proposer: one of the drafts, a draft-free one (``ngram``, ``suffix``),
+        or ``tree``: the proposers named in ``tree`` as one token tree."""
         prompt_ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids or (isinstance(prompt, str) and not prompt):
             raise ValueError("prompt must not be empty")
@@ -61,27 +74,69 @@ class SpecEngine:
                 f"prompt is {len(prompt_ids)} tokens and max_tokens is {params.max_tokens}: together they "
                 f"exceed the context window of {self.context_window} tokens; shorten the prompt or lower max_tokens"
             )
-        if params.speculation and draft not in self.drafts:
-            raise ValueError(f"unknown draft {draft!r}; available: {', '.join(sorted(self.drafts))}")
-        return Generation(self, prompt_ids, params, draft if params.speculation else None)
+        if params.speculation:
+            self._check_proposer(draft, tree)
+        return Generation(self, prompt_ids, params, draft if params.speculation else None, tree)
+
+    def _check_proposer(self, name: str | None, tree: Sequence[str]) -> None:
+        known = (*sorted(self.drafts), *DRAFT_FREE)
+        if name == TREE:
+            if len(tree) < 2 or not set(tree) <= set(known):
+                raise ValueError(f"a tree needs two or more of {', '.join(known)}; got {list(tree)}")
+        elif name not in known:
+            raise ValueError(f"unknown draft {name!r}; available: {', '.join(known)}, or {TREE}")
+
+
+class LocalVerifier:
+    """The target's side of one request in this process: its session, verified alone."""
+
+    def __init__(self, model: PreTrainedModel, pool: KVPool, session: TargetSession) -> None:
+        self.model = model
+        self.pool = pool
+        self.session = session
+
+    async def open(self) -> None:
+        pass  # the session holds the prompt from the start
+
+    async def verify(self, proposal: DraftTokens, alone: bool, needs: frozenset[str]) -> Verified:
+        started = time.perf_counter()
+        verdict = run_alone(self.model, self.pool, self.session.step(proposal))
+        return Verified(verdict, time.perf_counter() - started)
+
+    async def close(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
 
 
 class Generation:
     """One request in flight. Iterate for chunks as they are committed; ``complete()`` drains it."""
 
-    def __init__(self, engine: SpecEngine, prompt_ids: list[int], params: GenerationParams, draft: str | None):
+    def __init__(self, engine: SpecEngine, prompt_ids: list[int], params: GenerationParams, draft: str | None,
+                 tree: Sequence[str]) -> None:
+        self.engine = engine
         self.params = params
         self.draft = draft
         self.decoding = Decoding(engine.tokenizer, prompt_ids, params, params.resolved_seed())
-        verify_gen, draft_gen = request_generators(self.decoding.stats.seed)
-        capacity = session_capacity(len(prompt_ids), params.max_tokens, engine.context_window)
-        self.target_model, self.draft_model = engine.target, engine.drafts.get(draft)
-        self.target_pool, sequence = private_sequence(self.target_model, prompt_ids, capacity)
-        self.target = TargetSession(sequence, params.sampling, verify_gen)
-        self.drafter = None
-        if draft:
-            self.draft_pool, sequence = private_sequence(self.draft_model, prompt_ids, capacity)
-            self.drafter = DraftSession(sequence, params.sampling, draft_gen, engine.draft_max_support)
+        self.recorder = StatsRecorder(self.decoding.stats)
+        self.verify_generator, self.draft_generator = request_generators(self.decoding.stats.seed)
+        self.capacity = session_capacity(len(prompt_ids), params.max_tokens, engine.context_window)
+        pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
+        verifier = LocalVerifier(engine.target, pool, TargetSession(sequence, params.sampling, self.verify_generator))
+        length = DraftLength("fixed", params.k if draft else 0, params.k)
+        proposer = self._proposer(draft, tree, length) if draft else None
+        self.loop = SpeculativeLoop(self.decoding, verifier, proposer, length, self.recorder)
+
+    def _proposer(self, name: str, tree: Sequence[str], length: DraftLength) -> Proposer:
+        if name in DRAFT_FREE:
+            return self.engine.draft_free.proposer(name, self.engine.task, self.recorder)
+        if name == TREE:
+            return TreeProposer([self._proposer(member, (), length) for member in tree], self.engine.tree_max_tokens)
+        model = self.engine.drafts[name]
+        pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
+        session = DraftSession(sequence, self.params.sampling, self.draft_generator, self.engine.draft_max_support)
+        return LocalDraft(name, model, pool, session, length, self.recorder)
 
     @property
     def stats(self) -> SpecStats:
@@ -92,32 +147,14 @@ class Generation:
         return self.decoding.output
 
     def __iter__(self) -> Iterator[Chunk]:
-        while not self.decoding.finished:
-            proposal = self._propose()
-            verdict = self._verify(proposal)
-            yield self._commit(proposal, verdict)  # emit
+        chunks = self.loop.run()
+        while True:
+            try:
+                yield run_now(chunks.__anext__())
+            except StopAsyncIteration:
+                return
 
     def complete(self) -> Completion:
         for _ in self:
             pass
         return self.decoding.completion(self.draft)
-
-    def _propose(self) -> Proposal:
-        k = self.decoding.draft_length(self.params.k)
-        if not self.drafter or k < 1:
-            return Proposal.empty()
-        start = time.perf_counter()
-        proposal = run_alone(self.draft_model, self.draft_pool, self.drafter.step(k))
-        self.decoding.record_draft(len(proposal.ids), time.perf_counter() - start)
-        return proposal
-
-    def _verify(self, proposal: Proposal) -> Verdict:
-        start = time.perf_counter()
-        verdict = run_alone(self.target_model, self.target_pool, self.target.step(proposal))
-        self.decoding.record_verify(len(proposal.ids), verdict.num_accepted, time.perf_counter() - start)
-        return verdict
-
-    def _commit(self, proposal: Proposal, verdict: Verdict) -> Chunk:
-        if self.drafter:
-            self.drafter.commit(proposal, verdict)
-        return self.decoding.commit(proposal.ids, verdict.num_accepted, verdict.token)

@@ -13,6 +13,7 @@ DEFAULT_K = 4  # a good k at alpha ~0.7-0.8 and c ~0.05 (Leviathan et al., fig. 
 DEFAULT_MAX_TOKENS = 128
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 64
+GENERAL_TASK = "general"  # the task of requests that name none, and the zoo's draft for it (trained on every task)
 
 
 @dataclass(frozen=True)

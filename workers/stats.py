@@ -1,8 +1,44 @@
-"""Per-request speculation statistics (the names follow vLLM's spec-decode metrics)."""
+"""Speculation statistics: the counters of a request (names after vLLM's spec-decode metrics), and
+every figure derived from them, defined once here.
+
+    alpha            per-token acceptance probability (Leviathan et al.): accepted / (accepted + rejections)
+    acceptance_rate  vLLM's: accepted / proposed draft tokens (falls with k even at a fixed alpha)
+    tokens_per_pass  tokens committed per target pass: its accepted drafts plus the target's own
+                     (vLLM's mean acceptance length; a batch's width is ``pass_width``, in router/metrics.py)
+    cost_ratio (c)   a drafted token's device time over a target-only pass's
+    expected tokens per pass and expected speedup: router/cost_model.py (they need the load)
+
+The CLI, the demo, validate, the bench and the policy use these; router/metrics.py's PromQL
+defines the same figures under the same names for Prometheus.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+
+def alpha(accepted: float, rejections: float) -> float:
+    """Each step tests draft tokens in order until the first rejection, so accepted tests and
+    rejections are the successes and failures of independent trials: alpha = a / (a + r); 0 untried."""
+    trials = accepted + rejections
+    return accepted / trials if trials else 0.0
+
+
+def acceptance_rate(accepted: float, proposed: float) -> float:
+    return accepted / proposed if proposed else 0.0
+
+
+def tokens_per_pass(accepted: float, target_passes: float) -> float:
+    """Every target pass commits its accepted drafts plus one token of the target's."""
+    return (accepted + target_passes) / target_passes if target_passes else 0.0
+
+
+def cost_ratio(draft_seconds: float, drafted: float, target_seconds: float, target_passes: float) -> float:
+    """c: the device time of one drafted token over one target-only pass's. Per token drafted, not
+    per token proposed: drafting ahead throws some work away, counted apart (lookahead hits)."""
+    if not drafted or not target_passes or not target_seconds:
+        return 0.0
+    return (draft_seconds / drafted) / (target_seconds / target_passes)
+
 
 NOT_SUMMED = frozenset({"accepted_per_position", "tested_per_position", "seed"})  # merged by position / per request
 
@@ -15,7 +51,7 @@ class SpecStats:
     tested_per_position: list[int] = field(default_factory=list)  # [i]: steps that reached their i-th draft
     target_passes: int = 0  # verify (or plain decode) forward passes of the target
     rejections: int = 0  # steps that ended on a rejected draft token (the rest accepted all k)
-    draft_passes: int = 0  # forward passes of the draft
+    draft_passes: int = 0  # tokens drafted: one forward pass of the draft each (a lookahead's that missed too)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     lookaheads: int = 0  # proposals drafted while the target verified the previous one (service, greedy)
@@ -44,18 +80,11 @@ class SpecStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted / proposed draft tokens (vLLM's definition); falls with k even at a fixed alpha."""
-        return self.accepted / self.proposed if self.proposed else 0.0
+        return acceptance_rate(self.accepted, self.proposed)
 
     @property
     def alpha(self) -> float:
-        """Per-token acceptance probability (Leviathan et al.'s alpha), the quantity the cost model uses.
-
-        Each step tests draft tokens in order until the first rejection, so accepted tests and
-        rejections are the successes and failures of independent trials: alpha = a / (a + r).
-        """
-        trials = self.accepted + self.rejections
-        return self.accepted / trials if trials else 0.0
+        return alpha(self.accepted, self.rejections)
 
     @property
     def alpha_per_position(self) -> list[float]:
@@ -65,14 +94,11 @@ class SpecStats:
 
     @property
     def tokens_per_pass(self) -> float:
-        # Every pass commits its accepted drafts plus one target token.
-        return (self.accepted + self.target_passes) / self.target_passes if self.target_passes else 0.0
+        return tokens_per_pass(self.accepted, self.target_passes)
 
     def cost_ratio(self, target_only: SpecStats) -> float:
-        """c: one draft forward pass of these runs over one forward pass of ``target_only``'s."""
-        draft_step = self.draft_seconds / max(1, self.draft_passes)
-        target_step = target_only.verify_seconds / max(1, target_only.target_passes)
-        return draft_step / target_step if target_step else 0.0
+        """c of these runs' draft against ``target_only``'s passes."""
+        return cost_ratio(self.draft_seconds, self.draft_passes, target_only.verify_seconds, target_only.target_passes)
 
     def as_dict(self) -> dict:
         return asdict(self) | {"acceptance_rate": self.acceptance_rate, "alpha": self.alpha,

@@ -21,7 +21,7 @@ import grpc
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
-from .acceptance import Verdict
+from .acceptance import Outcome
 from .batching import Scheduler, StepResult
 from .config import TargetConfig
 from .loading import ModelSpec, load_model
@@ -58,7 +58,7 @@ def target_session(sequence: PooledSequence, opened: pb.SessionOpen) -> TargetSe
     return TargetSession(sequence, sampling_from(opened.sampling), request_generators(opened.sampling.seed)[0])
 
 
-def verify_reply(verdict: Verdict, done: StepResult) -> pb.VerifyReply:
+def verify_reply(verdict: Outcome, done: StepResult) -> pb.VerifyReply:
     return pb.VerifyReply(verdict=verdict_message(verdict), seconds=done.device_seconds, pass_info=pass_info(done))
 
 

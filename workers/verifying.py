@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from .acceptance import (SamplingParams, Verdict, children_of, verify, verify_greedy, verify_tree, verify_tree_greedy,
+from .acceptance import (SamplingParams, Outcome, children_of, verify, verify_greedy, verify_tree, verify_tree_greedy,
                          warp)
-from .drafting import Proposal
+from .drafting import DraftTokens
 from .ragged_pass import PooledSequence, Segment
 
-NO_PROPOSAL = Proposal.empty()
+NO_PROPOSAL = DraftTokens.empty()
 
 
 class TargetSession:
@@ -23,13 +23,13 @@ class TargetSession:
         self.sampling = sampling
         self.generator = generator
 
-    def step(self, proposal: Proposal) -> VerifyStep:
+    def step(self, proposal: DraftTokens) -> VerifyStep:
         return VerifyStep(self, proposal)
 
     def decode(self, n: int) -> DecodeRun:
         return DecodeRun(self, n)
 
-    def judge(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
+    def judge(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
         """The verdict on ``proposal`` from the target's logits after the committed tokens and after
         each proposed one ([k+1, V]), committed to the session. Only the session's own generator
         draws, so a sampled verdict depends on its seed, never on what shared its pass."""
@@ -44,7 +44,7 @@ class TargetSession:
         self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
         return verdict
 
-    def _judge_tree(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
+    def _judge_tree(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
         """A token tree's verdict: logits at the root, then after each node ([T+1, V])."""
         if self.sampling.greedy:
             tree = verify_tree_greedy(logits.argmax(-1), proposal.ids, proposal.parents)
@@ -52,13 +52,13 @@ class TargetSession:
             uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
             tree = verify_tree(warp(logits, self.sampling), proposal.ids, proposal.parents, proposal.q, uniforms)
         self.sequence.commit_path(proposal.ids, tree.path, tree.token)
-        return Verdict(len(tree.path), tree.token, tree.path)
+        return Outcome(len(tree.path), tree.token, tree.path)
 
 
 class VerifyStep:
     """Verifying one proposal: prefill chunks first if the session's prompt needs them, then one pass."""
 
-    def __init__(self, session: TargetSession, proposal: Proposal) -> None:
+    def __init__(self, session: TargetSession, proposal: DraftTokens) -> None:
         if proposal.parents is not None and len(proposal.parents) != len(proposal.ids):
             raise ValueError(f"a token tree of {len(proposal.ids)} tokens needs as many parents, got "
                              f"{len(proposal.parents)}")
@@ -67,7 +67,7 @@ class VerifyStep:
         self.session = session
         self.proposal = proposal
         self.planned: Segment | None = None
-        self.result: Verdict | None = None
+        self.result: Outcome | None = None
 
     def plan(self, room: int) -> Segment | None:
         ids = self.proposal.ids
@@ -94,8 +94,8 @@ class DecodeRun:
         self.session = session
         self.n = n
         self.planned: Segment | None = None
-        self.verdicts: list[Verdict] = []
-        self.result: list[Verdict] | None = None
+        self.verdicts: list[Outcome] = []
+        self.result: list[Outcome] | None = None
 
     def extend(self, n: int) -> bool:
         """``n`` more tokens, if the run is still going (call between passes); False when it is

@@ -7,8 +7,8 @@ import torch
 from specserve.proto.v1 import internal_pb2 as pb
 
 from .batching import StepResult
-from .acceptance import SamplingParams, SparseDist, Verdict, one_hot
-from .drafting import Proposal
+from .acceptance import SamplingParams, SparseDist, Outcome, one_hot
+from .drafting import DraftTokens
 
 
 def sampling_message(sampling: SamplingParams, seed: int) -> pb.Sampling:
@@ -20,7 +20,7 @@ def sampling_from(msg: pb.Sampling) -> SamplingParams:
     return SamplingParams(temperature=msg.temperature, top_k=msg.top_k, top_p=msg.top_p)
 
 
-def proposal_message(proposal: Proposal, greedy: bool, seconds: float = 0.0,
+def proposal_message(proposal: DraftTokens, greedy: bool, seconds: float = 0.0,
                      info: pb.PassInfo | None = None) -> pb.Proposal:
     """Greedy proposals are one-hot, so only their ids travel."""
     msg = pb.Proposal(ids=proposal.ids, seconds=seconds, pass_info=info, parents=proposal.parents or [])
@@ -30,13 +30,13 @@ def proposal_message(proposal: Proposal, greedy: bool, seconds: float = 0.0,
     return msg
 
 
-def proposal_from(msg: pb.Proposal) -> Proposal:
+def proposal_from(msg: pb.Proposal) -> DraftTokens:
     ids = list(msg.ids)
     if not ids:
-        return Proposal.empty()
+        return DraftTokens.empty()
     parents = list(msg.parents) or None
     if not msg.q:
-        return Proposal(ids, one_hot(torch.tensor(ids)), parents)
+        return DraftTokens(ids, one_hot(torch.tensor(ids)), parents)
     if len(msg.q) != len(ids) or any(len(row.ids) != len(row.probs) for row in msg.q):
         raise ValueError(f"proposal of {len(ids)} tokens carries {len(msg.q)} malformed q rows")
     width = max(len(row.ids) for row in msg.q)
@@ -45,13 +45,13 @@ def proposal_from(msg: pb.Proposal) -> Proposal:
     for i, row in enumerate(msg.q):
         q_ids[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
         q_probs[i, : len(row.probs)] = torch.tensor(row.probs)
-    return Proposal(ids, SparseDist(q_ids, q_probs), parents)
+    return DraftTokens(ids, SparseDist(q_ids, q_probs), parents)
 
 
 def pass_info(done: StepResult) -> pb.PassInfo:
     return pb.PassInfo(tokens=done.pass_tokens, sessions=done.pass_sessions, queue_seconds=done.queue_seconds)
 
 
-def verdict_message(verdict: Verdict) -> pb.Verdict:
+def verdict_message(verdict: Outcome) -> pb.Verdict:
     return pb.Verdict(num_accepted=verdict.num_accepted, token=verdict.token, path=verdict.path)
 

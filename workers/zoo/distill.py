@@ -48,7 +48,7 @@ USER_DISTILL_TOKENS = 100_000  # `specserve distill`: tokens the target labels (
 USER_DRAFT_BUDGET = TrainBudget(steps=300, batch_size=16, learning_rate=3e-3)  # like the zoo's drafts
 # An early exit of the target: its first layers (each costs ~1/L of a target step beside the head).
 # SmolLM2-135M on Python code (held-out acceptance, cost per token, expected speedup): 2 layers at
-# 3e-4, 0.22 / 0.18 / 1.03x; 4 layers at 1e-3, 0.38 / 0.24 / 1.11x (README, Benchmarks).
+# 3e-4, 0.22 / 0.18 / 1.03x; 4 layers at 1e-3, 0.38 / 0.24 / 1.11x (docs/pages/benchmarks.md).
 TARGET_INIT_LAYERS = 4
 TARGET_INIT_LEARNING_RATE = 1e-3
 USER_HELD_OUT_FRACTION = 0.1  # of the corpus documents, never trained on: the held-out acceptance

@@ -1,6 +1,6 @@
 """A draft model on a draft worker, as one request's proposer.
 
-The draft session lives on a worker, over one stream; the router mirrors which of its tokens stand
+The draft's session lives on a worker, over one stream; the router mirrors which of its tokens stand
 (``DraftMirror``), and the verdict rides to the worker on the next step request, so a step costs one
 round trip. With ``lookahead`` (greedy requests only), the draft drafts the next proposal while the
 target verifies this one, as if all of it will be accepted, one token further (its guess of the
@@ -20,52 +20,56 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from specserve.proto.v1 import internal_pb2 as pb
+from specserve.workers.draft_length import DraftLength
+from specserve.workers.drafting import DraftTokens
+from specserve.workers.proposing import Proposer, ProposerGone, StepRecorder
+from specserve.workers.wire import proposal_from
 
+from .context import RequestContext
 from .directory import NoWorker
 from .draft_mirror import DraftMirror
-from .proposers import EMPTY_PROPOSAL, Proposer, ProposerGone
-from .streams import SessionStream, WorkerFailed
-
-if TYPE_CHECKING:
-    from .session import Session
+from .streams import WorkerStream, WorkerFailed
 
 log = logging.getLogger("specserve.router")
 OPEN_ATTEMPTS = 2  # draft workers tried per opening before a request goes target-only
 MAX_DRAFT_REOPENS = 2  # per request, mid-request
 
 
-class ModelDraft(Proposer):
-    def __init__(self, session: Session, name: str) -> None:
-        self.session = session
+class RemoteDraft(Proposer):
+    def __init__(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> None:
         self.name = name
-        self.stream: SessionStream | None = None
-        self.mirror = DraftMirror(len(session.request.prompt_ids))  # the draft session's tokens, as the router knows them
+        self.context = context
+        self.length = length  # the request's k schedule: the lookahead's k, and the confidence stop
+        self.recorder = recorder
+        self.deterministic = context.params.sampling.greedy
+        self.stream: WorkerStream | None = None
+        self.mirror = DraftMirror(len(context.history.prompt_ids))  # the draft's tokens, as the router knows them
         self.ahead: asyncio.Task | None = None  # the next proposal, drafted while the target verifies
         self.reopens = 0  # draft workers replaced mid-request
         self.refused_by: set[str] = set()  # workers that refused this request's draft as full
         self.proposed: list[int] = []  # its last proposal
+        self.verdicts = 0  # verdicts it has been told
         # The target's token after a verdict that accepted all of the last proposal (what a
         # lookahead has guessed if it was right); None after any other verdict.
         self.after_all: int | None = None
 
-    async def open(self) -> None:
+    async def open(self, committed: Sequence[int] = ()) -> None:
         """A draft session on a worker serving this draft (a second worker if the first fails),
         holding every committed token."""
-        s = self.session
+        directory, timeouts = self.context.directory, self.context.timeouts
         why = ""
         for _ in range(OPEN_ATTEMPTS):
             try:
-                worker = await s.directory.pick("draft", self.name, avoid=self.refused_by)
+                worker = await directory.pick("draft", self.name, avoid=self.refused_by)
             except NoWorker as exc:
                 why = str(exc)
                 break
-            self.stream = s.directory.stream(worker, s.timeouts.draft_step_seconds,
-                                             first_step_timeout=s.timeouts.draft_prefill_seconds)
+            self.stream = directory.stream(worker, timeouts.draft_step_seconds,
+                                           first_step_timeout=timeouts.draft_prefill_seconds)
             try:
-                opening = s.opening(self.name, self.reopens)
+                opening = self.context.opening(self.name, self.reopens)
                 await self.stream.send(pb.DraftRequest(open=opening))
                 self.mirror.reopen(len(opening.prompt_ids))
                 return
@@ -74,11 +78,11 @@ class ModelDraft(Proposer):
                 self._drop(exc)
         raise ProposerGone(why)
 
-    async def propose(self, k: int) -> pb.Proposal:
+    async def propose(self, k: int) -> DraftTokens:
         """The next proposal; after the worker fails, from another one opened where the request stands."""
-        proposal = await self._propose(k)
-        self.proposed = list(proposal.ids)
-        return proposal
+        message = await self._propose(k)
+        self.proposed = list(message.ids)
+        return proposal_from(message)
 
     async def _propose(self, k: int) -> pb.Proposal:
         started = time.perf_counter()
@@ -91,7 +95,7 @@ class ModelDraft(Proposer):
                     raise ProposerGone(f"failed mid-request, {self.reopens} times already: {exc}") from None
                 self.reopens += 1
                 log.warning("request %s: draft %s failed mid-request; reopening it elsewhere: %s",
-                            self.session.session_id, self.name, exc)
+                            self.context.request_id, self.name, exc)
             await self.open()
         try:
             # The reopened session's first step prefills every committed token: no draft step's cost.
@@ -100,12 +104,13 @@ class ModelDraft(Proposer):
             self._drop(exc)
             raise ProposerGone(f"{'refused' if exc.full else 'failed again'} mid-request: {exc}") from None
         finally:
-            self.session.count_recovery(started)
+            self.recorder.recovered(started)
 
     def follow(self, accepted: int, appended: Sequence[int]) -> None:
         self.mirror.verdict(accepted, appended)  # the worker learns it with its next step
         whole = accepted == len(self.proposed) and len(appended) == 1
         self.after_all = appended[0] if whole else None
+        self.verdicts += 1
 
     async def close(self) -> None:
         if self.ahead is not None and not self.ahead.done():  # drafted past the end: drop it with the session
@@ -126,43 +131,45 @@ class ModelDraft(Proposer):
         token alone, as fast as target-only decoding would, while the draft prefills and drafts
         ahead of it; otherwise the first token would wait for the draft's prefill and k tokens.
         """
-        s = self.session
-        if s.verdict is None and s.lookahead:
-            return EMPTY_PROPOSAL
+        if not self.verdicts and self.context.lookahead:
+            return pb.Proposal()
         waited = time.perf_counter()
         drafted = await ahead if ahead is not None else None
         if drafted is not None:
-            s.count_draft(drafted)
+            self._count(drafted)
         if k < 1:
-            return EMPTY_PROPOSAL
+            return pb.Proposal()
         if drafted is not None and self._guessed(drafted):
-            s.decoding.stats.lookahead_hits += 1
+            self.recorder.lookahead_hit()
             self.mirror.lookahead_hit()
-            s.times.draft_steps.append(time.perf_counter() - waited)
+            self.recorder.waited(time.perf_counter() - waited)
             return pb.Proposal(ids=drafted.ids[1 : k + 1], q=drafted.q[1 : k + 1])
-        proposal = await self.stream.ask(pb.DraftRequest(step=self.mirror.step(k, s.length.min_confidence)))
+        proposal = await self.stream.ask(pb.DraftRequest(step=self.mirror.step(k, self.length.min_confidence)))
         if timed:
-            s.times.draft_steps.append(time.perf_counter() - waited)
-        s.count_draft(proposal)
+            self.recorder.waited(time.perf_counter() - waited)
+        self._count(proposal)
         return proposal
+
+    def _count(self, drafted: pb.Proposal) -> None:
+        """A proposal the worker drafted (used or not: a lookahead that missed cost its time too)."""
+        self.recorder.drafted(len(drafted.ids), drafted.seconds, drafted.pass_info)
 
     def _guessed(self, drafted: pb.Proposal) -> bool:
         """Did the lookahead assume the verdict: all of the last proposal accepted, and its first
         token the target's own? (It then holds at least one more token, the next proposal.)"""
         return len(drafted.ids) > 1 and self.after_all is not None and drafted.ids[0] == self.after_all
 
-    def draft_ahead(self, proposal: pb.Proposal) -> None:
+    def draft_ahead(self, proposal: DraftTokens) -> None:
         """Ask the draft for the proposal after this one, assuming all of this one is accepted."""
-        s = self.session
-        after_all_accepted = s.decoding.remaining - len(proposal.ids) - 1
-        next_k = s.length.next_k(len(proposal.ids), len(proposal.ids))
-        k = min(next_k, after_all_accepted - 1) + 1  # one more: its guess of the target's token
-        if not (s.lookahead and self.stream and (proposal.ids or s.verdict is None) and k >= 2):
+        proposed = len(proposal.ids)
+        after_all_accepted = self.context.history.remaining - proposed - 1
+        k = min(self.length.next_k(proposed, proposed), after_all_accepted - 1) + 1  # one more: its guess
+        if not (self.context.lookahead and self.stream and (proposed or not self.verdicts) and k >= 2):
             return
-        s.decoding.stats.lookaheads += 1
-        step = self.mirror.ahead(len(proposal.ids), k, s.length.min_confidence)
+        self.recorder.looked_ahead()
+        step = self.mirror.ahead(proposed, k, self.length.min_confidence)
         self.ahead = asyncio.create_task(self.stream.ask(pb.DraftRequest(step=step)))
-        # A lookahead may fail unawaited (the session ends first); mark its error as seen, or asyncio
+        # A lookahead may fail unawaited (the request ends first); mark its error as seen, or asyncio
         # logs "exception never retrieved". One that is awaited raises there as usual.
         self.ahead.add_done_callback(lambda t: t.cancelled() or t.exception())
 
@@ -178,4 +185,4 @@ class ModelDraft(Proposer):
         if failure.full:
             self.refused_by.add(failure.worker.worker_id)
         if failure.broken:
-            self.session.directory.mark_failed(failure.worker)
+            self.context.directory.mark_failed(failure.worker)

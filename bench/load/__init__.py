@@ -1,14 +1,14 @@
 """Concurrent clients with mixed tasks: each level runs the same requests with speculation OFF and
 AUTO, one mode after the other (the first mode alternates between levels), streaming every
 request so that the time to the first token is what a client sees. Around each run the workers'
-own batch counters (their Inspect RPC) say how many sessions and tokens their passes held."""
+own batch counters (their Inspect RPC) say how many sessions and tokens their passes held.
+``python -m specserve.bench.load`` runs this section alone (``__main__.py``)."""
 
 from __future__ import annotations
 
 import itertools
 import time
 from collections.abc import Callable
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -16,9 +16,9 @@ import grpc
 from specserve.cluster.client import SpecServeClient
 from specserve.proto.v1 import specserve_pb2 as pb
 
-from .decoders import decode_service_streamed
-from .faults import inspect
-from .samples import AUTO, OFF, OFF_UNBATCHED, Sample
+from ..decoders import decode_service_streamed
+from ..faults import inspect
+from ..samples import AUTO, OFF, OFF_UNBATCHED, Sample
 
 MODES = (OFF, AUTO)
 SPECULATION = {OFF: pb.SPECULATION_OFF, AUTO: pb.SPECULATION_AUTO, OFF_UNBATCHED: pb.SPECULATION_OFF}
@@ -99,39 +99,3 @@ def reference_outputs(samples: list[Sample]) -> dict[tuple[str, int], list[int]]
             fewest = min(s.concurrency for s in runs)
             return {(s.task, s.prompt): s.token_ids for s in runs if s.concurrency == fewest}
     return {}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m specserve.bench.load``: the warm-up and the load section alone (with batching
-    off and the peers), written as a run of ``specserve bench`` whose other sections are empty."""
-    import argparse
-
-    from specserve.cluster.cli import _dotted_overrides, _ints  # the bench command's own parsing of these
-
-    from .run import run_bench
-    from .settings import BenchSettings
-
-    d = BenchSettings()
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.load", description=main.__doc__)
-    parser.add_argument("--zoo", default=d.zoo, help="a zoo preset name or directory (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
-    parser.add_argument("--address", metavar="HOST:PORT", help="a running service (no batching-off run then)")
-    parser.add_argument("--warm-up", type=int, default=d.warm_up, help="routed requests per task (default: %(default)s)")
-    parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="(default: %(default)s)")
-    parser.add_argument("--concurrency", type=_ints, default=d.concurrency, metavar="N,N", help="(default: %(default)s)")
-    parser.add_argument("--load-requests", type=int, default=d.load_requests, help="(default: %(default)s)")
-    parser.add_argument("--unbatched-levels", type=_ints, default=d.unbatched_levels, metavar="N,N",
-                        help="levels also run with batching off (default: %(default)s)")
-    parser.add_argument("--no-peers", action="store_true", help="skip transformers generate and generate_batch")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                        help="override a field of the embedded service's config, e.g. target.batching.same_task_wait_ms=5")
-    args = parser.parse_args(argv)
-    run_bench(BenchSettings(zoo=args.zoo, out=args.out, address=args.address, warm_up=args.warm_up,
-                            max_tokens=args.max_tokens, concurrency=args.concurrency, load_requests=args.load_requests,
-                            unbatched_levels=args.unbatched_levels, load_peers=not args.no_peers, sections=("load",),
-                            service_overrides=_dotted_overrides(args.overrides)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

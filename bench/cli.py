@@ -1,0 +1,74 @@
+"""`specserve bench` on the command line. bench/ is the layer above cluster/, so the CLI does not
+import it: pyproject.toml registers ``register`` under the ``specserve.commands`` entry point group,
+which ``cluster/cli.py`` reads."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from specserve.cluster.commands.common import comma_floats, comma_ints, dotted_overrides
+
+from .settings import BenchSettings
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Adds `specserve bench` (the ``specserve.commands`` entry point named bench)."""
+    d = BenchSettings()  # the defaults, defined once there
+    bench = commands.add_parser(
+        "bench", help="benchmark speed, acceptance, overhead, a peer and load; write a report",
+        description="On the bench zoo and an embedded cluster (or --address): per task alpha, tokens per pass, "
+                    "greedy speedup over target-only with the Leviathan bound; each proposer alone (the task's "
+                    "draft, prompt lookup, suffix decoding, their token tree) and the policy's choice; the service "
+                    "against the in-process engine; Hugging Face assisted generation on the same models; routed "
+                    "against general drafts; 1-32 concurrent clients, AUTO against OFF, batching off and "
+                    "transformers' batching as peers; sampling; each component's memory. Writes report.md, "
+                    "results.json and PNG plots under OUT/<timestamp>/ and prints a summary. A real pretrained "
+                    "model: python -m specserve.bench.real_model --target DIR_OR_GGUF.")
+    bench.add_argument("--zoo", default=d.zoo, help="a zoo preset name or a zoo directory (default: %(default)s; "
+                                                    "a preset is built on first use, the bench zoo in ~45 minutes)")
+    bench.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
+    bench.add_argument("--address", metavar="HOST:PORT", help="benchmark a running service serving the same zoo")
+    bench.add_argument("--prompts", type=int, default=d.prompts, help="held-out prompts per task (default: %(default)s)")
+    bench.add_argument("--repeats", type=int, default=d.repeats, help="passes over the prompts (default: %(default)s)")
+    bench.add_argument("--warm-up", type=int, default=d.warm_up,
+                       help="routed requests per task before measuring (default: %(default)s)")
+    bench.add_argument("--max-tokens", type=int, default=d.max_tokens, help="(default: %(default)s)")
+    bench.add_argument("--k", type=int, default=d.k, help="k of the fixed-k paths (default: %(default)s)")
+    bench.add_argument("--temperatures", type=comma_floats, default=d.temperatures, metavar="T,T",
+                       help="sampling temperatures (default: %(default)s)")
+    bench.add_argument("--sampled-prompts", type=int, default=d.sampled_prompts,
+                       help="prompts per task and temperature (default: %(default)s)")
+    bench.add_argument("--concurrency", type=comma_ints, default=d.concurrency, metavar="N,N",
+                       help="concurrent clients per load level (default: %(default)s)")
+    bench.add_argument("--load-requests", type=int, default=d.load_requests,
+                       help="requests per load level and mode (default: %(default)s)")
+    bench.add_argument("--no-peer", action="store_true", help="skip Hugging Face assisted generation")
+    bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                       help="override a field of the embedded service's config (deploy/serve_config.yaml args), "
+                            "e.g. router.policy.k_max=16 (repeatable; VALUE is YAML)")
+    bench.add_argument("--rerender", type=Path, metavar="RUN_DIR",
+                       help="measure nothing: derive a past run's figures, plots and report again from its results.json")
+    bench.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .run import rerender, run_bench
+
+    if args.rerender:
+        if not (args.rerender / "results.json").is_file():
+            raise ValueError(f"{args.rerender} has no results.json: give the directory of a past run")
+        rerender(args.rerender)
+        return 0
+    settings = BenchSettings(zoo=args.zoo, out=args.out, prompts=args.prompts, repeats=args.repeats,
+                             warm_up=args.warm_up, max_tokens=args.max_tokens, k=args.k, temperatures=args.temperatures,
+                             sampled_prompts=args.sampled_prompts, concurrency=args.concurrency,
+                             load_requests=args.load_requests, address=args.address, peer=not args.no_peer,
+                             service_overrides=dotted_overrides(args.overrides))
+    if args.address and args.overrides:
+        raise ValueError("--set configures the embedded service; a running one (--address) keeps its own config")
+    if not args.verbose:  # the progress bar and the summary are the output
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    run_bench(settings)
+    return 0

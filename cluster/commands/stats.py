@@ -1,0 +1,57 @@
+"""`specserve stats`: a running service's statistics (its GetStats), as tables or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import SECURITY_EPILOG
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    stats = commands.add_parser("stats", help="print a running service's statistics (GetStats)", epilog=SECURITY_EPILOG)
+    stats.add_argument("--address", required=True, metavar="HOST:PORT", help="the service's client address")
+    stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    stats.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from ..client import SpecServeClient
+
+    stats = SpecServeClient(args.address).stats()
+    if args.json:
+        print(json.dumps(MessageToDict(stats, preserving_proto_field_name=True)))
+        return 0
+    print(f"requests in flight {stats.requests_in_flight}; queued {stats.requests_queued}; "
+          f"rejected (over the limit) {stats.requests_rejected}")
+    print("Per task, its decision (draft '-': the task, and its target-only requests), then each allowed draft;")
+    print("k at the current load (k1: with one session per pass), and what a step of k costs in target steps:")
+    print(f"{'task':<8} {'draft':<8} {'requests':>8} {'proposed':>9} {'accepted':>9} {'tok/pass':>8} {'alpha':>6} "
+          f"{'c':>5} {'k':>2} {'k1':>2} {'cost':>5} {'speedup':>7} {'scored':>7} decision")
+    for t in stats.tasks:
+        decision = f"{t.decision}: {t.reason}" if t.reason else t.decision
+        print(f"{t.task:<8} {t.draft or '-':<8} {t.requests:>8} {t.proposed_tokens:>9} {t.accepted_tokens:>9} "
+              f"{t.tokens_per_pass:>8.2f} {t.alpha:>6.2f} {t.cost_ratio:>5.2f} {t.k:>2} {t.unloaded_k:>2} "
+              f"{t.step_cost:>5.2f} {t.expected_speedup:>7.2f} {t.scored_tokens:>7} {decision}")
+    _print_batches(stats)
+    print(f"{'worker':<22} {'kind':<6} {'address':<22} {'node':<12} {'sessions':>8} models")
+    for w in stats.workers:
+        print(f"{w.worker_id:<22} {w.kind:<6} {w.address:<22} {w.node_id[:12]:<12} {w.live_sessions:>8} "
+              f"{', '.join(w.models)}")
+    return 0
+
+
+def _print_batches(stats) -> None:
+    """The passes the latest steps ran in, and what the policy prices a step at under that load."""
+    print("Batches (latest steps; a pass of n sessions counts once per session):")
+    print(f"{'kind':<6} {'steps':>6} {'sessions/pass mean':>18} {'p50':>5} {'tokens/pass mean':>16} {'p50':>5} "
+          f"{'queue ms mean':>13} {'p50':>6}")
+    for p in stats.passes:
+        print(f"{p.kind:<6} {p.steps:>6} {p.mean_sessions:>18.1f} {p.p50_sessions:>5.0f} {p.mean_tokens:>16.1f} "
+              f"{p.p50_tokens:>5.0f} {p.mean_queue_seconds * 1e3:>13.2f} {p.p50_queue_seconds * 1e3:>6.2f}")
+    load = stats.load
+    fit = (f"a target pass takes {load.pass_fixed_seconds * 1e3:.2f} ms + {load.pass_seconds_per_token * 1e3:.3f} ms "
+           f"per token" if load.pass_fixed_seconds or load.pass_seconds_per_token else "no pass-time fit yet")
+    print(f"policy load: {load.sessions:.1f} sessions per pass{', target saturated' if load.saturated else ''}; {fit}")

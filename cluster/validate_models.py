@@ -1,0 +1,82 @@
+"""Which models `specserve validate` runs in this process, and on which prompts: a zoo's models and
+held-out prompts, or your own (--target, --draft NAME=SOURCE, --task TASK=...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from specserve.workers.lookup import RESERVED
+from specserve.workers.zoo.presets import GENERAL_DRAFT
+from specserve.workers.zoo.zoo import Zoo
+
+from .config import ModelsConfig
+from .model_args import OwnModels
+from .validate_runs import Prompt
+
+ZOO_PROMPTS_PER_TASK = 2  # held-out prompts per task when no --prompts file is given
+DEFAULT_ZOO = ModelsConfig().zoo  # the service's, as every command's
+
+
+@dataclass(frozen=True)
+class LocalModels:
+    target: str
+    drafts: dict[str, str]  # name -> source
+    tasks: dict[str, tuple[str, ...]]  # task -> its draft models, preferred first
+    default_task: str | None  # for prompts without one
+    zoo: Zoo | None = None  # when the models are a zoo's
+
+
+def local_models(zoo_name: str | None, own: OwnModels, default_task: str | None) -> LocalModels:
+    """The zoo's models and task table, or your own (--target, --draft NAME=SOURCE, --task TASK=...).
+    The draft-free proposers of a table are left out: they run in a service's router, not here."""
+    from .local import open_zoo
+
+    if own.target:
+        if zoo_name:
+            raise ValueError("--zoo and --target both name the target: give one")
+        if not own.drafts:
+            raise ValueError("--target alone has nothing to validate: give its drafts with --draft NAME=SOURCE")
+        for task, names in own.tasks.items():
+            if unknown := [n for n in names if n not in own.drafts and n not in RESERVED]:
+                raise ValueError(f"--task {task}= names drafts {unknown}; drafts given: {', '.join(own.drafts)}")
+        table = {task: tuple(n for n in names if n in own.drafts) for task, names in own.tasks.items()}
+        target, drafts, zoo = own.target, dict(own.drafts), None
+        table = table or {name: (name,) for name in drafts}
+    else:
+        if own.drafts or own.tasks:
+            raise ValueError("--draft NAME=SOURCE and --task TASK=... validate your own models: give --target too")
+        zoo = open_zoo(zoo_name or DEFAULT_ZOO)
+        target, drafts = str(zoo.target_dir), {name: str(zoo.draft_dir(name)) for name in zoo.draft_names}
+        table = {task: tuple(names) for task, names in zoo.manifest["task_drafts"].items()}
+        if GENERAL_DRAFT in drafts:  # prompts of no particular task, as the service's table has it
+            table.setdefault(GENERAL_DRAFT, (GENERAL_DRAFT,))
+    if default_task is None:  # as the service's: the zoo's general task, or the first of your own
+        default_task = next(iter(table)) if own.target else GENERAL_DRAFT if GENERAL_DRAFT in table else None
+    return LocalModels(target, drafts, table, default_task, zoo)
+
+
+def local_arms(models: LocalModels, prompts: list[Prompt], draft: str | None) -> tuple[list[Prompt], list[list[str]]]:
+    """Each prompt with its task resolved, and the drafts it is run with: the one picked, or every
+    draft model its task may use."""
+    if draft is not None and draft not in models.drafts:
+        raise ValueError(f"--draft {draft!r} is not a draft of these models: {', '.join(models.drafts)}")
+    resolved, arms = [], []
+    for i, prompt in enumerate(prompts):
+        task = prompt.task or models.default_task
+        if task is None:
+            raise ValueError(f"prompt {i} ({prompt.text[:40]!r}) has no task, and these models have no default "
+                             f"task: give each prompt one (JSON lines) or --task TASK")
+        if task not in models.tasks:
+            raise ValueError(f"prompt {i}: unknown task {task!r}; these models' tasks: {', '.join(models.tasks)} "
+                             f"(define one with --task {task}=DRAFT)")
+        drafts = [draft] if draft else list(models.tasks[task])
+        if not drafts:
+            raise ValueError(f"task {task!r} has no draft model to validate here (its draft-free proposers run in a "
+                             f"service: validate them with --address)")
+        resolved.append(replace(prompt, task=task))
+        arms.append(drafts)
+    return resolved, arms
+
+
+def zoo_prompts(zoo: Zoo) -> list[Prompt]:
+    return [Prompt(text, task) for task in zoo.tasks for text in zoo.prompts(task)[:ZOO_PROMPTS_PER_TASK]]

@@ -1,0 +1,52 @@
+"""What a request's collaborators (its target link, its proposer) are built from: one context.
+
+They get this, not the request object: its id, task and parameters, its committed tokens (the
+router's truth, read to open a worker's session on them), where its workers are, how long to wait
+for them, and the client's deadline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specserve.proto.v1 import internal_pb2 as pb
+from specserve.workers.decoding import Decoding
+from specserve.workers.request import GenerationParams
+from specserve.workers.seeds import replacement_seed
+from specserve.workers.wire import sampling_message
+
+from .config import TimeoutsConfig
+from .directory import WorkerDirectory
+
+# The router gives up waiting this long before the client's deadline, so the client hears why
+# (UNAVAILABLE, with the reason) rather than a bare DEADLINE_EXCEEDED.
+DEADLINE_MARGIN_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    request_id: str
+    task: str
+    params: GenerationParams
+    history: Decoding  # the committed tokens, the output and the statistics
+    directory: WorkerDirectory
+    timeouts: TimeoutsConfig
+    deadline: float | None = None  # time.monotonic(), the client's; None: none
+    lookahead: bool = False  # a remote draft drafts ahead while the target verifies (greedy requests)
+    # Target-only, the target decodes in runs of up to this many tokens granted ahead, so the request
+    # stays in every batched pass of its replica rather than sitting out a round trip per token.
+    decode_run: int = 1
+
+    def opening(self, model: str = "", replaced: int = 0) -> pb.SessionOpen:
+        """The open message of a worker's session holding every committed token: the target's, or
+        the draft ``model``'s. A worker replacing ``replaced`` failed ones draws from a seed of its
+        own (fresh draws keep the target's distribution), so a replay with the same seed and the
+        same faults gives the same output."""
+        seed = replacement_seed(self.history.stats.seed, "draft" if model else "target", replaced)
+        return pb.SessionOpen(session_id=self.request_id, prompt_ids=self.history.committed_ids(), model=model,
+                              sampling=sampling_message(self.params.sampling, seed),
+                              max_new_tokens=self.history.remaining, task=self.task)
+
+    def before_deadline(self, give_up: float) -> float:
+        """When to stop waiting: at ``give_up``, or just before the client's deadline if sooner."""
+        return give_up if self.deadline is None else min(give_up, self.deadline - DEADLINE_MARGIN_SECONDS)

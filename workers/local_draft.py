@@ -1,0 +1,45 @@
+"""A draft model in this process, as one request's proposer (the in-process engine's draft)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from transformers import PreTrainedModel
+
+from .drafting import DraftSession, DraftTokens
+from .draft_length import DraftLength
+from .kv_pool import KVPool
+from .proposing import Proposer, StepRecorder
+from .steps import run_alone
+
+
+class LocalDraft(Proposer):
+    """Drafts with ``model`` over a session of its own, one pass per token, alone."""
+
+    def __init__(self, name: str, model: PreTrainedModel, pool: KVPool, session: DraftSession,
+                 length: DraftLength, recorder: StepRecorder) -> None:
+        self.name = name
+        self.model = model
+        self.pool = pool
+        self.session = session
+        self.length = length  # its min_confidence: where a confidence schedule stops a proposal early
+        self.recorder = recorder
+        self.deterministic = session.sampling.greedy
+        self.proposed = DraftTokens.empty()  # its last proposal
+
+    async def propose(self, k: int) -> DraftTokens:
+        if k < 1:
+            self.proposed = DraftTokens.empty()
+            return self.proposed
+        started = time.perf_counter()
+        self.proposed = run_alone(self.model, self.pool, self.session.step(k, self.length.min_confidence))
+        seconds = time.perf_counter() - started
+        self.recorder.waited(seconds)
+        self.recorder.drafted(len(self.proposed.ids), seconds)
+        return self.proposed
+
+    def follow(self, accepted: int, appended: Sequence[int]) -> None:
+        keep = len(self.session.sequence.committed) + accepted
+        self.session.resync(self.proposed, keep, list(appended))
+        self.proposed = DraftTokens.empty()
