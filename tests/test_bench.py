@@ -2,8 +2,8 @@
 first also with batching off, the transformers peers) in a subprocess with a cluster of its own,
 then checks that the report has every section and that every figure in it was computed from the
 run's measurements: the saved samples re-derive the saved figures and re-render the saved report
-exactly, and the figures move when the samples do. The load section's parts (the peers, its
-figures, its counters) are also checked on their own, without Ray."""
+exactly, the plots draw those figures, and the figures move when the samples do. The load
+section's parts (the peers, its figures, its counters) are also checked on their own, without Ray."""
 
 from __future__ import annotations
 
@@ -14,12 +14,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.image
+import numpy as np
 import pytest
+from matplotlib.container import BarContainer
+from matplotlib.figure import Figure
 
 from specserve.bench import figures as F
 from specserve.bench.load import mixed_requests, pass_record, reference_outputs
 from specserve.bench.load_figures import derive_load
 from specserve.bench.peers import left_padded, run_generate_batch, run_static, until_eos
+from specserve.bench.plots import ALPHA_PLOT, LOAD_PLOT, SPEEDUP_PLOT, write_plots
 from specserve.bench.report import render_report
 from specserve.bench.samples import (AUTO, ENGINE_OFF, ENGINE_TASK, GREEDY_PATHS, OFF, OFF_UNBATCHED, PEER_BATCH,
                                      PEER_STATIC, TASK, Sample)
@@ -31,7 +36,6 @@ PROMPTS, CONCURRENCY, LOAD_REQUESTS = 2, (1, 2), 4
 SECTIONS = ("## Goals", "## 1. Speedup by task", "## 2. Cost of distribution", "## 3. The peer",
             "## 4. Routing", "## 5. Load", "## 6. Sampling", "## 7. Resident memory",
             "## 8. Where the time goes")
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +62,8 @@ def test_the_run_writes_a_report_its_results_and_three_plots(run_dir, results):
     report = (run_dir / "report.md").read_text()
     positions = [report.index(s) for s in SECTIONS]
     assert positions == sorted(positions), "sections out of order"
-    for plot in ("speedup_by_task.png", "alpha_heatmap.png", "load.png"):
-        data = (run_dir / plot).read_bytes()
-        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, plot
-        assert f"]({plot})" in report
+    for plot in (SPEEDUP_PLOT, ALPHA_PLOT, LOAD_PLOT):  # what they show: test_the_plots_show_the_figures
+        assert (run_dir / plot).is_file() and f"]({plot})" in report
     assert set(results) == {"meta", "samples", "memory", "policy", "load", "figures"}
     assert {r["task"] for r in results["policy"]} >= set(results["meta"]["tasks"])
     for goal in results["figures"]["goals"]:  # printed beside the figures
@@ -73,6 +75,48 @@ def test_every_figure_is_derived_from_the_samples_and_the_report_from_the_figure
     assert F.derive(results["meta"], samples, results["memory"], results["load"]) == results["figures"]
     plots = sorted(p.name for p in run_dir.glob("*.png"))
     assert render_report(results, plots) == (run_dir / "report.md").read_text()
+
+
+def test_the_plots_show_the_figures(run_dir, results, tmp_path, monkeypatch):
+    """Each saved plot is, pixel for pixel, what results.json's figures draw, and what they draw is
+    those figures: a bar per task and path at its median speedup with the bound beside it, a heat-map
+    cell per task and draft at its alpha, a line per load path through its tokens/s and its p99."""
+    drawn: dict[str, Figure] = {}
+    save = Figure.savefig
+
+    def keep(figure: Figure, path, *args, **kwargs):
+        drawn[Path(path).name] = figure
+        return save(figure, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    figures = results["figures"]
+    assert sorted(p.name for p in write_plots(figures, results["meta"], tmp_path)) == sorted(drawn) == sorted(
+        (SPEEDUP_PLOT, ALPHA_PLOT, LOAD_PLOT))
+    for name in drawn:
+        saved = matplotlib.image.imread(run_dir / name)  # [height, width, RGBA]
+        assert np.array_equal(saved, matplotlib.image.imread(tmp_path / name)), f"{name}: not the figures' plot"
+        colours = np.unique(saved.reshape(-1, saved.shape[-1]), axis=0)
+        assert min(saved.shape[:2]) >= 300 and len(colours) > 100, (name, saved.shape, len(colours))  # not blank
+
+    tasks, rows = list(figures["tasks"]), list(figures["tasks"].values())
+    (speedup,) = drawn[SPEEDUP_PLOT].axes
+    assert [label.get_text() for label in speedup.get_xticklabels()] == tasks
+    bars = [[bar.get_height() for bar in c] for c in speedup.containers if isinstance(c, BarContainer)]
+    assert bars == [[r["speedup"]["median"] for r in rows], [r["routed"]["speedup"]["median"] for r in rows]]
+    assert [r["bound"] for r in rows] in [c.get_offsets()[:, 1].tolist() for c in speedup.collections]
+
+    matrix = figures["alpha_matrix"]
+    drafts = sorted({d for row in matrix.values() for d in row})
+    heat = drawn[ALPHA_PLOT].axes[0]  # (the other: its colour bar)
+    assert heat.images[0].get_array().tolist() == [[matrix[t][d] for d in drafts] for t in matrix]
+    assert [label.get_text() for label in heat.get_yticklabels()] == list(matrix)
+    assert [label.get_text() for label in heat.get_xticklabels()] == drafts
+
+    levels = figures["load"]["levels"]
+    clients = {path: sorted(int(n) for n in levels if path in levels[n]) for level in levels.values() for path in level}
+    for axes, key in zip(drawn[LOAD_PLOT].axes, ("tokens_per_second", "p99"), strict=True):
+        lines = sorted((line.get_xdata().tolist(), line.get_ydata().tolist()) for line in axes.lines)
+        assert lines == sorted((n, [levels[str(c)][path][key] for c in n]) for path, n in clients.items()), key
 
 
 def test_the_figures_move_with_the_measurements(results):

@@ -198,7 +198,7 @@ def test_full_for_the_whole_wait_is_resource_exhausted(models):
     # One try when refused, then one every FULL_POLL_SECONDS until the wait is over, the last at its
     # end: at most 1 + 1.5 / 0.5 = 4 tries, fewer on a slow machine (a try that ends a poll late
     # leaves less of the wait). A wait that never tried again makes 1, one that polls without
-    # sleeping (or restarts the wait at each refusal) many more.
+    # sleeping many more (and one restarted at each refusal never ends: the guard above).
     assert 2 <= full.refused <= 1 + math.ceil(wait / FULL_POLL_SECONDS), full.refused
     assert session.full_refusals == full.refused and not full.opened
     assert f"within {wait:g} s" in str(refused.value)  # the full wait it was given, not another
