@@ -50,7 +50,7 @@ class DraftStream:
         self.session = DraftSession(sequence, sampling, request_generators(opened.sampling.seed)[1], DRAFT_MAX_SUPPORT)
         self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
 
-    def step(self, step: pb.DraftRun) -> DraftRun:
+    def step(self, step: pb.DraftStep) -> DraftRun:
         """The drafting this step asks for, after moving the session to what stands (bookkeeping)."""
         self.session.resync(self.last.result if self.last else None, step.keep, list(step.append))
         self.last = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
@@ -24,6 +24,9 @@ class DraftTokens:
     ids: list[int]  # [k] proposed tokens
     q: SparseDist  # [k, m] the distribution each was sampled from
     parents: list[int] | None = None  # a token tree: each token's parent (-1: the last committed token); None: a chain
+    # The pb.Proposal these came in over a stream, if they did: forwarded to the target as it is, so a
+    # remote draft's proposal is not converted back on the per-token path.
+    wire: object = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def empty() -> DraftTokens:

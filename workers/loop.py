@@ -20,9 +20,9 @@ from .draft_length import DraftLength
 from .drafting import DraftTokens
 from .proposing import Proposer, ProposerGone, StepRecorder, Verified, accepted_ids, proposal_depth
 from .stopping import Chunk
+from .verifying import NO_PROPOSAL
 
 log = logging.getLogger("specserve.loop")
-NO_PROPOSAL = DraftTokens.empty()
 T = TypeVar("T")
 
 

@@ -22,7 +22,9 @@ def sampling_from(msg: pb.Sampling) -> SamplingParams:
 
 def proposal_message(proposal: DraftTokens, greedy: bool, seconds: float = 0.0,
                      info: pb.PassInfo | None = None) -> pb.Proposal:
-    """Greedy proposals are one-hot, so only their ids travel."""
+    """Greedy proposals are one-hot, so only their ids travel. One that came over a stream goes on as it came."""
+    if proposal.wire is not None:
+        return proposal.wire
     msg = pb.Proposal(ids=proposal.ids, seconds=seconds, pass_info=info, parents=proposal.parents or [])
     if not greedy:
         for ids, probs in zip(proposal.q.ids.tolist(), proposal.q.probs.tolist(), strict=True):
@@ -36,7 +38,7 @@ def proposal_from(msg: pb.Proposal) -> DraftTokens:
         return DraftTokens.empty()
     parents = list(msg.parents) or None
     if not msg.q:
-        return DraftTokens(ids, one_hot(torch.tensor(ids)), parents)
+        return DraftTokens(ids, one_hot(torch.tensor(ids)), parents, wire=msg)
     if len(msg.q) != len(ids) or any(len(row.ids) != len(row.probs) for row in msg.q):
         raise ValueError(f"proposal of {len(ids)} tokens carries {len(msg.q)} malformed q rows")
     width = max(len(row.ids) for row in msg.q)
@@ -45,7 +47,7 @@ def proposal_from(msg: pb.Proposal) -> DraftTokens:
     for i, row in enumerate(msg.q):
         q_ids[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
         q_probs[i, : len(row.probs)] = torch.tensor(row.probs)
-    return DraftTokens(ids, SparseDist(q_ids, q_probs), parents)
+    return DraftTokens(ids, SparseDist(q_ids, q_probs), parents, wire=msg)
 
 
 def pass_info(done: StepResult) -> pb.PassInfo:
