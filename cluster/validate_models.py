@@ -3,9 +3,9 @@ held-out prompts, or your own (--target, --draft NAME=SOURCE, --task TASK=...)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from specserve.workers.lookup import RESERVED
+from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE
 from specserve.workers.zoo.presets import GENERAL_DRAFT
 from specserve.workers.zoo.zoo import Zoo
 
@@ -21,14 +21,22 @@ DEFAULT_ZOO = ModelsConfig().zoo  # the service's, as every command's
 class LocalModels:
     target: str
     drafts: dict[str, str]  # name -> source
-    tasks: dict[str, tuple[str, ...]]  # task -> its draft models, preferred first
+    tasks: dict[str, tuple[str, ...]]  # task -> its proposers (drafts, draft-free, tree), preferred first
     default_task: str | None  # for prompts without one
     zoo: Zoo | None = None  # when the models are a zoo's
+    trees: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task -> its tree's members, its draft first
+
+    def models_for(self, prompts: list[Prompt], arms: list[list[str]]) -> set[str]:
+        """The draft models these runs load: the drafts named, and the members of the trees named."""
+        named = {(name, p.task) for p, names in zip(prompts, arms, strict=True) for name in names}
+        return {m for name, task in named for m in (self.trees[task] if name == TREE else (name,)) if m in self.drafts}
 
 
 def local_models(zoo_name: str | None, own: OwnModels, default_task: str | None) -> LocalModels:
     """The zoo's models and task table, or your own (--target, --draft NAME=SOURCE, --task TASK=...).
-    The draft-free proposers of a table are left out: they run in a service's router, not here."""
+    As in the service (cluster/models.py): a table you wrote is run as written; one you did not (the
+    zoo's, or one task per draft) offers every task the draft-free proposers too. A task with a
+    draft has a tree (that draft and the draft-free proposers), run when named (``tree``)."""
     from .local import open_zoo
 
     if own.target:
@@ -39,27 +47,32 @@ def local_models(zoo_name: str | None, own: OwnModels, default_task: str | None)
         for task, names in own.tasks.items():
             if unknown := [n for n in names if n not in own.drafts and n not in RESERVED]:
                 raise ValueError(f"--task {task}= names drafts {unknown}; drafts given: {', '.join(own.drafts)}")
-        table = {task: tuple(n for n in names if n in own.drafts) for task, names in own.tasks.items()}
         target, drafts, zoo = own.target, dict(own.drafts), None
-        table = table or {name: (name,) for name in drafts}
+        table = {task: tuple(names) for task, names in own.tasks.items()}
+        table = table or {name: (name, *DRAFT_FREE) for name in drafts}
     else:
         if own.drafts or own.tasks:
             raise ValueError("--draft NAME=SOURCE and --task TASK=... validate your own models: give --target too")
         zoo = open_zoo(zoo_name or DEFAULT_ZOO)
         target, drafts = str(zoo.target_dir), {name: str(zoo.draft_dir(name)) for name in zoo.draft_names}
-        table = {task: tuple(names) for task, names in zoo.manifest["task_drafts"].items()}
+        table = {task: (*names, *DRAFT_FREE) for task, names in zoo.manifest["task_drafts"].items()}
         if GENERAL_DRAFT in drafts:  # prompts of no particular task, as the service's table has it
-            table.setdefault(GENERAL_DRAFT, (GENERAL_DRAFT,))
+            table.setdefault(GENERAL_DRAFT, (GENERAL_DRAFT, *DRAFT_FREE))
+    trees = {task: (own_draft, *DRAFT_FREE) for task, names in table.items()
+             if (own_draft := next((n for n in names if n in drafts), None))}
+    if untreed := [task for task, names in table.items() if TREE in names and task not in trees]:
+        raise ValueError(f"--task {untreed[0]}= names {TREE!r}, which needs a draft of that task")
     if default_task is None:  # as the service's: the zoo's general task, or the first of your own
         default_task = next(iter(table)) if own.target else GENERAL_DRAFT if GENERAL_DRAFT in table else None
-    return LocalModels(target, drafts, table, default_task, zoo)
+    return LocalModels(target, drafts, table, default_task, zoo, trees)
 
 
 def local_arms(models: LocalModels, prompts: list[Prompt], draft: str | None) -> tuple[list[Prompt], list[list[str]]]:
-    """Each prompt with its task resolved, and the drafts it is run with: the one picked, or every
-    draft model its task may use."""
-    if draft is not None and draft not in models.drafts:
-        raise ValueError(f"--draft {draft!r} is not a draft of these models: {', '.join(models.drafts)}")
+    """Each prompt with its task resolved, and the proposers it is run with: the one picked, or every
+    one its task may use."""
+    if draft is not None and draft not in models.drafts and draft not in RESERVED:
+        raise ValueError(f"--draft {draft!r} is not a draft of these models: {', '.join(models.drafts)} (or one of "
+                         f"{', '.join(RESERVED)})")
     resolved, arms = [], []
     for i, prompt in enumerate(prompts):
         task = prompt.task or models.default_task
@@ -71,8 +84,9 @@ def local_arms(models: LocalModels, prompts: list[Prompt], draft: str | None) ->
                              f"(define one with --task {task}=DRAFT)")
         drafts = [draft] if draft else list(models.tasks[task])
         if not drafts:
-            raise ValueError(f"task {task!r} has no draft model to validate here (its draft-free proposers run in a "
-                             f"service: validate them with --address)")
+            raise ValueError(f"task {task!r} has no proposer to validate: name one with --task {task}=NAME")
+        if TREE in drafts and task not in models.trees:
+            raise ValueError(f"--draft {TREE}: task {task!r} has no draft model to grow a tree from")
         resolved.append(replace(prompt, task=task))
         arms.append(drafts)
     return resolved, arms

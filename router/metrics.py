@@ -209,23 +209,23 @@ class RouterMetrics:
         """A request refused at the edge (invalid, or over the limit): counted with no task yet."""
         self.requests.inc(1, {"task": "", "status": status})
 
-    def record(self, session: Request, view: TaskView, status: str = "OK") -> None:
-        task, draft = session.task.task, session.route.draft or ""
+    def record(self, request: Request, view: TaskView, status: str = "OK") -> None:
+        task, draft = request.task.task, request.route.draft or ""
         arm = {"task": task, "draft": draft}
         self._start_task(task)
-        s, t = session.decoding.stats, session.times
+        s, t = request.decoding.stats, request.times
         self.requests.inc(1, {"task": task, "status": status})
-        self.routes.inc(1, arm | {"reason": session.route.reason, "task_source": session.task.source})
-        _add(self.failovers, session.target_resumes, {"kind": "target"})
-        _add(self.failovers, session.draft_reopens, {"kind": "draft"})
-        _add(self.full_refusals, session.full_refusals, {})
-        if session.route.reason == "fallback":
+        self.routes.inc(1, arm | {"reason": request.route.reason, "task_source": request.task.source})
+        _add(self.failovers, request.target_resumes, {"kind": "target"})
+        _add(self.failovers, request.draft_reopens, {"kind": "draft"})
+        _add(self.full_refusals, request.full_refusals, {})
+        if request.route.reason == "fallback":
             self.fallbacks.inc(1, {"task": task, "reason": view.cause or LOW_SPEEDUP})
-        if session.route.load:
-            self.load_decisions.inc(1, {"task": task, "reason": session.route.load})
+        if request.route.load:
+            self.load_decisions.inc(1, {"task": task, "reason": request.route.load})
         if status != "OK":
             return
-        _add(self.output_tokens, len(session.decoding.committed), arm)
+        _add(self.output_tokens, len(request.decoding.committed), arm)
         _add(self.drafts, len(t.verify_steps), arm)
         _add(self.draft_tokens, s.proposed, arm)
         _add(self.accepted_tokens, s.accepted, arm)
@@ -237,10 +237,10 @@ class RouterMetrics:
             self.verify_step.observe(seconds, arm)
         self._record_passes(t.target_passes, "target")
         self._record_passes(t.draft_passes, "draft")
-        self.ttft.observe(session.first_token_seconds, {"task": task})
-        later_tokens = len(session.decoding.committed) - session.first_chunk_tokens
+        self.ttft.observe(request.first_token_seconds, {"task": task})
+        later_tokens = len(request.decoding.committed) - request.first_chunk_tokens
         if later_tokens > 0:
-            self.tpot.observe((session.elapsed() - session.first_token_seconds) / later_tokens, {"task": task})
+            self.tpot.observe((request.elapsed() - request.first_token_seconds) / later_tokens, {"task": task})
 
     def _start_task(self, task: str) -> None:
         """The task's decision counters at 0, the first time it is seen."""

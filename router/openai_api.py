@@ -383,7 +383,7 @@ class _Reply:
 
 
 def _stats(turn: Turn) -> dict:
-    return MessageToDict(stats_message(turn.session), preserving_proto_field_name=True,
+    return MessageToDict(stats_message(turn.running), preserving_proto_field_name=True,
                          always_print_fields_with_no_presence=True)
 
 

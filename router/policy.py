@@ -35,7 +35,7 @@ cause is `target_saturated` when the same arms would pay unloaded (N = 1), else 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from specserve.workers.lookup import DRAFT_FREE
 from specserve.workers.stats import alpha as alpha_of
@@ -51,18 +51,29 @@ MEASURED_SLOWER = "measured_slower"  # speculating requests ran slower at this l
 
 
 @dataclass
-class Observation:
+class Counts:
+    """What an arm sums: a request's counts (Observation), faded into a (task, draft)'s (Arm)."""
+
+    accepted: float = 0  # accepted draft tokens
+    rejections: float = 0  # steps that ended on a rejected draft token
+    misses: float = 0  # steps (or scored positions) its proposer had nothing to propose for
+    draft_tokens: float = 0
+    draft_seconds: float = 0.0  # wall
+    verify_passes: float = 0  # passes that verified a proposal
+    verify_seconds: float = 0.0  # wall
+    verify_device_seconds: float = 0.0
+
+    def fade_in(self, other: Counts, factor: float) -> None:
+        """Fade what is here by ``factor``, then add ``other``'s counts."""
+        for f in fields(Counts):
+            setattr(self, f.name, getattr(self, f.name) * factor + getattr(other, f.name))
+
+
+@dataclass
+class Observation(Counts):
     """What one finished request tells the policy (sums over its steps). Wall times are what the
     router waited (round trips included); device times are the workers' own compute."""
 
-    accepted: int = 0  # accepted draft tokens
-    rejections: int = 0  # steps that ended on a rejected draft token
-    misses: int = 0  # steps its proposer had nothing to propose for (a lookup without a match)
-    draft_tokens: int = 0
-    draft_seconds: float = 0.0  # wall
-    verify_passes: int = 0  # passes that verified a proposal
-    verify_seconds: float = 0.0  # wall
-    verify_device_seconds: float = 0.0
     plain_passes: int = 0  # target-only passes (no proposal)
     plain_seconds: float = 0.0  # wall
     plain_device_seconds: float = 0.0
@@ -85,17 +96,9 @@ class Prior:
 
 
 @dataclass
-class Arm:
+class Arm(Counts):
     """Faded measurements of one (task, draft)."""
 
-    accepted: float = 0.0
-    rejections: float = 0.0
-    draft_tokens: float = 0.0
-    draft_seconds: float = 0.0
-    verify_passes: float = 0.0
-    verify_seconds: float = 0.0
-    verify_device_seconds: float = 0.0
-    misses: float = 0.0  # steps (or scored positions) without a proposal
     scored_tokens: int = 0  # from full-information scoring (a count for display; not faded)
     accepted_at: list[float] = field(default_factory=list)  # per draft position, for display
     tested_at: list[float] = field(default_factory=list)
@@ -124,12 +127,11 @@ class Arm:
     def sample_alpha(self, rng: random.Random) -> float:
         return rng.betavariate(self.accepted + 1, self.rejections + 1)
 
-    def add(self, obs: Observation, factor: float) -> None:
+    def add(self, obs: Counts, factor: float) -> None:
         """Fade what is here by `factor`, then add the observation."""
-        for name in ("accepted", "rejections", "draft_tokens", "draft_seconds", "verify_passes", "verify_seconds",
-                     "verify_device_seconds", "misses"):
-            setattr(self, name, getattr(self, name) * factor + getattr(obs, name))
-        for mine, theirs in ((self.accepted_at, obs.accepted_per_position), (self.tested_at, obs.tested_per_position)):
+        self.fade_in(obs, factor)
+        per_position = (obs.accepted_per_position, obs.tested_per_position) if isinstance(obs, Observation) else ((), ())
+        for mine, theirs in zip((self.accepted_at, self.tested_at), per_position, strict=True):
             mine.extend([0.0] * (len(theirs) - len(mine)))
             mine[:] = [m * factor + (theirs[i] if i < len(theirs) else 0) for i, m in enumerate(mine)]
 
@@ -260,8 +262,8 @@ class Policy:
         if draft in state.arms:  # a client's draft outside the task's allowed set teaches nothing here
             state.arms[draft].add(obs, self._fading(obs.draft_tokens))
         if obs.plain_passes:  # target-only steps are the unit every cost is measured in
-            plain = Observation(verify_passes=obs.plain_passes, verify_seconds=obs.plain_seconds,
-                                verify_device_seconds=obs.plain_device_seconds)
+            plain = Counts(verify_passes=obs.plain_passes, verify_seconds=obs.plain_seconds,
+                           verify_device_seconds=obs.plain_device_seconds)
             state.plain.add(plain, self._fading(obs.plain_passes))
         self._decide(task)
 
@@ -271,7 +273,7 @@ class Policy:
         acceptance trial (its first token against the target's), the rest misses; no target call."""
         arm = self._tasks[task].arms[draft]
         proposed = positions if proposed is None else proposed
-        arm.add(Observation(accepted=matches, rejections=proposed - matches, misses=positions - proposed),
+        arm.add(Counts(accepted=matches, rejections=proposed - matches, misses=positions - proposed),
                 self._fading(positions))
         arm.scored_tokens += positions
         self._decide(task)

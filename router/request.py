@@ -70,7 +70,7 @@ class Request:
     """A request in flight. Iterate ``run()`` for chunks as they are committed."""
 
     def __init__(self, valid: ValidRequest, routing: Routing, workers: Workers, deadline: float | None = None) -> None:
-        self.request = valid
+        self.valid = valid
         self.task = routing.task
         self.route = routing.route
         self.pressure = routing.pressure
@@ -117,7 +117,7 @@ class Request:
 
     @property
     def params(self) -> GenerationParams:
-        return self.request.params
+        return self.valid.params
 
     @property
     def proposer(self) -> Proposer | None:

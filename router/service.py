@@ -1,4 +1,4 @@
-"""The client-facing SpecServe gRPC service: validate at the edge, admit, run the session, answer.
+"""The client-facing SpecServe gRPC service: validate at the edge, admit, run the request, answer.
 
 Handlers take the request's raw bytes and decode them here, so a malformed request (invalid UTF-8
 included) is the client's INVALID_ARGUMENT rather than the server's INTERNAL. Errors map to
@@ -53,11 +53,11 @@ class TaskTotals:
         self.output_tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.stats: defaultdict[tuple[str, str], SpecStats] = defaultdict(SpecStats)
 
-    def add(self, session: Request) -> None:
-        key = (session.task.task, session.route.draft or "")
+    def add(self, request: Request) -> None:
+        key = (request.task.task, request.route.draft or "")
         self.requests[key] += 1
-        self.output_tokens[key] += len(session.decoding.committed)
-        self.stats[key].add(session.decoding.stats)
+        self.output_tokens[key] += len(request.decoding.committed)
+        self.stats[key].add(request.decoding.stats)
 
     def message(self, task: str, draft: str) -> pb.TaskStats:
         s = self.stats.get((task, draft), SpecStats())
@@ -69,7 +69,7 @@ class TaskTotals:
 
 class SpecServeService:
     """The client API. Per request: validate, admit, resolve the task, route (policy), run the
-    session, then teach the policy what happened and record metrics."""
+    request, then teach the policy what happened and record metrics."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: Limits, directory: WorkerDirectory,
                  config: RouterConfig, resolver: TaskResolver, rng: random.Random | None = None,
@@ -124,7 +124,7 @@ class SpecServeService:
                 message = pb.GenerateChunk(text=chunk.text, token_ids=chunk.token_ids)
                 if chunk.finish_reason:
                     message.finish_reason = FINISH_REASONS[chunk.finish_reason]
-                    message.stats.CopyFrom(stats_message(turn.session))
+                    message.stats.CopyFrom(stats_message(turn.running))
                 yield message
         except FAILURES as exc:
             await _abort(context, exc)
@@ -142,30 +142,30 @@ class SpecServeService:
 
     async def run(self, turn: Turn, deadline: float | None) -> AsyncIterator[Chunk]:
         """An admitted request's output, chunk by chunk; then the policy learns from it and its
-        metrics are recorded. A worker failure the session could not survive raises one of
+        metrics are recorded. A worker failure the request could not survive raises one of
         FAILURES mid-stream. The turn is released at the end, or earlier by the front."""
         status = grpc.StatusCode.OK
         try:
-            turn.session = self._session(turn.request, turn.prompt, deadline)
-            async for chunk in turn.session.run():
+            turn.running = self._start(turn.request, turn.prompt, deadline)
+            async for chunk in turn.running.run():
                 yield chunk
-            self._learn(turn.session)
+            self._learn(turn.running)
         except FAILURES as exc:
             status = status_of(exc)
-            log.warning("request %s failed: %s", turn.session and turn.session.request_id, exc)
+            log.warning("request %s failed: %s", turn.running and turn.running.request_id, exc)
             raise
         except (asyncio.CancelledError, GeneratorExit):  # the client went away or its deadline passed
             status = grpc.StatusCode.CANCELLED
             raise
         finally:
             turn.release()
-            if turn.session is not None:
-                view = self.policy.view(turn.session.task.task)
-                self.metrics.record(turn.session, view, status.name)
+            if turn.running is not None:
+                view = self.policy.view(turn.running.task.task)
+                self.metrics.record(turn.running, view, status.name)
                 self.metrics.record_view(view)
                 self.metrics.record_realized(self.policy.realized)
 
-    def _session(self, request: ValidRequest, prompt: str, deadline: float | None) -> Request:
+    def _start(self, request: ValidRequest, prompt: str, deadline: float | None) -> Request:
         task = self.resolver.resolve(request.task, prompt)
         self.policy.pass_cap = self.directory.target_pass_cap()
         pressure = self.directory.target_pressure()
@@ -175,17 +175,17 @@ class SpecServeService:
         length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
         return Request(request, Routing(task, route, length, pressure), self.workers, deadline)
 
-    def _learn(self, session: Request) -> None:
+    def _learn(self, request: Request) -> None:
         """A finished request: into the totals and the policy; scored by the other proposers (the
         draft-free ones always, drafts sometimes); its output joins its task's suffix trie."""
-        self.totals.add(session)
-        self.passes["target"].add(session.times.target_passes)
-        self.passes["draft"].add(session.times.draft_passes)
-        task = session.task.task
-        self.policy.observe(task, session.route.draft, session.observation())
-        if session.params.sampling.greedy:  # scoring compares greedy choices
-            self.scorer.offer(task, session.route.draft, session.request.prompt_ids, session.decoding.committed)
-        self.draft_free.learn(task, session.decoding.committed)  # after scoring: no proposer sees its own answer
+        self.totals.add(request)
+        self.passes["target"].add(request.times.target_passes)
+        self.passes["draft"].add(request.times.draft_passes)
+        task = request.task.task
+        self.policy.observe(task, request.route.draft, request.observation())
+        if request.params.sampling.greedy:  # scoring compares greedy choices
+            self.scorer.offer(task, request.route.draft, request.valid.prompt_ids, request.decoding.committed)
+        self.draft_free.learn(task, request.decoding.committed)  # after scoring: no proposer sees its own answer
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServiceStats:
         workers = [pb.WorkerInfo(kind=e.kind, worker_id=e.worker_id, address=e.address, models=e.models,
@@ -235,28 +235,29 @@ class SpecServeService:
         self.metrics.queued.set(admission.waiting)
 
 
-def stats_message(session: Request) -> pb.GenerateStats:
-    s = session.decoding.stats
-    return pb.GenerateStats(task=session.task.task, draft=session.route.draft or "", proposed_tokens=s.proposed,
+def stats_message(request: Request) -> pb.GenerateStats:
+    s = request.decoding.stats
+    return pb.GenerateStats(task=request.task.task, draft=request.route.draft or "", proposed_tokens=s.proposed,
                             accepted_tokens=s.accepted, target_passes=s.target_passes, seed=s.seed, rejections=s.rejections,
                             draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,
-                            total_seconds=session.elapsed(), first_token_seconds=session.first_token_seconds,
+                            total_seconds=request.elapsed(), first_token_seconds=request.first_token_seconds,
                             lookaheads=s.lookaheads, lookahead_hits=s.lookahead_hits,
-                            task_source=session.task.source, task_confidence=session.task.confidence,
-                            route=session.route.reason, k=session.route.k, target_resumes=session.target_resumes,
-                            draft_reopens=session.draft_reopens, target_full_refusals=session.full_refusals)
+                            task_source=request.task.source, task_confidence=request.task.confidence,
+                            route=request.route.reason, k=request.route.k, target_resumes=request.target_resumes,
+                            draft_reopens=request.draft_reopens, target_full_refusals=request.full_refusals)
 
 
 class Turn:
-    """An admitted request: its validated fields, then its session. ``release`` gives the admission
-    turn back and abandons the session, once, whichever of the run's end and the front's own
-    notice (an RPC's done callback, a closed HTTP connection) comes first."""
+    """An admitted request: its validated fields, then the request running. ``release`` gives the
+    admission turn back and abandons the running request (its workers' sessions), once, whichever
+    of the run's end and the front's own notice (an RPC's done callback, a closed HTTP connection)
+    comes first."""
 
     def __init__(self, admission: Admission, request: ValidRequest, prompt: str) -> None:
         self.admission = admission
         self.request = request
         self.prompt = prompt
-        self.session: Request | None = None  # set when the run starts
+        self.running: Request | None = None  # set when the run starts
         self.done = False
 
     def release(self, *_) -> None:
@@ -264,8 +265,8 @@ class Turn:
             return
         self.done = True
         self.admission.leave()
-        if self.session is not None:
-            self.session.abandon()
+        if self.running is not None:
+            self.running.abandon()
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:

@@ -75,11 +75,17 @@ def exact_distribution(model, prefix, params, eos_id) -> dict[tuple, float]:
 
 
 def sample_distribution(engine, params_for_seed, n, draft) -> tuple[dict[tuple, int], float]:
+    tally = _tally(engine, params_for_seed, range(n), draft)
+    assert tally["first_step_k"] == params_for_seed(0).k, "the first step should propose k drafts"
+    return tally["counts"], tally["accepted"] / max(tally["proposed"], 1)
+
+
+def _tally(engine, params_for_seed, seeds, draft) -> dict:
+    """The outcomes of requests with these seeds, and what their drafts proposed and had accepted."""
     counts: dict[tuple, int] = {}
     proposed = accepted = first_step_k = 0
-    for seed in range(n):
-        params = params_for_seed(seed)
-        done = engine.generate([engine.tokenizer.bos_token_id], params, draft=draft).complete()
+    for seed in seeds:
+        done = engine.generate([engine.tokenizer.bos_token_id], params_for_seed(seed), draft=draft).complete()
         outcome = tuple(done.token_ids[:LENGTH])
         if done.finish_reason == "eos" and len(done.token_ids) < LENGTH:
             outcome += (engine.tokenizer.eos_token_id,)  # the assembler drops EOS; name the outcome exactly
@@ -87,8 +93,32 @@ def sample_distribution(engine, params_for_seed, n, draft) -> tuple[dict[tuple, 
         proposed += done.stats.proposed
         accepted += done.stats.accepted
         first_step_k = max(first_step_k, len(done.stats.accepted_per_position))
-    assert first_step_k == params.k, "the first step should propose k drafts"
-    return counts, accepted / max(proposed, 1)
+    return {"counts": counts, "proposed": proposed, "accepted": accepted, "first_step_k": first_step_k}
+
+
+def _tally_share(sampling: SamplingParams, k: int, max_support: int, seeds: range) -> dict:
+    """One process's share of the seeds, on the test's pair built afresh (the same weights: seeded)."""
+    torch.set_num_threads(1)
+    engine = SpecEngine(tiny_model(0), word_tokenizer(), {"d": tiny_model(1)}, draft_max_support=max_support)
+    return _tally(engine, params_for(sampling, k), seeds, "d")
+
+
+def sample_distribution_split(sampling: SamplingParams, k: int, max_support: int, n: int,
+                              processes: int = 2) -> tuple[dict[tuple, int], float]:
+    """``sample_distribution`` of the test's pair with the seeds split between processes: the same
+    requests (each is seeded), so the same counts, in half the time on two cores."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    shares = [range(i, n, processes) for i in range(processes)]
+    with ProcessPoolExecutor(processes, mp_context=get_context("spawn")) as pool:
+        tallies = list(pool.map(_tally_share, *zip(*[(sampling, k, max_support, share) for share in shares])))
+    counts: dict[tuple, int] = {}
+    for tally in tallies:
+        for outcome, count in tally["counts"].items():
+            counts[outcome] = counts.get(outcome, 0) + count
+    assert max(t["first_step_k"] for t in tallies) == k, "the first step should propose k drafts"
+    return counts, sum(t["accepted"] for t in tallies) / max(sum(t["proposed"] for t in tallies), 1)
 
 
 def params_for(sampling: SamplingParams, k: int):
@@ -143,10 +173,8 @@ def tokenizer():
 
 @pytest.mark.parametrize("sampling,k,max_support", SETTINGS, ids=SETTING_IDS)
 def test_speculative_sampling_matches_target_distribution(tokenizer, sampling, k, max_support):
-    target, draft = tiny_model(0), tiny_model(1)
-    engine = SpecEngine(target, tokenizer, {"d": draft}, draft_max_support=max_support)
-    exact = exact_distribution(target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
-    counts, alpha = sample_distribution(engine, params_for(sampling, k), SAMPLES, "d")
+    exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    counts, alpha = sample_distribution_split(sampling, k, max_support, SAMPLES)
     assert 0.05 < alpha < 0.98, "the pair should both accept and reject, or the test proves little"
     assert_same_distribution(exact, counts, SAMPLES)
 

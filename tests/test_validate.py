@@ -164,6 +164,37 @@ def test_validate_command_takes_your_own_models_and_plain_text_prompts(tiny_zoo,
     assert [(t["task"], t["draft"]) for t in json.loads(captured.out)["tasks"]] == [("db", "mine")]
 
 
+def test_validate_runs_every_proposer_in_process_trees_included(tiny_zoo, tmp_path, capsys):
+    """The draft-free proposers and the token tree run on the in-process loop as the service runs them:
+    greedy identical, the sampled tests pass, and only the draft model enters the profile."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(tiny_zoo.prompts("sql")[0].replace("\n", " ") + "\n")
+    profile = tmp_path / "profile.json"
+    code = main(["validate", "--target", str(tiny_zoo.target_dir), "--draft", f"mine={tiny_zoo.draft_dir('sql')}",
+                 "--task", "db=mine,ngram,suffix,tree", "--prompts", str(prompts), "--temperatures", "1.0",
+                 "--samples", "10", "--max-tokens", "16", "--seed", "0", "--profile", str(profile)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert [t["draft"] for t in report["sampled"]["tests"]] == ["mine", "ngram", "suffix", "tree"]
+    assert report["greedy"]["runs"] == 4 and report["greedy"]["identical"]
+    rows = {row["draft"]: row for row in report["tasks"]}
+    assert rows["tree"]["identical"] == 1 and rows["tree"]["alpha"] >= rows["mine"]["alpha"]  # the tree holds mine
+    assert json.loads(profile.read_text()) == {"db": {"mine": rows["mine"]["alpha"]}}
+
+
+def test_a_zoo_task_is_validated_with_its_drafts_and_the_draft_free_proposers(tiny_zoo):
+    from specserve.cluster.model_args import OwnModels
+    from specserve.cluster.validate_models import local_arms, local_models
+
+    models = local_models(str(tiny_zoo.root), OwnModels(), None)
+    prompts, arms = local_arms(models, [Prompt("SELECT", "sql")], None)
+    assert arms == [["sql", "general", "ngram", "suffix"]] and models.trees["sql"] == ("sql", "ngram", "suffix")
+    assert models.models_for(prompts, [["tree", "ngram"]]) == {"sql"}  # the tree's draft
+    with pytest.raises(ValueError, match="needs a draft"):
+        local_models(None, OwnModels(str(tiny_zoo.target_dir), {"mine": "x"}, {"db": ("ngram", "tree")}), None)
+
+
 class EngineBehindGrpc:
     """Stands in for SpecServeClient: answers Generate from the in-process engine as the service
     would (a prompt without a task is `general`; ON without a draft takes the task's first), so

@@ -21,16 +21,18 @@ from .common import DEFAULT_ZOO, comma_floats
 
 DESCRIPTION = """\
 Prove on your own prompts that speculation changes nothing, and measure what it buys. Greedy: every
-prompt decoded by the target alone and with speculation (each draft its task may use, or --draft
-NAME) must give identical token ids. Sampled: at each temperature, --samples outputs per prompt with
-speculation and as many without, each with its own seed, are compared on their first --positions
-tokens: one permutation test of Pearson's chi-square per task, draft and temperature (the task's
-prompts as strata; exact at any sample size), at a family-wise alpha of --alpha (Bonferroni over the
-tests), so a lossless path fails at most that often. Also per task and draft: acceptance, the cost
-ratio c, the expected (cost model) and the measured speedup. Runs the models in this process (the
-zoo's, or --target with --draft NAME=SOURCE), or goes through a running service (--address). Writes
-a JSON report (stdout, or --out) and a summary on stderr. Exit status: 0 equivalent, 1 not
-equivalent (a greedy mismatch, or a sampled test that rejects), 2 bad input."""
+prompt decoded by the target alone and with speculation (each proposer its task may use: its drafts
+and, unless you wrote the task table, prompt lookup `ngram` and suffix decoding `suffix`; or the one
+--draft NAME picks, `tree` included) must give identical token ids. Sampled: at each temperature,
+--samples outputs per prompt with speculation and as many without, each with its own seed, are
+compared on their first --positions tokens: one permutation test of Pearson's chi-square per task,
+draft and temperature (the task's prompts as strata; exact at any sample size), at a family-wise
+alpha of --alpha (Bonferroni over the tests), so a lossless path fails at most that often. Also per
+task and draft: acceptance, the cost ratio c, the expected (cost model) and the measured speedup.
+Runs the models in this process (the zoo's, or --target with --draft NAME=SOURCE), or goes through a
+running service (--address). Writes a JSON report (stdout, or --out) and a summary on stderr. Exit
+status: 0 equivalent, 1 not equivalent (a greedy mismatch, or a sampled test that rejects), 2 bad
+input."""
 
 PROMPTS_HELP = ('the prompts: JSON lines, one {"prompt": ..., "task": ...} per line ("task" optional), or plain text, '
                 "one prompt per line (a file whose first line starts with { is read as JSON lines). A prompt without "
@@ -117,11 +119,13 @@ def _in_process(args, own, task, draft, k, settings, say) -> Report:
     models = local_models(args.zoo, own, task)
     prompts = _prompts(args.prompts, models.zoo)
     prompts, arms = local_arms(models, prompts, draft)
-    used = {name for drafts in arms for name in drafts}
-    say(f"loading the target and drafts {', '.join(sorted(used))} in this process")
+    proposers = {name for names in arms for name in names}
+    used = sorted(models.models_for(prompts, arms))
+    say(f"loading the target and drafts {', '.join(used) or '(none)'} in this process; proposers: "
+        f"{', '.join(sorted(proposers))}")
     engine = SpecEngine.load(ModelSpec(models.target, threads=args.threads),
-                             {name: ModelSpec(models.drafts[name], threads=args.threads) for name in sorted(used)})
-    return validate(engine_decoder(engine, k), prompts, arms, settings, say)
+                             {name: ModelSpec(models.drafts[name], threads=args.threads) for name in used})
+    return validate(engine_decoder(engine, k, models.trees), prompts, arms, settings, say)
 
 
 def _through_service(args, own, task, draft, k, settings, say) -> Report:
