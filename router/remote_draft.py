@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.draft_length import DraftLength
 from specserve.workers.drafting import DraftTokens
-from specserve.workers.proposing import Proposer, ProposerGone, StepRecorder
+from specserve.workers.proposing import NO_EXTRAS, Proposer, ProposerGone, StepRecorder
 from specserve.workers.wire import proposal_from
 
 from .context import RequestContext
@@ -106,7 +106,7 @@ class RemoteDraft(Proposer):
         finally:
             self.recorder.recovered(started)
 
-    def follow(self, accepted: int, appended: Sequence[int]) -> None:
+    def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
         self.mirror.verdict(accepted, appended)  # the worker learns it with its next step
         whole = accepted == len(self.proposed) and len(appended) == 1
         self.after_all = appended[0] if whole else None

@@ -30,7 +30,7 @@ from specserve.workers.acceptance_reference import verify_reference
 
 DRAWS = 200_000  # proposals per case, all verified in one call
 # A correct sampler exceeds the total-variation bound with probability at most DELTA and fails the
-# chi-square test with probability at most CHI_SQUARE_LEVEL: over the 41 such checks below, 0.4%.
+# chi-square test with probability at most CHI_SQUARE_LEVEL: over the 47 such checks below, 0.5%.
 DELTA = 1e-6
 CHI_SQUARE_LEVEL = 1e-4
 REFERENCE_ROWS = 300  # rows of each batch replayed through the plain reference implementation
@@ -226,6 +226,11 @@ CASES = {
     "k3-q-equals-p": same_as_target(4, 3, T1),
     "k4-t1.3-topk3-topp0.9-q-top3": noisy_draft(4, 4, SamplingParams(temperature=1.3, top_k=3, top_p=0.9), 3),
     "k8-t0.8-q-top1": noisy_draft(2, 8, SamplingParams(temperature=0.8), support=1),
+    # An EAGLE-3 head's q: no mass outside its reduced vocabulary (workers/heads/), the target's p
+    # over every token; its truncation may reach past the vocabulary into zero-mass tokens.
+    "k1-t1-q-reduced-vocab": noisy_draft(12, 1, T1, support=12, draft_tokens=slice(0, 8)),
+    "k3-t0.7-q-reduced-vocab-top2": noisy_draft(4, 3, SamplingParams(temperature=0.7), support=2,
+                                                draft_tokens=slice(0, 3)),
 }
 
 

@@ -96,14 +96,29 @@ def _tally(engine, params_for_seed, seeds, draft) -> dict:
     return {"counts": counts, "proposed": proposed, "accepted": accepted, "first_step_k": first_step_k}
 
 
-def _tally_share(sampling: SamplingParams, k: int, max_support: int, seeds: range) -> dict:
-    """One process's share of the seeds, on the test's pair built afresh (the same weights: seeded)."""
+def tiny_head(target, draft_vocab: int = 5):
+    """A random EAGLE-3 head of ``target`` over a reduced vocabulary: the first ``draft_vocab`` ids."""
+    from specserve.workers.heads.eagle3 import Eagle3Head, config_for
+
+    torch.manual_seed(2)
+    head = Eagle3Head(config_for(target.config, draft_vocab, (1, 1, 1)), target.get_input_embeddings())
+    head.set_vocabulary(torch.arange(draft_vocab))
+    with torch.no_grad():
+        head.lm_head.weight.mul_(40.0)  # sharp enough to agree with the target at times
+    return head.eval().requires_grad_(False)
+
+
+def _tally_share(sampling: SamplingParams, k: int, max_support: int, seeds: range, proposer: str) -> dict:
+    """One process's share of the seeds, on the test's pair built afresh (the same weights: seeded):
+    the draft model ("d") or an EAGLE-3 head of the target ("head")."""
     torch.set_num_threads(1)
-    engine = SpecEngine(tiny_model(0), word_tokenizer(), {"d": tiny_model(1)}, draft_max_support=max_support)
-    return _tally(engine, params_for(sampling, k), seeds, "d")
+    target = tiny_model(0)
+    heads = {"head": tiny_head(target)} if proposer == "head" else {}
+    engine = SpecEngine(target, word_tokenizer(), {"d": tiny_model(1)}, draft_max_support=max_support, heads=heads)
+    return _tally(engine, params_for(sampling, k, int(proposer == "head")), seeds, proposer)
 
 
-def sample_distribution_split(sampling: SamplingParams, k: int, max_support: int, n: int,
+def sample_distribution_split(sampling: SamplingParams, k: int, max_support: int, n: int, proposer: str = "d",
                               processes: int = 2) -> tuple[dict[tuple, int], float]:
     """``sample_distribution`` of the test's pair with the seeds split between processes: the same
     requests (each is seeded), so the same counts, in half the time on two cores."""
@@ -112,7 +127,8 @@ def sample_distribution_split(sampling: SamplingParams, k: int, max_support: int
 
     shares = [range(i, n, processes) for i in range(processes)]
     with ProcessPoolExecutor(processes, mp_context=get_context("spawn")) as pool:
-        tallies = list(pool.map(_tally_share, *zip(*[(sampling, k, max_support, share) for share in shares])))
+        tallies = list(pool.map(_tally_share, *zip(*[(sampling, k, max_support, share, proposer)
+                                                      for share in shares])))
     counts: dict[tuple, int] = {}
     for tally in tallies:
         for outcome, count in tally["counts"].items():
@@ -121,9 +137,11 @@ def sample_distribution_split(sampling: SamplingParams, k: int, max_support: int
     return counts, sum(t["accepted"] for t in tallies) / max(sum(t["proposed"] for t in tallies), 1)
 
 
-def params_for(sampling: SamplingParams, k: int):
-    """Seeded requests with room for one full step of k drafts plus the bonus token."""
-    return lambda seed: GenerationParams(max_tokens=max(LENGTH, k + 1), sampling=sampling, seed=seed, k=k)
+def params_for(sampling: SamplingParams, k: int, steps_before: int = 0):
+    """Seeded requests with room for one full step of k drafts plus the bonus token, after
+    ``steps_before`` target-only steps (a head's first)."""
+    return lambda seed: GenerationParams(max_tokens=max(LENGTH, k + 1) + steps_before, sampling=sampling, seed=seed,
+                                         k=k)
 
 
 def assert_same_distribution(exact: dict, counts: dict, n: int) -> None:
@@ -177,6 +195,18 @@ def test_speculative_sampling_matches_target_distribution(tokenizer, sampling, k
     counts, alpha = sample_distribution_split(sampling, k, max_support, SAMPLES)
     assert 0.05 < alpha < 0.98, "the pair should both accept and reject, or the test proves little"
     assert_same_distribution(exact, counts, SAMPLES)
+
+
+def test_sampling_through_an_eagle3_head_matches_target_distribution(tokenizer):
+    """A head drafting over 5 of the 7 tokens from the target's hidden states: q is its distribution
+    over its vocabulary, zero elsewhere, mapped to target ids; the output is the target's. Its first
+    step proposes nothing (no hidden states before the target's first pass), so each request is
+    allowed a second step of k drafts."""
+    sampling, k = SamplingParams(temperature=1.0), 2
+    exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    counts, alpha = sample_distribution_split(sampling, k, 32, SAMPLES // 2, proposer="head")
+    assert 0.05 < alpha < 0.98, alpha
+    assert_same_distribution(exact, counts, SAMPLES // 2)
 
 
 @pytest.mark.slow  # as long as a setting above; the rule's own case is in test_acceptance_distribution.py

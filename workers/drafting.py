@@ -65,12 +65,7 @@ class DraftSession:
         self.sequence.resync(proposal.ids if proposal else [], keep, append)
 
     def draw(self, logits: torch.Tensor) -> tuple[int, SparseDist]:
-        if self.sampling.greedy:
-            token = logits[0].argmax()
-            return int(token), one_hot(token)
-        q = sparsify(warp(logits, self.sampling), self.max_support)
-        u = float(torch.rand(1, generator=self.generator))
-        return sample_sparse(q, u), q
+        return draw(logits, self.sampling, self.generator, self.max_support)
 
     def confidence(self, logits: torch.Tensor, token: int, q: SparseDist) -> float:
         """The probability the draft gave its token: of its plain softmax under greedy (where q is
@@ -110,8 +105,20 @@ class DraftRun:
                      or session.confidence(logits, token, q) >= self.min_confidence)
         if len(self.ids) < self.k and confident:
             return False
-        self.result = DraftTokens(self.ids, _stack(self.rows))
+        self.result = DraftTokens(self.ids, stack_rows(self.rows))
         return True
+
+
+def draw(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator,
+         max_support: int) -> tuple[int, SparseDist]:
+    """A draft's token from its logits [1, V], and the exact q it was drawn from: its argmax
+    (one-hot q) under greedy, else a sample from its warped distribution cut to ``max_support``."""
+    if sampling.greedy:
+        token = logits[0].argmax()
+        return int(token), one_hot(token)
+    q = sparsify(warp(logits, sampling), max_support)
+    u = float(torch.rand(1, generator=generator))
+    return sample_sparse(q, u), q
 
 
 def score_continuation(model: PreTrainedModel, ids: list[int], start: int) -> tuple[int, int]:
@@ -126,7 +133,7 @@ def score_continuation(model: PreTrainedModel, ids: list[int], start: int) -> tu
     return positions, int((guesses == torch.tensor(ids[start:])).sum())
 
 
-def _stack(rows: list[SparseDist]) -> SparseDist:
+def stack_rows(rows: list[SparseDist]) -> SparseDist:
     if not rows:
         return DraftTokens.empty().q
     return SparseDist(torch.cat([r.ids for r in rows]), torch.cat([r.probs for r in rows]))

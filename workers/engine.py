@@ -15,12 +15,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .decoding import Completion, Decoding
 from .draft_length import DraftLength
 from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftTokens
+from .heads.eagle3 import Eagle3Head
+from .heads.format import is_head, load_head
+from .heads.proposer import HeadDraft
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
 from .local_draft import LocalDraft
 from .lookup import DRAFT_FREE, TREE, DraftFree
 from .loop import SpeculativeLoop, run_now
-from .proposing import Proposer, Verified
+from .proposing import AUX_HIDDEN, Proposer, Verified
 from .loading import ModelSpec, load_model, load_tokenizer
 from .prompt import encode_prompt
 from .request import GenerationParams
@@ -44,10 +47,12 @@ class SpecEngine:
         tokenizer: PreTrainedTokenizerBase,
         drafts: dict[str, PreTrainedModel],
         draft_max_support: int = DRAFT_MAX_SUPPORT,
+        heads: dict[str, Eagle3Head] | None = None,
     ) -> None:
         self.target = use_pooled_attention(target)
         self.tokenizer = tokenizer
         self.drafts = {name: use_pooled_attention(model) for name, model in drafts.items()}
+        self.heads = dict(heads or {})  # EAGLE-3 heads of this target, drafting from its hidden states
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.context_window = int(target.config.max_position_embeddings)
         self.draft_free = DraftFree()  # prompt lookup and suffix decoding (over the prompt alone: no task's outputs)
@@ -56,11 +61,16 @@ class SpecEngine:
 
     @classmethod
     def load(cls, target: ModelSpec, drafts: dict[str, ModelSpec]) -> SpecEngine:
-        """Load models and refuse any draft whose tokenizer is not the target's."""
+        """Load models and refuse any draft whose tokenizer is not the target's; a draft that is an
+        EAGLE-3 head directory is loaded as a head of the target (refused if it is another's)."""
         tokenizer = load_tokenizer(target.source)
-        for name, spec in drafts.items():
+        heads = {name: spec for name, spec in drafts.items() if is_head(spec.source)}
+        models = {name: spec for name, spec in drafts.items() if name not in heads}
+        for spec in models.values():
             check_compatible(tokenizer, load_tokenizer(spec.source))
-        return cls(load_model(target), tokenizer, {name: load_model(spec) for name, spec in drafts.items()})
+        model = load_model(target)
+        return cls(model, tokenizer, {name: load_model(spec) for name, spec in models.items()},
+                   heads={name: load_head(spec.source, model) for name, spec in heads.items()})
 
     def generate(self, prompt: str | list[int], params: GenerationParams, draft: str | None = None,
                  tree: Sequence[str] = ()) -> Generation:
@@ -79,7 +89,7 @@ class SpecEngine:
         return Generation(self, prompt_ids, params, draft if params.speculation else None, tree)
 
     def _check_proposer(self, name: str | None, tree: Sequence[str]) -> None:
-        known = (*sorted(self.drafts), *DRAFT_FREE)
+        known = (*sorted(self.drafts), *sorted(self.heads), *DRAFT_FREE)
         if name == TREE:
             if len(tree) < 2 or not set(tree) <= set(known):
                 raise ValueError(f"a tree needs two or more of {', '.join(known)}; got {list(tree)}")
@@ -101,7 +111,10 @@ class LocalVerifier:
     async def verify(self, proposal: DraftTokens, alone: bool, needs: frozenset[str]) -> Verified:
         started = time.perf_counter()
         verdict = run_alone(self.model, self.pool, self.session.step(proposal))
-        return Verified(verdict, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        if AUX_HIDDEN in needs:
+            return Verified(verdict, seconds, {AUX_HIDDEN: self.session.take_aux()})
+        return Verified(verdict, seconds)
 
     async def close(self) -> None:
         pass
@@ -122,17 +135,22 @@ class Generation:
         self.recorder = StatsRecorder(self.decoding.stats)
         self.verify_generator, self.draft_generator = request_generators(self.decoding.stats.seed)
         self.capacity = session_capacity(len(prompt_ids), params.max_tokens, engine.context_window)
-        pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
-        verifier = LocalVerifier(engine.target, pool, TargetSession(sequence, params.sampling, self.verify_generator))
         length = DraftLength("fixed", params.k if draft else 0, params.k)
         proposer = self._proposer(draft, tree, length) if draft else None
-        self.loop = SpeculativeLoop(self.decoding, verifier, proposer, length, self.recorder)
+        pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
+        session = TargetSession(sequence, params.sampling, self.verify_generator,
+                                proposer.aux_layers if proposer else ())
+        self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer, length,
+                                    self.recorder)
 
     def _proposer(self, name: str, tree: Sequence[str], length: DraftLength) -> Proposer:
         if name in DRAFT_FREE:
             return self.engine.draft_free.proposer(name, self.engine.task, self.recorder)
         if name == TREE:
             return TreeProposer([self._proposer(member, (), length) for member in tree], self.engine.tree_max_tokens)
+        if name in self.engine.heads:
+            return HeadDraft(name, self.engine.heads[name], self.capacity, self.params.sampling, self.draft_generator,
+                             self.recorder, self.engine.draft_max_support)
         model = self.engine.drafts[name]
         pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
         session = DraftSession(sequence, self.params.sampling, self.draft_generator, self.engine.draft_max_support)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from transformers import PreTrainedModel
 
 from .drafting import DraftSession, DraftTokens
 from .draft_length import DraftLength
 from .kv_pool import KVPool
-from .proposing import Proposer, StepRecorder
+from .proposing import NO_EXTRAS, Proposer, StepRecorder
 from .steps import run_alone
 
 
@@ -39,7 +39,7 @@ class LocalDraft(Proposer):
         self.recorder.drafted(len(self.proposed.ids), seconds)
         return self.proposed
 
-    def follow(self, accepted: int, appended: Sequence[int]) -> None:
+    def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
         keep = len(self.session.sequence.committed) + accepted
         self.session.resync(self.proposed, keep, list(appended))
         self.proposed = DraftTokens.empty()

@@ -8,12 +8,12 @@ in-process engine). Their proposals are deterministic, so q is one-hot and trave
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .drafting import DraftTokens
 from .ngram import NgramConfig, NgramIndex
-from .proposing import Proposer, StepRecorder
+from .proposing import NO_EXTRAS, Proposer, StepRecorder
 from .suffix_tree import SuffixConfig, SuffixProposer, TaskOutputs
 
 NGRAM, SUFFIX = "ngram", "suffix"
@@ -43,7 +43,7 @@ class LookupProposer(Proposer):
         self.recorder.drafted(len(self.proposed), seconds)
         return DraftTokens.of_ids(self.proposed)
 
-    def follow(self, accepted: int, appended: Sequence[int]) -> None:
+    def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
         self.source.extend(self.proposed[:accepted] + list(appended))
         self.proposed = []
 

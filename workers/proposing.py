@@ -33,6 +33,9 @@ from .acceptance import Outcome
 from .drafting import DraftTokens
 
 NO_EXTRAS: Mapping[str, object] = MappingProxyType({})
+# What an EAGLE-3 head needs of each verify pass: the target's hidden states of its aux layers at the
+# positions the pass committed, [positions, layers * H], in position order (workers/heads/).
+AUX_HIDDEN = "aux_hidden"
 
 
 class ProposerGone(Exception):
@@ -76,6 +79,7 @@ class Proposer(ABC):
 
     name: str
     needs: frozenset[str] = frozenset()  # what it needs from the verify pass besides the verdict
+    aux_layers: tuple[int, ...] = ()  # with AUX_HIDDEN: the target layers whose hidden states it reads
     deterministic = True  # one-hot proposals (no draw): a token tree may merge them with others'
     reopens = 0  # its worker replaced mid-request (a remote draft's)
     misses = 0  # steps it had nothing to propose for (a draft-free one without a match): its coverage
@@ -93,11 +97,12 @@ class Proposer(ABC):
     def commit(self, proposal: DraftTokens, verdict: Outcome, extras: Mapping[str, object] = NO_EXTRAS) -> None:
         """The request committed ``verdict`` on ``proposal``, this proposer's last one; ``extras``
         holds what it ``needs`` of the verify pass."""
-        self.follow(verdict.num_accepted, [verdict.token])
+        self.follow(verdict.num_accepted, [verdict.token], extras)
 
-    def follow(self, accepted: int, appended: Sequence[int]) -> None:
+    def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
         """Of this proposer's last proposal, the first ``accepted`` tokens were committed, then
-        ``appended`` (the target's token; in a token tree, first another branch's accepted tokens)."""
+        ``appended`` (the target's token; in a token tree, first another branch's accepted tokens);
+        ``extras``: what it ``needs`` of the verify pass."""
 
     async def close(self) -> None:
         """The request is done: free whatever the proposer holds."""

@@ -43,6 +43,10 @@ class Segment:
     tokens: Sequence[int]
     logits: int = 1
     parents: Sequence[int] | None = None
+    # Hidden states wanted of every row (an EAGLE-3 head's aux layers, indices into transformers'
+    # ``hidden_states``); the pass leaves them in ``aux``, [rows, layers * H] in the model's dtype.
+    aux_layers: tuple[int, ...] = ()
+    aux: torch.Tensor | None = None
 
     def positions(self) -> list[int]:
         if self.parents is None:
@@ -140,9 +144,14 @@ def run_pass(model: PreTrainedModel, pool: KVPool, segments: Sequence[Segment]) 
         wanted.extend(range(offsets[-1] - segment.logits, offsets[-1]))
     device = model.device
     ids = torch.tensor([[t for segment in segments for t in segment.tokens]], device=device)
+    hidden = any(segment.aux_layers for segment in segments)
     out = model(input_ids=ids, position_ids=torch.tensor([positions], device=device), attention_mask=_NO_MASK,
                 use_cache=False, logits_to_keep=torch.tensor(wanted, dtype=torch.long, device=device),
+                output_hidden_states=hidden,
                 ragged_layout=_Layout(pool, segments, offsets, [_mask(s, device) for s in segments]))
+    for segment, begin, end in zip(segments, offsets, offsets[1:], strict=False):
+        if segment.aux_layers:
+            segment.aux = torch.cat([out.hidden_states[layer][0, begin:end] for layer in segment.aux_layers], -1)
     logits = out.logits[0].float().cpu()  # [len(wanted), V]
     return list(logits.split([segment.logits for segment in segments]))
 

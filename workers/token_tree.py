@@ -98,6 +98,13 @@ class TreeProposer(Proposer):
     def needs(self) -> frozenset[str]:
         return frozenset().union(*(member.needs for member in self.members))
 
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        layers = {member.aux_layers for member in self.members if member.aux_layers}
+        if len(layers) > 1:
+            raise ValueError(f"a tree's heads must read the same target layers, got {sorted(layers)}")
+        return next(iter(layers), ())
+
     async def open(self, committed: Sequence[int]) -> None:
         for member in list(self.members):
             try:
@@ -129,7 +136,7 @@ class TreeProposer(Proposer):
             own = 0
             while own < min(len(nodes), len(path)) and nodes[own] == path[own]:
                 own += 1
-            member.follow(own, committed[own:])
+            member.follow(own, committed[own:], extras)
 
     async def close(self) -> None:
         for member in self.members:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .acceptance import (SamplingParams, Outcome, children_of, verify, verify_greedy, verify_tree, verify_tree_greedy,
@@ -18,10 +20,37 @@ class TargetSession:
     An empty proposal is plain target-only decoding: the same pass, the same sampling rule.
     """
 
-    def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator) -> None:
+    def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator,
+                 aux_layers: tuple[int, ...] = ()) -> None:
         self.sequence = sequence
         self.sampling = sampling
         self.generator = generator
+        # For a request drafted by an EAGLE-3 head: the hidden states (of these layers) of every
+        # position it commits, handed out once each (``take_aux``), in position order.
+        self.aux_layers = aux_layers
+        self.aux_rows: list[torch.Tensor] = []
+
+    def plan(self, segment: Segment | None) -> Segment | None:
+        if segment is not None and self.aux_layers:
+            segment.aux_layers = self.aux_layers
+        return segment
+
+    def keep_aux(self, segment: Segment, proposed: int, kept: Sequence[int]) -> None:
+        """Keep the hidden states of the segment's committed rows: all but its last ``proposed``
+        (a proposal), then the proposal's rows ``kept`` (what the verdict accepted)."""
+        if segment.aux is None:
+            return
+        fixed = len(segment.tokens) - proposed
+        self.aux_rows.append(segment.aux[:fixed])
+        if kept:
+            self.aux_rows.append(segment.aux[fixed + torch.tensor(kept, dtype=torch.long)])
+
+    def take_aux(self) -> torch.Tensor | None:
+        """[n, layers * H]: the committed positions' hidden states not handed out yet (None: not kept)."""
+        if not self.aux_layers:
+            return None
+        rows, self.aux_rows = self.aux_rows, []
+        return torch.cat(rows) if rows else None
 
     def step(self, proposal: DraftTokens) -> VerifyStep:
         return VerifyStep(self, proposal)
@@ -71,14 +100,17 @@ class VerifyStep:
 
     def plan(self, room: int) -> Segment | None:
         ids = self.proposal.ids
-        self.planned = self.session.sequence.segment(ids, len(ids) + 1, room, self.proposal.parents)
+        self.planned = self.session.plan(self.session.sequence.segment(ids, len(ids) + 1, room, self.proposal.parents))
         return self.planned
 
     def advance(self, logits: torch.Tensor) -> bool:
         self.session.sequence.ran(self.planned)
         if not self.planned.logits:  # a prefill chunk
+            self.session.keep_aux(self.planned, 0, ())
             return False
         self.result = self.session.judge(self.proposal, logits)
+        kept = self.result.path or range(self.result.num_accepted)
+        self.session.keep_aux(self.planned, len(self.proposal.ids), list(kept))
         return True
 
 
@@ -106,11 +138,12 @@ class DecodeRun:
         return True
 
     def plan(self, room: int) -> Segment | None:
-        self.planned = self.session.sequence.segment((), 1, room)
+        self.planned = self.session.plan(self.session.sequence.segment((), 1, room))
         return self.planned
 
     def advance(self, logits: torch.Tensor) -> bool:
         self.session.sequence.ran(self.planned)
+        self.session.keep_aux(self.planned, 0, ())
         if not self.planned.logits:  # a prefill chunk
             return False
         self.verdicts.append(self.session.judge(NO_PROPOSAL, logits))

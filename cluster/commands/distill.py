@@ -1,4 +1,6 @@
-"""`specserve distill`: a draft for one task distilled from your target and corpus, then measured."""
+"""`specserve distill`: a draft for your target distilled from your corpus, then measured: a small
+model for one task (``--method draft``), or an EAGLE-3 head fed the target's hidden states
+(``--method eagle3``, written in vLLM's speculators format)."""
 
 from __future__ import annotations
 
@@ -13,53 +15,111 @@ from specserve.router.cost_model import best_k
 from specserve.workers.request import MAX_K
 from specserve.workers.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
 
+METHODS = ("draft", "eagle3")
+
 
 def register(commands: argparse._SubParsersAction) -> None:
-    distill = commands.add_parser("distill", help="distill a draft from a target on your own text",
-                                  description="Distill a small draft for one task from a target model and corpus files, "
-                                              "then measure it: its greedy acceptance on held-out documents of the "
-                                              "corpus, its cost per token, and the speedup they predict.")
-    distill.add_argument("--target", required=True, help="target model: a Hugging Face directory or a .gguf file")
-    distill.add_argument("--task", required=True, help="the task the draft serves (a name of your choice)")
-    distill.add_argument("--corpus", required=True, nargs="+", metavar="FILE", help="UTF-8 text files of that task")
+    from specserve.workers.heads.training import HeadTraining
+
+    head = HeadTraining()
+    distill = commands.add_parser(
+        "distill", help="distill a draft (or an EAGLE-3 head) from a target on your own text",
+        description="Distill a draft from a target model and corpus files, then measure it on held-out documents of "
+                    "the corpus: its greedy acceptance, its cost per token, and the speedup they predict. --method "
+                    "draft: a small model for one task (a Hugging Face directory). --method eagle3: an EAGLE-3 head "
+                    "(one layer fed the target's hidden states, over a reduced vocabulary, trained with training-time "
+                    "test) in vLLM's speculators format; serve it like a draft (--draft NAME=DIR).")
+    distill.add_argument("--method", choices=METHODS, default="draft", help="(default: %(default)s)")
+    distill.add_argument("--target", required=True,
+                         help="target model: a Hugging Face directory or hub id, or a .gguf file")
+    distill.add_argument("--task", help="the task the draft serves (a name of your choice; required for a draft)")
+    distill.add_argument("--corpus", required=True, nargs="+", metavar="FILE", help="UTF-8 text files")
     distill.add_argument("--out", required=True, type=Path, help="directory to write the draft to")
-    distill.add_argument("--steps", type=int, default=USER_DRAFT_BUDGET.steps, help="optimiser steps (default: %(default)s)")
-    distill.add_argument("--tokens", type=int, default=USER_DISTILL_TOKENS,
-                         help="tokens labelled by the target (default: %(default)s)")
+    distill.add_argument("--steps", type=int,
+                         help=f"optimiser steps (default: {USER_DRAFT_BUDGET.steps} for a draft, "
+                              f"{head.budget.steps} for a head)")
+    distill.add_argument("--tokens", type=int,
+                         help=f"tokens labelled by the target (default: {USER_DISTILL_TOKENS} for a draft, "
+                              f"{head.train_tokens} for a head)")
     distill.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     distill.add_argument("--init", choices=("target", "fresh"), default="target",
-                         help="start from an early exit of the target (its embeddings, head and first layers) or "
-                              "from a small fresh model (default: %(default)s)")
+                         help="draft only: start from an early exit of the target (its embeddings, head and first "
+                              "layers) or from a small fresh model (default: %(default)s)")
+    distill.add_argument("--draft-vocab", type=int, metavar="N",
+                         help="eagle3 only: tokens of the head's vocabulary (default: the most frequent tokens "
+                              "holding 98%% of the corpus, a multiple of 256)")
+    distill.add_argument("--ttt-steps", type=int, default=head.ttt_steps,
+                         help="eagle3 only: training-time-test steps, the tokens it learns to draft in a row "
+                              "(default: %(default)s)")
+    distill.add_argument("--aux-layers", metavar="L,L,L",
+                         help="eagle3 only: the target's hidden_states the head reads (default: vLLM's 2, L/2, L-3)")
     distill.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from specserve.workers.zoo.distill import distill_to_directory
-
-    if args.steps < 1 or args.tokens < 1:
-        raise ValueError(f"--steps and --tokens must be >= 1, got {args.steps} and {args.tokens}")
+    for name in ("steps", "tokens", "draft_vocab", "ttt_steps"):
+        if (value := getattr(args, name)) is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; give a directory for the draft")
-    budget = replace(USER_DRAFT_BUDGET, steps=args.steps)
     logging.getLogger("specserve").setLevel(logging.INFO)  # minutes of work: say what each stage does
-    facts = distill_to_directory(args.target, args.task, args.corpus, str(args.out), budget=budget,
-                                 distill_tokens=args.tokens, seed=args.seed, init=args.init)
+    facts = _head(args) if args.method == "eagle3" else _draft(args)
     k, speedup = best_k(facts["held_out_alpha"], facts["cost_ratio"], 1, MAX_K)
     facts["expected_speedup"], facts["expected_k"] = round(speedup, 3), k
     print(json.dumps(facts))
     where = "held-out documents" if facts["held_out_documents"] else "its training text (one document only)"
-    pays = PolicyConfig().resume_above  # what the routing policy needs before it speculates with a draft
-    if speedup >= pays:
-        verdict = "pays: the routing policy will serve the task with it"
-    elif speedup > 1:
-        verdict = (f"is about break-even (the policy speculates above {pays:g}x): expect the task to be served by the "
-                   f"draft-free proposers or target-only; distill longer (--steps, --tokens) to do better")
-    else:
-        verdict = ("does NOT beat target-only: serve this task with the draft-free proposers (prompt lookup, suffix "
-                   "decoding), or distill longer (--steps, --tokens) and measure again")
-    print(f"draft {args.task}: acceptance {facts['held_out_alpha']:.2f} on {where}, cost {facts['cost_ratio']:.2f} of a "
-          f"target step: expected {speedup:.2f}x at k={k} (drafting and verifying in turn); it {verdict}",
+    name = f"head {args.out.name}" if args.method == "eagle3" else f"draft {args.task}"
+    print(f"{name}: acceptance {facts['held_out_alpha']:.2f} on {where}, cost {facts['cost_ratio']:.2f} of a target "
+          f"step: expected {speedup:.2f}x at k={k} (drafting and verifying in turn); it {_verdict(speedup)}",
           file=sys.stderr)
     return 0
+
+
+def _verdict(speedup: float) -> str:
+    pays = PolicyConfig().resume_above  # what the routing policy needs before it speculates with a draft
+    if speedup >= pays:
+        return "pays: the routing policy will serve the task with it"
+    if speedup > 1:
+        return (f"is about break-even (the policy speculates above {pays:g}x): expect the task to be served by the "
+                f"draft-free proposers or target-only; distill longer (--steps, --tokens) to do better")
+    return ("does NOT beat target-only: serve this task with the draft-free proposers (prompt lookup, suffix "
+            "decoding), or distill longer (--steps, --tokens) and measure again")
+
+
+def _draft(args: argparse.Namespace) -> dict:
+    from dataclasses import replace
+
+    from specserve.workers.zoo.distill import distill_to_directory
+
+    if args.draft_vocab or args.aux_layers:
+        raise ValueError("--draft-vocab and --aux-layers shape an EAGLE-3 head: give --method eagle3")
+    if not args.task:
+        raise ValueError("--method draft needs --task NAME: the task the draft serves")
+    budget = replace(USER_DRAFT_BUDGET, steps=args.steps or USER_DRAFT_BUDGET.steps)
+    return distill_to_directory(args.target, args.task, args.corpus, str(args.out), budget=budget,
+                                distill_tokens=args.tokens or USER_DISTILL_TOKENS, seed=args.seed, init=args.init)
+
+
+def _head(args: argparse.Namespace) -> dict:
+    from dataclasses import replace
+
+    from specserve.workers.heads.distill import distill_head
+    from specserve.workers.heads.training import HeadTraining
+
+    d = HeadTraining()
+    settings = HeadTraining(draft_vocab_size=args.draft_vocab, aux_layers=_layers(args.aux_layers),
+                            ttt_steps=args.ttt_steps, train_tokens=args.tokens or d.train_tokens,
+                            budget=replace(d.budget, steps=args.steps or d.budget.steps), seed=args.seed)
+    return distill_head(args.target, args.corpus, str(args.out), settings)
+
+
+def _layers(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        layers = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise ValueError(f"--aux-layers takes three layer indices like 2,15,27, got {value!r}") from None
+    if len(layers) != 3 or min(layers) < 0:
+        raise ValueError(f"--aux-layers takes three layer indices like 2,15,27, got {value!r}")
+    return layers

@@ -55,7 +55,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help=f"sampling temperatures (default: {','.join(map(str, d.temperatures))})")
     parser.add_argument("--samples", type=int, default=d.samples,
                         help=f"samples per prompt, side (speculation on / off), draft and temperature; >= "
-                             f"{MIN_SAMPLES} (default: %(default)s: about a minute on the demo zoo's 8 prompts)")
+                             f"{MIN_SAMPLES} (default: %(default)s: about 4 minutes on the demo zoo's 8 prompts, "
+                             f"each with 4 proposers)")
     parser.add_argument("--positions", type=int,
                         help="output tokens compared per sample (default: k + 2, a whole verify step and the next "
                              "token)")

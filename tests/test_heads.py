@@ -1,0 +1,171 @@
+"""EAGLE-3 heads (workers/heads/): distilled in seconds on the tiny zoo, written and read in the
+speculators format (a config written by hand from the format's documented keys loads too), refused
+in one line when made for another target or shaped in a way specserve does not run, trained on the
+same computation they draft with, and lossless in process (greedy identical, alone and in a tree)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from specserve.cluster.cli import main
+from specserve.workers.engine import SpecEngine
+from specserve.workers.heads.distill import FACTS, HeadEvaluation, distill_head
+from specserve.workers.heads.eagle3 import Eagle3Head, HeadCache, config_for
+from specserve.workers.heads.format import CONFIG, WEIGHTS, HeadFormatError, is_head, load_head, read_config
+from specserve.workers.heads.training import HeadTraining, target_features, ttt_loss
+from specserve.workers.request import GenerationParams
+from specserve.workers.zoo.presets import TrainBudget
+
+TRAINING = HeadTraining(budget=TrainBudget(steps=60, batch_size=8, learning_rate=3e-3), sequence_tokens=128,
+                        train_tokens=24_000)
+
+
+@pytest.fixture(scope="module")
+def corpus(tiny_zoo, tmp_path_factory):
+    documents = json.loads((tiny_zoo.root / "corpora" / "sql.json").read_text())["train"]
+    path = tmp_path_factory.mktemp("corpus") / "sql.txt"
+    path.write_text("\n\n".join(documents))
+    return path
+
+
+@pytest.fixture(scope="module")
+def head_dir(tiny_zoo, corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("head")
+    distill_head(str(tiny_zoo.target_dir), [str(corpus)], str(out), TRAINING, HeadEvaluation(prompts=4, max_tokens=32))
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_zoo, head_dir):
+    from specserve.workers.loading import ModelSpec
+
+    return SpecEngine.load(ModelSpec(str(tiny_zoo.target_dir)),
+                           {"head": ModelSpec(str(head_dir)), "sql": ModelSpec(str(tiny_zoo.draft_dir("sql")))})
+
+
+def test_a_distilled_head_is_written_in_the_speculators_format_and_measured(head_dir, tiny_zoo):
+    config = json.loads((head_dir / CONFIG).read_text())
+    assert config["speculators_model_type"] == "eagle3" and is_head(head_dir)
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(tiny_zoo.target_dir)
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == TRAINING.ttt_steps
+    facts = json.loads((head_dir / FACTS).read_text())
+    assert facts["greedy_identical"] and facts["held_out_prompts"] == 4
+    # measured when this was written: alpha 0.99, 3.5 tokens per target pass (the tiny target repeats itself)
+    assert facts["held_out_alpha"] > 0.6 and facts["held_out_tokens_per_pass"] > 2.0, facts
+    assert 0 < facts["vocabulary_coverage"] <= 1 and facts["draft_vocab_size"] % 256 == 0
+
+
+def test_a_head_drafts_greedy_output_identical_to_the_target_alone_and_in_a_tree(engine, tiny_zoo):
+    for prompt in tiny_zoo.prompts("sql")[:2] + tiny_zoo.prompts("prose")[:1]:
+        alone = engine.generate(prompt, GenerationParams(max_tokens=40, speculation=False)).complete()
+        for draft, tree in (("head", ()), ("tree", ("head", "ngram")), ("tree", ("sql", "head", "suffix"))):
+            done = engine.generate(prompt, GenerationParams(max_tokens=40, k=3), draft=draft, tree=tree).complete()
+            assert done.token_ids == alone.token_ids, (draft, tree)
+            assert done.stats.proposed > 0
+
+
+def test_training_computes_what_drafting_computes(engine, tiny_zoo):
+    """The TTT unroll's logits at step s, row i, equal the head's drafting s tokens past position i
+    with its cache (what a mismatch between the two would cost is exactly the acceptance)."""
+    head = engine.heads["head"]
+    ids = torch.tensor([engine.tokenizer.encode(tiny_zoo.prompts("sql")[0], add_special_tokens=False)[:24]])
+    features = target_features(engine.target, ids, head.config.aux_layers, torch.float32)
+    logits = []
+    original = head.output
+    head.output = lambda h: logits.append(original(h)[0]) or original(h)
+    try:
+        with torch.no_grad():
+            ttt_loss(head, ids, features.aux, features.last @ head.lm_head.weight.T, 3)
+    finally:
+        head.output = original
+    i = 15
+    cache = HeadCache(head.config, 32, torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        step, hidden = head.step(ids[0, 1 : i + 2], head.fuse(features.aux[0, : i + 1]), torch.arange(i + 1), cache)
+        torch.testing.assert_close(step[-1], logits[0][0, i])
+        for s in (1, 2):  # the ground-truth token, as training feeds it
+            step, hidden = head.step(ids[0, i + 1 + s : i + 2 + s], hidden[-1:], torch.tensor([i + s]), cache)
+            torch.testing.assert_close(step[-1], logits[s][0, i])
+
+
+def test_a_head_written_by_hand_from_the_documented_keys_loads(tiny_zoo, engine, tmp_path):
+    """A minimal config of the keys vLLM reads, with norm_before_residual left out (vLLM's default:
+    true) and no embeddings of its own (then the target's)."""
+    target = engine.target
+    t = target.config
+    config = {"speculators_model_type": "eagle3", "draft_vocab_size": 32, "eagle_aux_hidden_state_layer_ids": [1, 1, 2],
+              "transformer_layer_config": {"model_type": "llama", "vocab_size": t.vocab_size,
+                                           "hidden_size": t.hidden_size, "intermediate_size": 64,
+                                           "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5},
+              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                     "verifier": {"name_or_path": "elsewhere", "architectures": ["LlamaForCausalLM"]}}}
+    (tmp_path / CONFIG).write_text(json.dumps(config))
+    head_config, _ = read_config(tmp_path, t)
+    assert head_config.norm_before_residual and head_config.head_dim == t.hidden_size // 2
+    torch.manual_seed(0)
+    weights = Eagle3Head(head_config, target.get_input_embeddings()).state_dict()
+    weights["d2t"] = torch.arange(32) * 3  # draft id d is target id 4d
+    weights["t2d"] = torch.zeros(t.vocab_size, dtype=torch.bool)
+    weights["t2d"][torch.arange(32) * 4] = True
+    save_file({k: v.contiguous() for k, v in weights.items() if not k.startswith("embed_tokens")},
+              str(tmp_path / WEIGHTS))
+    head = load_head(tmp_path, target)
+    assert not head.own_embeddings and head.target_ids().tolist() == list(range(0, 128, 4))
+    proposals = SpecEngine(target, engine.tokenizer, {}, heads={"hand": head})
+    prompt = tiny_zoo.prompts("math")[0]
+    alone = proposals.generate(prompt, GenerationParams(max_tokens=24, speculation=False)).complete()
+    done = proposals.generate(prompt, GenerationParams(max_tokens=24, k=2), draft="hand").complete()
+    assert done.token_ids == alone.token_ids and done.stats.proposed > 0
+    assert all(t % 4 == 0 for t in proposals.heads["hand"].target_ids().tolist())
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"transformer_layer_config": {"hidden_size": 999}}, "this head is for another target (hidden size 999"),
+    ({"transformer_layer_config": {"vocab_size": 50}}, "this head is for another target"),
+    ({"target_hidden_size": 48}, "reads hidden states of width 48"),
+    ({"transformer_layer_config": {"num_hidden_layers": 2}}, "it has 2 layers; specserve runs one"),
+    ({"transformer_layer_config": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}}, "its rope is 'llama3'"),
+    ({"transformer_layer_config": {"model_type": "qwen3"}}, "its layer is 'qwen3'"),
+    ({"transformer_layer_config": {"attention_bias": True}}, "its layer has biases"),
+    ({"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}, "aux layers [9] do not exist"),
+    ({"speculators_model_type": "eagle"}, "not an EAGLE-3 head"),
+])
+def test_a_head_specserve_cannot_serve_is_refused_in_one_line(head_dir, engine, tmp_path, change, message):
+    config = json.loads((head_dir / CONFIG).read_text())
+    for key, value in change.items():
+        config[key] = config[key] | value if isinstance(value, dict) else value
+    (tmp_path / CONFIG).write_text(json.dumps(config))
+    (tmp_path / WEIGHTS).write_bytes((head_dir / WEIGHTS).read_bytes())
+    with pytest.raises(HeadFormatError) as raised:
+        load_head(tmp_path, engine.target)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_head_config_follows_the_target(engine):
+    config = config_for(engine.target.config, 64)
+    assert config.hidden_size == engine.target.config.hidden_size and config.aux_layers == (1, 1, 2)
+    with pytest.raises(ValueError, match="do not exist in a target of 2 layers"):
+        config_for(engine.target.config, 64, (1, 2, 3))
+
+
+def test_distill_command_trains_a_head(tiny_zoo, corpus, tmp_path, capsys):
+    out = tmp_path / "head"
+    code = main(["distill", "--method", "eagle3", "--target", str(tiny_zoo.target_dir), "--corpus", str(corpus),
+                 "--out", str(out), "--steps", "20", "--tokens", "8000", "--draft-vocab", "128"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    facts = json.loads(captured.out)
+    assert facts["method"] == "eagle3" and facts["draft_vocab_size"] == 128 and facts["expected_k"] >= 1
+    assert f"head {out.name}: acceptance" in captured.err and is_head(out)
+
+
+def test_distill_command_refuses_bad_head_settings(tiny_zoo, corpus, tmp_path, capsys):
+    base = ["distill", "--target", str(tiny_zoo.target_dir), "--corpus", str(corpus), "--out", str(tmp_path / "x")]
+    for flags, message in ((["--method", "eagle3", "--aux-layers", "1,2"], "--aux-layers takes three"),
+                           (["--draft-vocab", "64"], "give --method eagle3"),
+                           (["--method", "draft"], "needs --task")):
+        assert main(base + flags) == 2
+        assert message in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""`specserve distill --method eagle3`: a head for a target, trained on a corpus, measured, written.
+
+What it made is measured the way it will serve: on held-out documents of the corpus, each prompt
+decoded greedily by the target alone and with the head (the in-process engine, k = its TTT steps),
+giving its acceptance alpha, alpha per draft position, tokens per target pass and its cost ratio c
+(the head's time per drafted token over a target-only pass). The caller (the command) turns alpha
+and c into the verdict: whether the routing policy will serve it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..engine import SpecEngine
+from ..loading import ModelSpec, load_model, load_tokenizer
+from ..request import GenerationParams
+from ..stats import SpecStats
+from ..zoo.distill import documents_from_files, held_out_split
+from .eagle3 import config_for
+from .format import save_head
+from .training import (HeadTraining, choose_vocabulary, head_from_target, target_features, train_head,
+                       training_sequences)
+
+log = logging.getLogger("specserve.heads")
+FACTS = "specserve_head.json"  # what distill measured, beside the head (read by the zoo and the policy's priors)
+
+
+@dataclass(frozen=True)
+class HeadEvaluation:
+    prompts: int = 8  # held-out prompts, each decoded greedily with and without the head
+    prompt_tokens: int = 32  # the start of a held-out document
+    max_tokens: int = 64
+
+
+def distill_head(target_source: str, corpus_files: list[str], out_dir: str, settings: HeadTraining = HeadTraining(),
+                 evaluation: HeadEvaluation = HeadEvaluation()) -> dict:
+    """Train, measure and write a head for ``target_source``; returns the facts written beside it."""
+    started = time.perf_counter()
+    tokenizer = load_tokenizer(target_source)
+    target = load_model(ModelSpec(target_source))
+    train, held_out = held_out_split(documents_from_files(corpus_files))
+    sequences = training_sequences(target, tokenizer, train, settings)
+    vocabulary, coverage = choose_vocabulary(sequences, target.config.vocab_size, settings.draft_vocab_size)
+    config = config_for(target.config, len(vocabulary), settings.aux_layers)
+    log.info("eagle3 head: %d training sequences of %d tokens; draft vocabulary %d of %d tokens (%.1f%% of the "
+             "corpus's tokens); aux layers %s", len(sequences), settings.sequence_tokens, len(vocabulary),
+             target.config.vocab_size, 100 * coverage, list(config.aux_layers))
+    features = target_features(target, sequences, config.aux_layers, settings.feature_dtype)
+    log.info("eagle3 head: the target's features hold %.1f MiB", features.nbytes / 2**20)
+    head = head_from_target(target, config, vocabulary, settings.seed)
+    loss = train_head(head, features, head.lm_head.weight.detach(), settings)
+    head = head.to(target.dtype).eval().requires_grad_(False)
+    measured = measure_head(target, tokenizer, head, held_out, settings.ttt_steps, evaluation)
+    save_head(head, out_dir, target_source, list(target.config.architectures or []), settings.ttt_steps)
+    facts = {"method": "eagle3", "target": target_source, "draft_vocab_size": len(vocabulary),
+             "vocabulary_coverage": round(coverage, 4), "aux_layers": list(config.aux_layers),
+             "ttt_steps": settings.ttt_steps, "training_sequences": len(sequences),
+             "training_tokens": int(sequences.numel()), "feature_mib": round(features.nbytes / 2**20, 1),
+             "steps": settings.budget.steps, "final_loss": round(loss, 4), "seed": settings.seed,
+             "held_out_documents": len(held_out) if held_out is not train else 0, **measured,
+             "seconds": round(time.perf_counter() - started, 1)}
+    (Path(out_dir) / FACTS).write_text(json.dumps(facts, indent=2) + "\n")
+    return facts
+
+
+def measure_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, head, documents: list[str], k: int,
+                 evaluation: HeadEvaluation) -> dict:
+    """Greedy decoding of held-out prompts with the head and without: what it accepts and costs."""
+    engine = SpecEngine(target, tokenizer, {}, heads={"head": head})
+    prompts = [ids[: evaluation.prompt_tokens] for document in documents
+               if len(ids := tokenizer.encode(document, add_special_tokens=False)) > evaluation.prompt_tokens]
+    prompts = prompts[: evaluation.prompts]
+    if not prompts:
+        raise ValueError(f"no held-out document is longer than {evaluation.prompt_tokens} tokens: give more text")
+    on, off = SpecStats(), SpecStats()
+    identical = 0
+    for prompt in prompts:
+        plain = engine.generate(prompt, GenerationParams(max_tokens=evaluation.max_tokens, speculation=False)).complete()
+        drafted = engine.generate(prompt, GenerationParams(max_tokens=evaluation.max_tokens, k=k), draft="head").complete()
+        identical += plain.token_ids == drafted.token_ids
+        off.add(plain.stats)
+        on.add(drafted.stats)
+    return {"held_out_alpha": round(on.alpha, 4),
+            "held_out_alpha_per_position": [round(a, 4) for a in on.alpha_per_position],
+            "held_out_tokens_per_pass": round(on.tokens_per_pass, 3), "cost_ratio": round(on.cost_ratio(off), 4),
+            "held_out_prompts": len(prompts), "greedy_identical": identical == len(prompts)}

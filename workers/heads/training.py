@@ -1,0 +1,210 @@
+"""Distilling an EAGLE-3 head from a target and a corpus, as speculators trains one.
+
+1. The corpus is cut into sequences; the target runs over them once (batched, no grad) and keeps,
+   per position, its aux hidden states and its final hidden state (its logits over the draft
+   vocabulary are that times the head rows, computed per batch instead of stored).
+2. The draft vocabulary: the most frequent target tokens of the corpus (ties to the lower id).
+3. The head starts from the target: its embeddings (shared, frozen, not saved) and the target's
+   output-head rows of the draft vocabulary (frozen, as speculators does); the rest is new.
+4. Training-time test (TTT): each batch is unrolled ``ttt_steps`` times. Step 0 reads the target's
+   features; step s reads, at position i, the ground-truth token x_{i+1+s} and the head's own
+   output of step s-1 at i, at position i+s, and attends to the target-fed keys up to i and to its
+   own keys of steps 1..s at i (what its cache holds when it drafts s tokens past i). The loss is
+   the KL divergence from the target's distribution over the draft vocabulary, summed over steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..zoo.presets import TrainBudget
+from ..zoo.rollout import continue_all
+from ..zoo.training import fit, fixed_length_prompts, random_windows, token_stream
+from .eagle3 import Eagle3Head, HeadConfig
+
+log = logging.getLogger("specserve.heads")
+
+# The draft vocabulary by default: the fewest most frequent tokens holding this share of the
+# corpus's tokens (rounded up to a multiple of VOCAB_ROUNDING), never more than the target's.
+DEFAULT_COVERAGE = 0.98
+VOCAB_ROUNDING = 256
+FEATURE_BATCH = 4  # sequences per target pass when computing features
+PROMPT_TOKENS = 24  # the start of a document the target continues (as the standalone drafts' distill)
+
+
+@dataclass(frozen=True)
+class HeadTraining:
+    """How a head is distilled (``specserve distill --method eagle3``)."""
+
+    draft_vocab_size: int | None = None  # None: by coverage of the corpus (DEFAULT_COVERAGE)
+    aux_layers: tuple[int, ...] | None = None  # None: vLLM's (2, L/2, L-3)
+    ttt_steps: int = 3  # speculators' default: the head learns to draft on its own outputs this far
+    sequence_tokens: int = 256
+    train_tokens: int = 200_000  # target features computed for this many tokens
+    # Of the training sequences, the target's own continuations: the corpus alone teaches the head
+    # text, not what the target writes. Tiny zoo, sql, 100 steps: corpus windows alone gave alpha
+    # 0.51 on held-out prompts (0.98, 0.03, 0.00 by position: the target's greedy output repeats);
+    # half its own continuations, 0.99 (0.97, 1.00, 1.00).
+    on_policy_share: float = 0.5
+    budget: TrainBudget = TrainBudget(steps=400, batch_size=8, learning_rate=1e-3)
+    feature_dtype: torch.dtype = torch.bfloat16  # stored features: half the memory of float32
+    seed: int = 0
+
+
+@dataclass
+class Features:
+    """The target over the training sequences: tokens [N, n], aux hidden states [N, n, 3Ht] and
+    final hidden states [N, n, H]."""
+
+    tokens: torch.Tensor
+    aux: torch.Tensor
+    last: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.tokens, self.aux, self.last))
+
+
+def training_sequences(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, documents: list[str],
+                       settings: HeadTraining) -> torch.Tensor:
+    """[N, sequence_tokens]: the target's own continuations of prompts from the documents (half of
+    them greedy, half sampled at temperature 1: what it will be asked to draft), and windows of the
+    documents, about ``train_tokens`` in all."""
+    n = settings.sequence_tokens
+    count = max(2, settings.train_tokens // n)
+    generator = torch.Generator().manual_seed(settings.seed)
+    stream = token_stream(tokenizer, documents)
+    if stream.numel() <= n:
+        raise ValueError(f"the corpus has {stream.numel()} tokens: fewer than one sequence of {n}; give more text")
+    own = round(count * settings.on_policy_share)
+    parts = [random_windows(stream, count - own, n, generator)]
+    if own:
+        prompts = fixed_length_prompts(tokenizer, documents, own, min(PROMPT_TOKENS, n - 1))
+        half = len(prompts) // 2
+        for temperature, rows in ((0.0, prompts[:half]), (1.0, prompts[half:])):
+            if len(rows):
+                parts.append(continue_all(target, rows, n - rows.shape[1], temperature, generator))
+    return torch.cat(parts)
+
+
+def choose_vocabulary(tokens: torch.Tensor, vocab_size: int, size: int | None) -> tuple[torch.Tensor, float]:
+    """(the draft vocabulary's target ids, ascending; the share of ``tokens`` it covers)."""
+    counts = Counter(tokens.flatten().tolist())
+    ranked = sorted(counts, key=lambda token: (-counts[token], token))
+    if size is None:
+        total, held, size = sum(counts.values()), 0, 0
+        while size < len(ranked) and held < DEFAULT_COVERAGE * total:
+            held += counts[ranked[size]]
+            size += 1
+        size = min(vocab_size, math.ceil(size / VOCAB_ROUNDING) * VOCAB_ROUNDING)
+    if not 0 < size <= vocab_size:
+        raise ValueError(f"the draft vocabulary must be 1..{vocab_size} tokens (the target's), got {size}")
+    chosen = ranked[:size]
+    chosen += [t for t in range(vocab_size) if t not in counts][: size - len(chosen)]  # unseen ids fill it up
+    coverage = sum(counts[t] for t in chosen) / max(1, sum(counts.values()))
+    return torch.tensor(sorted(chosen)), coverage
+
+
+@torch.inference_mode()
+def target_features(target: PreTrainedModel, sequences: torch.Tensor, aux_layers: tuple[int, ...],
+                    dtype: torch.dtype) -> Features:
+    aux, last = [], []
+    for i in tqdm(range(0, len(sequences), FEATURE_BATCH), desc="target features", unit="batch", leave=False,
+                  disable=None):
+        batch = sequences[i : i + FEATURE_BATCH].to(target.device)
+        out = target(input_ids=batch, output_hidden_states=True, logits_to_keep=1)
+        aux.append(torch.cat([out.hidden_states[layer] for layer in aux_layers], -1).to("cpu", dtype))
+        last.append(out.hidden_states[-1].to("cpu", dtype))  # after the final norm: logits = lm_head(last)
+    return Features(sequences, torch.cat(aux), torch.cat(last))
+
+
+def head_from_target(target: PreTrainedModel, config: HeadConfig, vocabulary: torch.Tensor, seed: int) -> Eagle3Head:
+    """A new head sharing the target's embeddings, its output rows those of the target's head."""
+    torch.manual_seed(seed)
+    embeddings = target.get_input_embeddings()
+    head = Eagle3Head(config, embeddings)
+    _init_weights(head)
+    head.set_vocabulary(vocabulary)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocabulary])
+    head.embed_tokens.requires_grad_(False)
+    head.lm_head.requires_grad_(False)
+    return head.float()
+
+
+def _init_weights(head: Eagle3Head) -> None:
+    for module in head.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)  # transformers' initializer_range for Llama
+
+
+def train_head(head: Eagle3Head, features: Features, target_rows: torch.Tensor, settings: HeadTraining) -> float:
+    """TTT on random batches of ``features``; ``target_rows``: the target's output rows of the draft
+    vocabulary [Vd, H]. Returns the last smoothed loss."""
+    rng = random.Random(settings.seed)
+    rows = target_rows.float()
+
+    def loss_at(step: int) -> torch.Tensor:
+        picked = torch.tensor(rng.sample(range(len(features.tokens)), min(settings.budget.batch_size,
+                                                                            len(features.tokens))))
+        return ttt_loss(head, features.tokens[picked], features.aux[picked].float(),
+                        features.last[picked].float() @ rows.T, settings.ttt_steps)[0]
+
+    return fit(head, settings.budget, loss_at, desc="eagle3 head")
+
+
+def ttt_loss(head: Eagle3Head, tokens: torch.Tensor, aux: torch.Tensor, target_logits: torch.Tensor,
+             steps: int) -> tuple[torch.Tensor, list[float]]:
+    """(the summed KL loss, each step's top-1 agreement with the target) over a batch: tokens [B, n],
+    aux [B, n, 3Ht], the target's logits over the draft vocabulary [B, n, Vd]."""
+    T = tokens.shape[1] - 1  # rows i = 0..n-2: (x_{i+1}, g_i) predicts x_{i+2}
+    feature = head.fuse(aux[:, :-1])  # [B, T, H]
+    padded = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], steps)], 1)
+    p_all = torch.softmax(target_logits[:, 1:], -1)  # [B, T, Vd]: after x_{i+1}
+    keys: list[tuple[torch.Tensor, torch.Tensor]] = []
+    total, agreement = 0.0, []
+    for s in range(steps):
+        ids = padded[:, 1 + s : 1 + s + T]
+        positions = torch.arange(s, s + T)
+        x, residual = head.layer.inputs(head.embed_tokens(ids), feature)
+        q, k, v = head.layer.self_attn.project(x, positions)  # [B, heads, T, D]
+        keys.append((k, v))
+        attended = _ttt_attention(q, keys)
+        logits, feature = head.output(head.layer.finish(head.layer.self_attn.o_proj(attended), residual))
+        valid = T - s  # rows whose label x_{i+2+s} exists
+        p = p_all[:, s:]
+        log_q = torch.log_softmax(logits[:, :valid].float(), -1)
+        kl = (p * (torch.log(p.clamp_min(1e-20)) - log_q)).sum(-1)  # [B, valid]
+        total = total + kl.mean()
+        agreement.append(float((logits[:, :valid].argmax(-1) == p.argmax(-1)).float().mean()))
+    return total, agreement
+
+
+def _ttt_attention(q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Step s's attention: queries [B, Hq, T, D] over step 0's keys up to their own row, and over
+    each later step's key at their own row. Returns [B, T, Hq * D]."""
+    k0, v0 = (_repeat(t, q.shape[1]) for t in keys[0])
+    scale = q.shape[-1] ** -0.5
+    T = q.shape[2]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    scores = [(q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, -math.inf)]  # [B, Hq, T, T]
+    diagonal = [(q * _repeat(k, q.shape[1])).sum(-1, keepdim=True) * scale for k, _ in keys[1:]]  # [B, Hq, T, 1]
+    weights = torch.softmax(torch.cat(scores + diagonal, -1), -1)
+    out = weights[..., :T] @ v0
+    for j, (_, v) in enumerate(keys[1:]):
+        out = out + weights[..., T + j : T + j + 1] * _repeat(v, q.shape[1])
+    return out.transpose(1, 2).flatten(-2)
+
+
+def _repeat(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key/value heads [B, Hkv, T, D] repeated to the query heads (grouped-query attention)."""
+    return t.repeat_interleave(heads // t.shape[1], dim=1) if t.shape[1] != heads else t
