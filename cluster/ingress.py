@@ -31,7 +31,7 @@ from specserve.workers.security import SecuritySettings
 
 from .config import ModelsConfig, ServiceConfig
 from .local import open_zoo, zoo_location
-from .models import ModelSet, check_tokenizers
+from .models import ModelSet, check_tokenizers, head_layers
 from .placement import router_options
 from .pool import DraftPool
 
@@ -51,6 +51,7 @@ class Router:
         self.config = cfg
         self.models = models
         tokenizer = check_tokenizers(models)  # before any worker loads a model
+        heads = head_layers(models)
         beside_router = router_options(cfg.router)["resources"]
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
         registry = start_registry(registration, beside_router)
@@ -58,7 +59,7 @@ class Router:
         limits = Limits(tasks=models.tasks, drafts=models.proposers, context_window=_context_window(models.target))
         self.directory = WorkerDirectory(registry, registration.ttl, security)
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
-                                        priors=models.priors, trees=models.trees)
+                                        priors=models.priors, trees=models.trees, heads=heads)
         self.health = health_aio.HealthServicer()
         self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc",
                                        credentials=security.api_server_credentials(),

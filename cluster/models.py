@@ -10,7 +10,8 @@ from transformers import PreTrainedTokenizerBase
 
 from specserve.router.config import RouterConfig
 from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE
-from specserve.workers.loading import ModelSpec, load_tokenizer
+from specserve.workers.heads.format import HeadFormatError, is_head, read_config
+from specserve.workers.loading import ModelSpec, load_config, load_tokenizer
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 from specserve.workers.zoo.presets import GENERAL_DRAFT
 
@@ -120,11 +121,30 @@ def read_priors(path: str, tasks: dict[str, tuple[str, ...]], drafts: dict[str, 
     return {task: {draft: float(alpha) for draft, alpha in row.items()} for task, row in doc.items()}
 
 
+def head_layers(models: ModelSet) -> dict[str, tuple[int, ...]]:
+    """The drafts that are EAGLE-3 heads, each checked against the target (a head for another target
+    is refused in one line), with the target hidden states it reads."""
+    heads = {name: source for name, source in models.drafts.items() if is_head(source)}
+    if not heads:
+        return {}
+    target = load_config(models.target)
+    layers = {}
+    for name, source in heads.items():
+        try:
+            layers[name] = read_config(source, target)[0].aux_layers
+        except HeadFormatError as exc:
+            raise HeadFormatError(f"draft {name!r}: {exc}") from None
+    return layers
+
+
 def check_tokenizers(models: ModelSet) -> PreTrainedTokenizerBase:
     """The target's tokenizer, once every draft's is checked against it: token ids cross between the
-    models, so a draft of another vocabulary is refused (and a source that is no model fails to load)."""
+    models, so a draft of another vocabulary is refused (and a source that is no model fails to load).
+    An EAGLE-3 head has the target's vocabulary by construction (``head_layers`` checks it)."""
     tokenizer = load_tokenizer(models.target)
     for name, source in models.drafts.items():
+        if is_head(source):
+            continue
         try:
             check_compatible(tokenizer, load_tokenizer(source))
         except TokenizerMismatch as exc:

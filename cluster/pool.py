@@ -44,6 +44,7 @@ class DraftPool:
             raise ValueError(f"draft_pool.drafts names unknown drafts {unknown}; known: {', '.join(models.drafts)}")
         self.config = config
         self.specs = {name: models.spec(models.drafts[name], pool.threads) for name in names}
+        self.target = models.spec(models.target, pool.threads)  # what its EAGLE-3 heads (if any) are checked against
         self.options = place(pool)
         self.generation = uuid.uuid4().hex[:6]
         # No drafts (a target served with the draft-free proposers alone): no workers to start.
@@ -59,7 +60,7 @@ class DraftPool:
         actor = ray.remote(DraftWorker).options(name=worker_id, namespace=self.config.namespace, max_concurrency=4,
                                                 max_restarts=-1, **self.options)
         registration = Registration(self.config.namespace, self.config.router.heartbeat_seconds)
-        return actor.remote(worker_id, self.specs, self.config.draft_pool, registration)
+        return actor.remote(worker_id, self.specs, self.config.draft_pool, registration, self.target)
 
     async def supervise(self) -> None:
         """Forever: replace each worker that is gone for good. A slot whose replacements keep dying

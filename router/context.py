@@ -37,15 +37,16 @@ class RequestContext:
     # stays in every batched pass of its replica rather than sitting out a round trip per token.
     decode_run: int = 1
 
-    def opening(self, model: str = "", replaced: int = 0) -> pb.SessionOpen:
-        """The open message of a worker's session holding every committed token: the target's, or
-        the draft ``model``'s. A worker replacing ``replaced`` failed ones draws from a seed of its
-        own (fresh draws keep the target's distribution), so a replay with the same seed and the
-        same faults gives the same output."""
+    def opening(self, model: str = "", replaced: int = 0, aux_layers: tuple[int, ...] = ()) -> pb.SessionOpen:
+        """The open message of a worker's session holding every committed token: the target's
+        (with the hidden states an EAGLE-3 head reads, ``aux_layers``), or the draft ``model``'s.
+        A worker replacing ``replaced`` failed ones draws from a seed of its own (fresh draws keep
+        the target's distribution), so a replay with the same seed and the same faults gives the
+        same output."""
         seed = replacement_seed(self.history.stats.seed, "draft" if model else "target", replaced)
         return pb.SessionOpen(session_id=self.request_id, prompt_ids=self.history.committed_ids(), model=model,
                               sampling=sampling_message(self.params.sampling, seed),
-                              max_new_tokens=self.history.remaining, task=self.task)
+                              max_new_tokens=self.history.remaining, task=self.task, aux_layers=aux_layers)
 
     def before_deadline(self, give_up: float) -> float:
         """When to stop waiting: at ``give_up``, or just before the client's deadline if sooner."""

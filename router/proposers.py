@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specserve.workers.draft_length import DraftLength
 from specserve.workers.lookup import DRAFT_FREE, TREE, DraftFree
@@ -17,11 +17,13 @@ from .remote_draft import RemoteDraft
 
 @dataclass
 class ProposerFactory:
-    """``trees``: task -> the members of its tree, its draft first."""
+    """``trees``: task -> the members of its tree, its draft first; ``heads``: the drafts that are
+    EAGLE-3 heads -> the target hidden states they read."""
 
     draft_free: DraftFree
     trees: dict[str, tuple[str, ...]]
     tree_max_tokens: int = TREE_MAX_TOKENS
+    heads: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def make(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> Proposer:
         if name in DRAFT_FREE:
@@ -31,4 +33,4 @@ class ProposerFactory:
             if len(members) < 2:
                 raise ProposerGone(f"task {context.task!r} has no tree of proposers (its members: {members})")
             return TreeProposer([self.make(m, context, length, recorder) for m in members], self.tree_max_tokens)
-        return RemoteDraft(name, context, length, recorder)
+        return RemoteDraft(name, context, length, recorder, self.heads.get(name, ()))

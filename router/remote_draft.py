@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.draft_length import DraftLength
 from specserve.workers.drafting import DraftTokens
-from specserve.workers.proposing import NO_EXTRAS, Proposer, ProposerGone, StepRecorder
-from specserve.workers.wire import proposal_from
+from specserve.workers.proposing import AUX_HIDDEN, NO_EXTRAS, Proposer, ProposerGone, StepRecorder
+from specserve.workers.wire import join_hidden, proposal_from
 
 from .context import RequestContext
 from .directory import NoWorker
@@ -38,8 +38,17 @@ MAX_DRAFT_REOPENS = 2  # per request, mid-request
 
 
 class RemoteDraft(Proposer):
-    def __init__(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> None:
+    """``aux_layers``: the draft is an EAGLE-3 head reading these hidden states of the target: they
+    ride from the target's replies to the worker with each step (no lookahead: the head drafts from
+    the verify pass's own hidden states), and a worker lost mid-request is not reopened (the router
+    does not keep them): the request goes on target-only."""
+
+    def __init__(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder,
+                 aux_layers: tuple[int, ...] = ()) -> None:
         self.name = name
+        self.aux_layers = aux_layers
+        self.needs = frozenset({AUX_HIDDEN}) if aux_layers else frozenset()
+        self.hidden: pb.HiddenStates | None = None  # the target's, for the worker's next step
         self.context = context
         self.length = length  # the request's k schedule: the lookahead's k, and the confidence stop
         self.recorder = recorder
@@ -90,6 +99,9 @@ class RemoteDraft(Proposer):
             return await self._draft(k, self._take_ahead())
         except WorkerFailed as exc:
             self._drop(exc)
+            if self.aux_layers:
+                raise ProposerGone(f"an EAGLE-3 head's worker failed mid-request; its hidden states of the "
+                                   f"committed positions are on no other: {exc}") from None
             if not exc.full:  # a full worker failed nothing: no reopen spent
                 if self.reopens >= MAX_DRAFT_REOPENS:
                     raise ProposerGone(f"failed mid-request, {self.reopens} times already: {exc}") from None
@@ -108,6 +120,8 @@ class RemoteDraft(Proposer):
 
     def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
         self.mirror.verdict(accepted, appended)  # the worker learns it with its next step
+        if (hidden := extras.get(AUX_HIDDEN)) is not None:  # and a head, the target's hidden states
+            self.hidden = join_hidden(self.hidden, hidden)
         whole = accepted == len(self.proposed) and len(appended) == 1
         self.after_all = appended[0] if whole else None
         self.verdicts += 1
@@ -131,7 +145,7 @@ class RemoteDraft(Proposer):
         token alone, as fast as target-only decoding would, while the draft prefills and drafts
         ahead of it; otherwise the first token would wait for the draft's prefill and k tokens.
         """
-        if not self.verdicts and self.context.lookahead:
+        if not self.verdicts and (self.context.lookahead or self.aux_layers):  # (a head has no hidden states yet)
             return pb.Proposal()
         waited = time.perf_counter()
         drafted = await ahead if ahead is not None else None
@@ -144,7 +158,11 @@ class RemoteDraft(Proposer):
             self.mirror.lookahead_hit()
             self.recorder.waited(time.perf_counter() - waited)
             return pb.Proposal(ids=drafted.ids[1 : k + 1], q=drafted.q[1 : k + 1])
-        proposal = await self.stream.ask(pb.DraftRequest(step=self.mirror.step(k, self.length.min_confidence)))
+        step = self.mirror.step(k, self.length.min_confidence)
+        if self.hidden is not None:
+            step.aux.CopyFrom(self.hidden)
+            self.hidden = None
+        proposal = await self.stream.ask(pb.DraftRequest(step=step))
         if timed:
             self.recorder.waited(time.perf_counter() - waited)
         self._count(proposal)
@@ -165,6 +183,8 @@ class RemoteDraft(Proposer):
         after_all_accepted = self.context.history.remaining - proposed - 1
         k = min(self.length.next_k(proposed, proposed), after_all_accepted - 1) + 1  # one more: its guess
         if not (self.context.lookahead and self.stream and (proposed or not self.verdicts) and k >= 2):
+            return
+        if self.aux_layers:  # a head drafts from the verify pass's hidden states: nothing to draft ahead from
             return
         self.recorder.looked_ahead()
         step = self.mirror.ahead(proposed, k, self.length.min_confidence)

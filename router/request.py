@@ -80,8 +80,8 @@ class Request:
         context = RequestContext(self.request_id, routing.task.task, valid.params, self.decoding, workers.directory,
                                  workers.timeouts, deadline, workers.lookahead and valid.params.sampling.greedy,
                                  workers.decode_run)
-        self.target = TargetLink(context, self.recorder)
         self.proposed_by = self._proposer(workers.proposers, context, routing.length)  # for its counts, once gone
+        self.target = TargetLink(context, self.recorder, self.proposed_by.aux_layers if self.proposed_by else ())
         self.loop = SpeculativeLoop(self.decoding, self.target, self.proposed_by, routing.length, self.recorder,
                                     lost=self._lose_draft)
         self.started = time.perf_counter()

@@ -74,7 +74,8 @@ class SpecServeService:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: Limits, directory: WorkerDirectory,
                  config: RouterConfig, resolver: TaskResolver, rng: random.Random | None = None,
                  priors: dict[str, dict[str, float]] | None = None,
-                 trees: dict[str, tuple[str, ...]] | None = None) -> None:
+                 trees: dict[str, tuple[str, ...]] | None = None,
+                 heads: dict[str, tuple[int, ...]] | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.limits = limits
@@ -83,7 +84,7 @@ class SpecServeService:
         rng = rng or random.Random()
         self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {})
         self.draft_free = DraftFree(config.ngram, config.suffix)
-        proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens)
+        proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {})
         self.workers = Workers(tokenizer, directory, config.timeouts, proposers, config.lookahead,
                                config.decode_run_tokens)
         self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free)

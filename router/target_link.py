@@ -16,7 +16,7 @@ import time
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.acceptance import Outcome
 from specserve.workers.drafting import DraftTokens
-from specserve.workers.proposing import Verified
+from specserve.workers.proposing import AUX_HIDDEN, Verified
 from specserve.workers.wire import proposal_message
 
 from .context import RequestContext
@@ -44,9 +44,10 @@ class TargetsFull(Exception):
 
 
 class TargetLink:
-    def __init__(self, context: RequestContext, recorder: RequestRecorder) -> None:
+    def __init__(self, context: RequestContext, recorder: RequestRecorder, aux_layers: tuple[int, ...] = ()) -> None:
         self.context = context
         self.recorder = recorder
+        self.aux_layers = aux_layers  # the hidden states its replica sends with each verdict (an EAGLE-3 head's)
         self.stream: WorkerStream | None = None
         self.owed = 0  # target-only tokens granted to the replica and not yet received
         self.verdicts = 0  # answered so far (the first is the prefill's: no decode step's price)
@@ -67,7 +68,8 @@ class TargetLink:
                 target = await directory.pick("target", avoid=self.refused_by)
                 # A prefill is one step: the same timeout.
                 self.stream = directory.stream(target, context.timeouts.target_step_seconds)
-                await self.stream.send(pb.VerifyRequest(open=context.opening(replaced=self.resumes)))
+                await self.stream.send(pb.VerifyRequest(open=context.opening(replaced=self.resumes,
+                                                                             aux_layers=self.aux_layers)))
                 return
             except (NoWorker, WorkerFailed) as exc:
                 if isinstance(exc, WorkerFailed):
@@ -103,7 +105,10 @@ class TargetLink:
             self.recorder.times.record(bool(proposal.ids), wait, reply)
         self.verdicts += 1
         verdict = reply.verdict
-        return Verified(Outcome(verdict.num_accepted, verdict.token, tuple(verdict.path)), reply.seconds)
+        outcome = Outcome(verdict.num_accepted, verdict.token, tuple(verdict.path))
+        if AUX_HIDDEN in needs and reply.HasField("aux"):  # forwarded as they came: the router never unpacks them
+            return Verified(outcome, reply.seconds, {AUX_HIDDEN: reply.aux})
+        return Verified(outcome, reply.seconds)
 
     async def _answer(self, proposal: DraftTokens, runs: bool) -> pb.VerifyReply:
         """The target's answer to this step: one round trip, or target-only for good, the next token

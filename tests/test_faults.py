@@ -160,6 +160,15 @@ def test_a_sampled_request_goes_on_through_a_draft_worker_killed(client, tiny_zo
     assert 0 < len(tokens) <= MAX_TOKENS  # and the stream ended OK
 
 
+def test_a_head_on_a_draft_worker_killed_leaves_the_request_target_only_and_identical(client, tiny_zoo, recovered):
+    """A head drafts from hidden states the router does not keep: its worker lost, the request goes
+    on target-only (route "lost"), its output the same."""
+    tokens, stats, undisturbed, _ = with_draft_struck(client, tiny_zoo, lambda w: kill(w, restart=True),
+                                                      draft="eagle3")
+    assert tokens == undisturbed
+    assert stats.route == "lost" and stats.draft == "eagle3" and stats.proposed_tokens > 0
+
+
 def test_draft_pool_replaces_a_worker_gone_for_good(client, recovered):
     before = {w.worker_id for w in client.stats().workers if w.kind == "draft"}
     victim = sorted(before)[0]

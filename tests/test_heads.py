@@ -13,7 +13,7 @@ from specserve.cluster.cli import main
 from specserve.workers.engine import SpecEngine
 from specserve.workers.heads.distill import FACTS, HeadEvaluation, distill_head
 from specserve.workers.heads.eagle3 import Eagle3Head, HeadCache, config_for
-from specserve.workers.heads.format import CONFIG, WEIGHTS, HeadFormatError, is_head, load_head, read_config
+from specserve.workers.heads.format import CONFIG, WEIGHTS, HeadFormatError, is_head, load_head_of, read_config
 from specserve.workers.heads.training import HeadTraining, target_features, ttt_loss
 from specserve.workers.request import GenerationParams
 from specserve.workers.zoo.presets import TrainBudget
@@ -112,7 +112,7 @@ def test_a_head_written_by_hand_from_the_documented_keys_loads(tiny_zoo, engine,
     weights["t2d"][torch.arange(32) * 4] = True
     save_file({k: v.contiguous() for k, v in weights.items() if not k.startswith("embed_tokens")},
               str(tmp_path / WEIGHTS))
-    head = load_head(tmp_path, target)
+    head = load_head_of(tmp_path, target)
     assert not head.own_embeddings and head.target_ids().tolist() == list(range(0, 128, 4))
     proposals = SpecEngine(target, engine.tokenizer, {}, heads={"hand": head})
     prompt = tiny_zoo.prompts("math")[0]
@@ -140,7 +140,7 @@ def test_a_head_specserve_cannot_serve_is_refused_in_one_line(head_dir, engine, 
     (tmp_path / CONFIG).write_text(json.dumps(config))
     (tmp_path / WEIGHTS).write_bytes((head_dir / WEIGHTS).read_bytes())
     with pytest.raises(HeadFormatError) as raised:
-        load_head(tmp_path, engine.target)
+        load_head_of(tmp_path, engine.target)
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 

@@ -86,6 +86,23 @@ def test_draft_free_proposers_keep_the_targets_output_on_every_task(client, tiny
     assert accepted > 0
 
 
+def test_an_eagle3_head_on_a_draft_worker_keeps_the_targets_output(client, tiny_zoo):
+    """The zoo's head drafts on a draft worker from the target's hidden states, which ride from the
+    replica's replies through the router to the worker with each step: every task, several k,
+    token for token the target's, and it is accepted (the tiny target repeats itself)."""
+    accepted = proposed = 0
+    for task in tiny_zoo.tasks:
+        for prompt, k in zip(tiny_zoo.prompts(task)[:2], (2, 4), strict=False):
+            on = client.generate(request(prompt, task=task, draft="eagle3", k=k, max_tokens=40,
+                                         speculation=pb.SPECULATION_ON))
+            off = client.generate(request(prompt, task=task, max_tokens=40, speculation=pb.SPECULATION_OFF))
+            assert list(on.token_ids) == list(off.token_ids), (task, k)
+            assert on.stats.draft == "eagle3" and on.stats.route != "lost", on.stats
+            proposed += on.stats.proposed_tokens
+            accepted += on.stats.accepted_tokens
+    assert accepted > proposed / 2  # measured: 0.9-1.0 of the tokens proposed on the tiny zoo
+
+
 def test_a_token_tree_keeps_the_targets_output_on_every_tasks_prompts(client, tiny_zoo):
     """The general task's tree (its draft, prompt lookup, suffix decoding) on every task's prompts,
     several k: token for token the target's. Suffix decoding learns the task's answers as they
@@ -215,7 +232,7 @@ def test_a_seeded_sampled_request_is_reproducible(client, tiny_zoo):
     ({"seed": 2**63}, "seed must be 0..2^63-1"),
     ({"stop": ["x" * 65]}, "each stop string must be 1..64 characters, got 65"),
     ({"task": "poetry"}, "unknown task 'poetry'; this deployment serves: code, general, math, poor, prose, sql"),
-    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, general, math, ngram, prose, sql, suffix, tree"),
+    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, eagle3, general, math, ngram, prose, sql, suffix, tree"),
     ({"speculation": 7}, "speculation must be SPECULATION_AUTO, SPECULATION_ON or SPECULATION_OFF, got 7"),
     ({"prompt": "SELECT " * 200, "max_tokens": 100}, "exceed the context window of 256 tokens"),
     ({"prompt": "x" * 100_000}, "far beyond the context window of 256 tokens"),
@@ -299,7 +316,8 @@ def test_get_stats_counts_per_task_and_draft(client, tiny_zoo):
 
 def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, tiny_engine, tiny_zoo):
     """Both paths derive the draft's and the verifier's generators from the seed, so equal output
-    shows the service carries q and the verdicts exactly (a wrong q row changes the acceptances)."""
+    shows the service carries q and the verdicts exactly (a wrong q row changes the acceptances),
+    and, for the EAGLE-3 head, the target's hidden states from the replica to the draft worker."""
     import torch
 
     from specserve.workers.acceptance import SamplingParams
@@ -308,13 +326,13 @@ def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the workers run: the same kernels, the same rounding
     try:
-        for task, temperature in (("prose", 0.9), ("code", 1.0)):
+        for task, temperature, draft in (("prose", 0.9, "prose"), ("code", 1.0, "code"), ("math", 1.0, "eagle3")):
             prompt = tiny_zoo.prompts(task)[0]
             params = GenerationParams(max_tokens=32, sampling=SamplingParams(temperature=temperature, top_p=0.95),
                                       seed=77, k=3)
-            local = tiny_engine.generate(prompt, params, draft=task).complete()
+            local = tiny_engine.generate(prompt, params, draft=draft).complete()
             remote = client.generate(request(prompt, task=task, temperature=temperature, top_p=0.95, seed=77,
-                                             max_tokens=32, k=3, draft=task, speculation=pb.SPECULATION_ON))
+                                             max_tokens=32, k=3, draft=draft, speculation=pb.SPECULATION_ON))
             assert list(remote.token_ids) == local.token_ids
             assert remote.stats.proposed_tokens == local.stats.proposed and remote.stats.accepted_tokens == local.stats.accepted
     finally:

@@ -14,24 +14,34 @@ from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .config import DraftPoolConfig
-from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftRun, score_continuation
+from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftRun, DraftTokens, score_continuation
+from .heads.eagle3 import Eagle3Head
+from .heads.format import is_head, load_heads
+from .heads.proposer import HeadState
+from .kv_cache import session_capacity
 from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
 from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import request_generators
-from .wire import pass_info, proposal_message, sampling_from
+from .proposing import ProposerGone
+from .wire import hidden_from, pass_info, proposal_message, sampling_from
 
 
 class DraftWorker:
-    """Runs as a Ray actor (see ``cluster/pool.py``); its stream endpoint is in the registry."""
+    """Runs as a Ray actor (see ``cluster/pool.py``); its stream endpoint is in the registry.
+
+    A draft that is an EAGLE-3 head directory is held as a head of ``target`` (whose config it is
+    checked against, and whose embeddings it borrows if it has none of its own)."""
 
     def __init__(self, worker_id: str, drafts: dict[str, ModelSpec], config: DraftPoolConfig,
-                 registration: Registration) -> None:
-        self.models = {name: load_model(spec) for name, spec in drafts.items()}
+                 registration: Registration, target: ModelSpec | None = None) -> None:
+        heads = {name: spec for name, spec in drafts.items() if is_head(spec.source)}
+        self.models = {name: load_model(spec) for name, spec in drafts.items() if name not in heads}
+        self.heads = load_heads(heads, target) if heads else {}
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, self.models, config, registration,
-                              lambda server: rpc.add_DrafterServicer_to_server(servicer, server))
+                              lambda server: rpc.add_DrafterServicer_to_server(servicer, server), extra=tuple(self.heads))
 
     def ping(self) -> str:
         """The pool's liveness check (a Ray call, not the stream server)."""
@@ -57,16 +67,45 @@ class DraftStream:
         return self.last  # a step that failed has no result: nothing to rewind
 
 
+class HeadStream:
+    """One Draft stream's session of an EAGLE-3 head: each step brings it to what stands, adds the
+    target's hidden states that came with the verdict, and drafts (alone: heads are not batched yet)."""
+
+    def __init__(self, head: Eagle3Head, opened: pb.SessionOpen) -> None:
+        sampling = sampling_from(opened.sampling)
+        self.greedy = sampling.greedy
+        capacity = session_capacity(len(opened.prompt_ids), opened.max_new_tokens, head.config.max_position_embeddings)
+        self.state = HeadState(head, capacity, sampling, request_generators(opened.sampling.seed)[1])
+        self.state.commit(opened.prompt_ids)
+        self.last = DraftTokens.empty()
+
+    def step(self, step: pb.DraftStep) -> DraftTokens:
+        self.state.resync(self.last.ids, step.keep, list(step.append))
+        if step.HasField("aux"):
+            self.state.add(hidden_from(step.aux))
+        try:
+            ready = self.state.ready()
+        except ProposerGone as exc:  # the router sent hidden states that do not fit: this session ends
+            raise ValueError(str(exc)) from None
+        self.last = self.state.draft(step.k) if ready and step.k >= 1 else DraftTokens.empty()
+        return self.last
+
+
 class DrafterServicer(rpc.DrafterServicer):
     def __init__(self, worker: DraftWorker) -> None:
         self.worker = worker
 
     async def Draft(self, requests, context: grpc.aio.ServicerContext):
         opened = await first_open(requests, context)
+        if opened.model in self.worker.heads:
+            async for proposal in self._head(opened, requests, context):
+                yield proposal
+            return
         model = self.worker.models.get(opened.model)
         if model is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"this worker has no draft {opened.model!r}; it has {', '.join(self.worker.models)}")
+                                f"this worker has no draft {opened.model!r}; it has "
+                                f"{', '.join([*self.worker.models, *self.worker.heads])}")
         host = self.worker.host
         try:
             with host.session(opened.model, opened, context) as (scheduler, sequence):
@@ -80,6 +119,23 @@ class DrafterServicer(rpc.DrafterServicer):
         except SessionIdle as exc:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except ValueError as exc:  # a step that does not fit this session: it ends, the worker carries on
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def _head(self, opened: pb.SessionOpen, requests, context: grpc.aio.ServicerContext):
+        host = self.worker.host
+        try:
+            with host.slots.hold(on_done=context.add_done_callback):
+                stream = HeadStream(self.worker.heads[opened.model], opened)
+                async for request in host.steps(requests):
+                    proposal, seconds = await host.device.run_timed(stream.step, request.step)
+                    yield proposal_message(proposal, stream.greedy, seconds, pb.PassInfo(tokens=len(proposal.ids),
+                                                                                          sessions=1))
+        except SessionLimit as exc:
+            yield pb.Proposal(refused=str(exc))
+            await host.refuse(requests)
+        except SessionIdle as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def Score(self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext) -> pb.ScoreReply:

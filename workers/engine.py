@@ -16,8 +16,8 @@ from .decoding import Completion, Decoding
 from .draft_length import DraftLength
 from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftTokens
 from .heads.eagle3 import Eagle3Head
-from .heads.format import is_head, load_head
-from .heads.proposer import HeadDraft
+from .heads.format import is_head, load_head_of
+from .heads.proposer import HeadDraft, HeadState
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
 from .local_draft import LocalDraft
@@ -70,7 +70,7 @@ class SpecEngine:
             check_compatible(tokenizer, load_tokenizer(spec.source))
         model = load_model(target)
         return cls(model, tokenizer, {name: load_model(spec) for name, spec in models.items()},
-                   heads={name: load_head(spec.source, model) for name, spec in heads.items()})
+                   heads={name: load_head_of(spec.source, model) for name, spec in heads.items()})
 
     def generate(self, prompt: str | list[int], params: GenerationParams, draft: str | None = None,
                  tree: Sequence[str] = ()) -> Generation:
@@ -149,8 +149,9 @@ class Generation:
         if name == TREE:
             return TreeProposer([self._proposer(member, (), length) for member in tree], self.engine.tree_max_tokens)
         if name in self.engine.heads:
-            return HeadDraft(name, self.engine.heads[name], self.capacity, self.params.sampling, self.draft_generator,
-                             self.recorder, self.engine.draft_max_support)
+            state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling, self.draft_generator,
+                              self.engine.draft_max_support)
+            return HeadDraft(name, state, self.recorder)
         model = self.engine.drafts[name]
         pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
         session = DraftSession(sequence, self.params.sampling, self.draft_generator, self.engine.draft_max_support)

@@ -80,10 +80,12 @@ class ModelHost:
     """Runs ``add_servicer``'s service on a background gRPC server and keeps it registered."""
 
     def __init__(self, kind: str, worker_id: str, models: dict[str, PreTrainedModel], config: WorkerConfig,
-                 registration: Registration, add_servicer: Callable[[grpc.aio.Server], None]) -> None:
+                 registration: Registration, add_servicer: Callable[[grpc.aio.Server], None],
+                 extra: tuple[str, ...] = ()) -> None:
+        """``extra``: what it also serves, outside the batch schedulers (a draft worker's EAGLE-3 heads)."""
         self.kind = kind
         self.worker_id = worker_id
-        self.models = tuple(models)
+        self.models = (*models, *extra)
         self.slots = SessionSlots(f"{kind} {worker_id}", config.max_sessions)
         self.idle_seconds = config.session_idle_seconds
         self.pass_sessions = config.batching.max_sessions_per_pass
@@ -99,7 +101,7 @@ class ModelHost:
         self.resources = _assigned_resources()
         self.node_id = _node_id()
         self.heartbeat = Heartbeat(registration, self.endpoint)
-        log.info("%s %s serving %s at %s (cores %s; %s)", kind, worker_id, ", ".join(models), self.address,
+        log.info("%s %s serving %s at %s (cores %s; %s)", kind, worker_id, ", ".join(self.models), self.address,
                  sorted(self.device.cpus) or "unpinned", security.describe_internal())
 
     def endpoint(self) -> Endpoint:

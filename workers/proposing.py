@@ -29,13 +29,28 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
+import torch
+
 from .acceptance import Outcome
 from .drafting import DraftTokens
 
 NO_EXTRAS: Mapping[str, object] = MappingProxyType({})
 # What an EAGLE-3 head needs of each verify pass: the target's hidden states of its aux layers at the
-# positions the pass committed, [positions, layers * H], in position order (workers/heads/).
+# positions the pass committed (workers/heads/): ``HiddenRows`` in process; through the service, the
+# ``pb.HiddenStates`` its replica sent, forwarded to the draft worker as they came.
 AUX_HIDDEN = "aux_hidden"
+
+
+@dataclass(frozen=True)
+class HiddenRows:
+    """Hidden states of consecutive positions from ``start``: [positions, width]."""
+
+    start: int
+    rows: torch.Tensor
+
+    @property
+    def stop(self) -> int:
+        return self.start + len(self.rows)
 
 
 class ProposerGone(Exception):

@@ -30,7 +30,7 @@ from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import request_generators
 from .verifying import DecodeRun, TargetSession
-from .wire import pass_info, proposal_from, sampling_from, verdict_message
+from .wire import hidden_message, pass_info, proposal_from, sampling_from, verdict_message
 
 
 class TargetReplica:
@@ -54,12 +54,16 @@ class TargetReplica:
 
 
 def target_session(sequence: PooledSequence, opened: pb.SessionOpen) -> TargetSession:
-    """The session a Verify stream's open message asks for."""
-    return TargetSession(sequence, sampling_from(opened.sampling), request_generators(opened.sampling.seed)[0])
+    """The session a Verify stream's open message asks for (with the hidden states its head reads)."""
+    return TargetSession(sequence, sampling_from(opened.sampling), request_generators(opened.sampling.seed)[0],
+                         tuple(opened.aux_layers))
 
 
-def verify_reply(verdict: Outcome, done: StepResult) -> pb.VerifyReply:
-    return pb.VerifyReply(verdict=verdict_message(verdict), seconds=done.device_seconds, pass_info=pass_info(done))
+def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> pb.VerifyReply:
+    reply = pb.VerifyReply(verdict=verdict_message(verdict), seconds=done.device_seconds, pass_info=pass_info(done))
+    if (hidden := session.take_aux()) is not None:
+        reply.aux.CopyFrom(hidden_message(hidden))
+    return reply
 
 
 class DecodeRuns:
@@ -107,7 +111,8 @@ class DecodeRuns:
             nonlocal drawn
             if len(run.verdicts) > drawn:  # a prefill chunk draws no token
                 drawn += 1  # the run's queue wait is its first token's only
-                replies.put_nowait(verify_reply(run.verdicts[-1], done if drawn == 1 else replace(done, queue_seconds=0.0)))
+                replies.put_nowait(verify_reply(run.verdicts[-1], done if drawn == 1 else replace(done, queue_seconds=0.0),
+                                                self.session))
             grant = self._arrived_grant()
             if grant and run.extend(grant):
                 self.reader = self._read()
@@ -159,7 +164,7 @@ class VerifierServicer(rpc.VerifierServicer):
                             yield reply
                         return
                     done = await scheduler.run(session.step(proposal_from(request.step)), opened.task)
-                    yield verify_reply(done.result, done)
+                    yield verify_reply(done.result, done, session)
         except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)
             yield pb.VerifyReply(refused=str(exc))
             await host.refuse(requests)

@@ -9,6 +9,7 @@ import torch
 from .acceptance import (SamplingParams, Outcome, children_of, verify, verify_greedy, verify_tree, verify_tree_greedy,
                          warp)
 from .drafting import DraftTokens
+from .proposing import HiddenRows
 from .ragged_pass import PooledSequence, Segment
 
 NO_PROPOSAL = DraftTokens.empty()
@@ -29,6 +30,7 @@ class TargetSession:
         # position it commits, handed out once each (``take_aux``), in position order.
         self.aux_layers = aux_layers
         self.aux_rows: list[torch.Tensor] = []
+        self.aux_start = 0  # the position of the first row not handed out
 
     def plan(self, segment: Segment | None) -> Segment | None:
         if segment is not None and self.aux_layers:
@@ -45,12 +47,14 @@ class TargetSession:
         if kept:
             self.aux_rows.append(segment.aux[fixed + torch.tensor(kept, dtype=torch.long)])
 
-    def take_aux(self) -> torch.Tensor | None:
-        """[n, layers * H]: the committed positions' hidden states not handed out yet (None: not kept)."""
+    def take_aux(self) -> HiddenRows | None:
+        """The committed positions' hidden states not handed out yet, [n, layers * H] (None: not kept)."""
         if not self.aux_layers:
             return None
         rows, self.aux_rows = self.aux_rows, []
-        return torch.cat(rows) if rows else None
+        taken = HiddenRows(self.aux_start, torch.cat(rows) if rows else torch.zeros(0, 0))
+        self.aux_start = taken.stop
+        return taken
 
     def step(self, proposal: DraftTokens) -> VerifyStep:
         return VerifyStep(self, proposal)

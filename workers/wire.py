@@ -9,6 +9,7 @@ from specserve.proto.v1 import internal_pb2 as pb
 from .batching import StepResult
 from .acceptance import SamplingParams, SparseDist, Outcome, one_hot
 from .drafting import DraftTokens
+from .proposing import HiddenRows
 
 
 def sampling_message(sampling: SamplingParams, seed: int) -> pb.Sampling:
@@ -57,3 +58,40 @@ def pass_info(done: StepResult) -> pb.PassInfo:
 def verdict_message(verdict: Outcome) -> pb.Verdict:
     return pb.Verdict(num_accepted=verdict.num_accepted, token=verdict.token, path=verdict.path)
 
+
+
+WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def hidden_message(hidden: HiddenRows) -> pb.HiddenStates:
+    """Hidden states packed in their own dtype (bfloat16 travels as its raw 16 bits)."""
+    rows = hidden.rows.detach().contiguous().cpu()
+    dtype = next((name for name, d in WIRE_DTYPES.items() if d == rows.dtype), None)
+    if dtype is None:
+        rows, dtype = rows.float(), "float32"
+    raw = rows.view(torch.int16) if rows.dtype == torch.bfloat16 else rows
+    return pb.HiddenStates(start=hidden.start, rows=rows.shape[0], width=rows.shape[1] if rows.dim() > 1 else 0,
+                           dtype=dtype, data=raw.numpy().tobytes())
+
+
+def hidden_from(msg: pb.HiddenStates) -> HiddenRows:
+    if msg.dtype not in WIRE_DTYPES:
+        raise ValueError(f"hidden states of dtype {msg.dtype!r}: expected one of {', '.join(WIRE_DTYPES)}")
+    dtype = WIRE_DTYPES[msg.dtype]
+    if len(msg.data) != msg.rows * msg.width * dtype.itemsize:
+        raise ValueError(f"hidden states of {msg.rows} x {msg.width} {msg.dtype} values hold {len(msg.data)} bytes")
+    if not msg.rows:
+        return HiddenRows(msg.start, torch.zeros(0, msg.width, dtype=dtype))
+    raw = torch.frombuffer(bytearray(msg.data), dtype=torch.int16 if dtype == torch.bfloat16 else dtype)
+    return HiddenRows(msg.start, raw.view(dtype).view(msg.rows, msg.width))
+
+
+def join_hidden(first: pb.HiddenStates | None, then: pb.HiddenStates) -> pb.HiddenStates:
+    """Two replies' hidden states as one message, still packed (``then`` starts where ``first`` ends,
+    or restarts from an earlier position: a replica that took the request over sends them all)."""
+    if first is None or then.start <= first.start:
+        return then
+    if then.start != first.start + first.rows or (then.width, then.dtype) != (first.width, first.dtype):
+        raise ValueError(f"hidden states from {then.start} do not follow rows {first.start}..{first.start + first.rows}")
+    return pb.HiddenStates(start=first.start, rows=first.rows + then.rows, width=first.width, dtype=first.dtype,
+                           data=first.data + then.data)

@@ -27,20 +27,36 @@ class SparseRow(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task")
+    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    AUX_LAYERS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: Sampling
     model: str
     max_new_tokens: int
     task: str
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
+    aux_layers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class HiddenStates(_message.Message):
+    __slots__ = ("start", "rows", "width", "dtype", "data")
+    START_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    rows: int
+    width: int
+    dtype: str
+    data: bytes
+    def __init__(self, start: _Optional[int] = ..., rows: _Optional[int] = ..., width: _Optional[int] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("num_accepted", "token", "path")
@@ -53,18 +69,20 @@ class Verdict(_message.Message):
     def __init__(self, num_accepted: _Optional[int] = ..., token: _Optional[int] = ..., path: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftStep(_message.Message):
-    __slots__ = ("keep", "append", "k", "min_confidence", "min_tokens")
+    __slots__ = ("keep", "append", "k", "min_confidence", "min_tokens", "aux")
     KEEP_FIELD_NUMBER: _ClassVar[int]
     APPEND_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     MIN_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    AUX_FIELD_NUMBER: _ClassVar[int]
     keep: int
     append: _containers.RepeatedScalarFieldContainer[int]
     k: int
     min_confidence: float
     min_tokens: int
-    def __init__(self, keep: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., min_confidence: _Optional[float] = ..., min_tokens: _Optional[int] = ...) -> None: ...
+    aux: HiddenStates
+    def __init__(self, keep: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., min_confidence: _Optional[float] = ..., min_tokens: _Optional[int] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("open", "step")
@@ -111,16 +129,18 @@ class PassInfo(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
 
 class VerifyReply(_message.Message):
-    __slots__ = ("verdict", "seconds", "pass_info", "refused")
+    __slots__ = ("verdict", "seconds", "pass_info", "refused", "aux")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     PASS_INFO_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    AUX_FIELD_NUMBER: _ClassVar[int]
     verdict: Verdict
     seconds: float
     pass_info: PassInfo
     refused: str
-    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ..., refused: _Optional[str] = ...) -> None: ...
+    aux: HiddenStates
+    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ..., refused: _Optional[str] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
     __slots__ = ()

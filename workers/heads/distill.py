@@ -22,7 +22,7 @@ from ..loading import ModelSpec, load_model, load_tokenizer
 from ..request import GenerationParams
 from ..stats import SpecStats
 from ..zoo.distill import documents_from_files, held_out_split
-from .eagle3 import config_for
+from .eagle3 import Eagle3Head, config_for
 from .format import save_head
 from .training import (HeadTraining, choose_vocabulary, head_from_target, target_features, train_head,
                        training_sequences)
@@ -45,28 +45,35 @@ def distill_head(target_source: str, corpus_files: list[str], out_dir: str, sett
     tokenizer = load_tokenizer(target_source)
     target = load_model(ModelSpec(target_source))
     train, held_out = held_out_split(documents_from_files(corpus_files))
-    sequences = training_sequences(target, tokenizer, train, settings)
+    head, facts = train_head_on(target, tokenizer, train, settings)
+    facts |= measure_head(target, tokenizer, head, held_out, settings.ttt_steps, evaluation)
+    facts |= {"target": target_source, "held_out_documents": len(held_out) if held_out is not train else 0,
+              "seconds": round(time.perf_counter() - started, 1)}
+    save_head(head, out_dir, target_source, list(target.config.architectures or []), settings.ttt_steps)
+    (Path(out_dir) / FACTS).write_text(json.dumps(facts, indent=2) + "\n")
+    return facts
+
+
+def train_head_on(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, documents: list[str],
+                  settings: HeadTraining) -> tuple[Eagle3Head, dict]:
+    """A head for ``target`` trained on ``documents`` (and the target's own continuations of them),
+    in the target's dtype, and what its training was."""
+    sequences = training_sequences(target, tokenizer, documents, settings)
     vocabulary, coverage = choose_vocabulary(sequences, target.config.vocab_size, settings.draft_vocab_size)
     config = config_for(target.config, len(vocabulary), settings.aux_layers)
     log.info("eagle3 head: %d training sequences of %d tokens; draft vocabulary %d of %d tokens (%.1f%% of the "
-             "corpus's tokens); aux layers %s", len(sequences), settings.sequence_tokens, len(vocabulary),
+             "training tokens); aux layers %s", len(sequences), settings.sequence_tokens, len(vocabulary),
              target.config.vocab_size, 100 * coverage, list(config.aux_layers))
     features = target_features(target, sequences, config.aux_layers, settings.feature_dtype)
     log.info("eagle3 head: the target's features hold %.1f MiB", features.nbytes / 2**20)
     head = head_from_target(target, config, vocabulary, settings.seed)
     loss = train_head(head, features, head.lm_head.weight.detach(), settings)
-    head = head.to(target.dtype).eval().requires_grad_(False)
-    measured = measure_head(target, tokenizer, head, held_out, settings.ttt_steps, evaluation)
-    save_head(head, out_dir, target_source, list(target.config.architectures or []), settings.ttt_steps)
-    facts = {"method": "eagle3", "target": target_source, "draft_vocab_size": len(vocabulary),
-             "vocabulary_coverage": round(coverage, 4), "aux_layers": list(config.aux_layers),
-             "ttt_steps": settings.ttt_steps, "training_sequences": len(sequences),
-             "training_tokens": int(sequences.numel()), "feature_mib": round(features.nbytes / 2**20, 1),
-             "steps": settings.budget.steps, "final_loss": round(loss, 4), "seed": settings.seed,
-             "held_out_documents": len(held_out) if held_out is not train else 0, **measured,
-             "seconds": round(time.perf_counter() - started, 1)}
-    (Path(out_dir) / FACTS).write_text(json.dumps(facts, indent=2) + "\n")
-    return facts
+    facts = {"method": "eagle3", "draft_vocab_size": len(vocabulary), "vocabulary_coverage": round(coverage, 4),
+             "aux_layers": list(config.aux_layers), "ttt_steps": settings.ttt_steps,
+             "training_sequences": len(sequences), "training_tokens": int(sequences.numel()),
+             "feature_mib": round(features.nbytes / 2**20, 1), "steps": settings.budget.steps,
+             "final_loss": round(loss, 4), "parameters": head.parameters_of_its_own(), "seed": settings.seed}
+    return head.to(target.dtype).eval().requires_grad_(False), facts
 
 
 def measure_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, head, documents: list[str], k: int,

@@ -215,6 +215,10 @@ class Eagle3Head(nn.Module):
     def layer(self) -> Layer:
         return self.layers[0]
 
+    def parameters_of_its_own(self) -> int:
+        """Its size beside the target: everything but the embeddings (the target's, or a copy)."""
+        return sum(p.numel() for name, p in self.named_parameters() if not name.startswith("embed_tokens."))
+
     def set_vocabulary(self, target_ids: torch.Tensor) -> None:
         """The draft vocabulary: the target ids it covers, in draft-id order (ascending, as published)."""
         target_ids = target_ids.to(torch.long).sort().values

@@ -23,12 +23,17 @@ implement (several layers, biases, rope scaling, another layer type) is refused 
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import PretrainedConfig
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from ..loading import ModelSpec, load_config, load_model, resolve_device, resolve_dtype
 
 from .eagle3 import Eagle3Head, HeadConfig, default_aux_layers
 
@@ -54,13 +59,13 @@ def is_head(directory: str | Path) -> bool:
 
 def save_head(head: Eagle3Head, directory: str | Path, verifier: str, architectures: list[str],
               speculative_tokens: int = SPECULATIVE_TOKENS) -> None:
-    """Write ``head`` as vLLM and SGLang load it (its embeddings only if they are its own)."""
+    """Write ``head`` as vLLM and SGLang load it, with its embeddings (speculators' trainer writes them
+    too): a draft worker then needs nothing of the target's but its config."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG).write_text(json.dumps(config_json(head.config, verifier, architectures, speculative_tokens),
                                          indent=2) + "\n")
-    weights = {name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()
-               if head.own_embeddings or not name.startswith("embed_tokens.")}
+    weights = {name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()}
     save_file(weights, str(out / WEIGHTS))
 
 
@@ -145,10 +150,11 @@ def _rope_type(layer: dict) -> str:
     return scaling.get("rope_type") or scaling.get("type") or "default"
 
 
-def load_head(directory: str | Path, target: torch.nn.Module) -> Eagle3Head:
-    """The head in ``directory``, for ``target`` (a causal LM: its embeddings serve a head that has
-    none of its own), in the target's dtype and on its device."""
-    config, _ = read_config(directory, target.config)
+def load_head(directory: str | Path, target: PretrainedConfig, embeddings: Callable[[], nn.Embedding],
+              dtype: torch.dtype, device: torch.device) -> Eagle3Head:
+    """The head in ``directory``, checked against the ``target`` it will serve; a head without
+    embeddings of its own takes ``embeddings()`` (the target's)."""
+    config, _ = read_config(directory, target)
     where = Path(directory)
     files = sorted(where.glob("*.safetensors"))
     if not files:
@@ -156,7 +162,7 @@ def load_head(directory: str | Path, target: torch.nn.Module) -> Eagle3Head:
     weights = {name: tensor for f in files for name, tensor in load_file(str(f)).items()}
     weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}  # some writers prefix
     own = "embed_tokens.weight" in weights
-    head = Eagle3Head(config, None if own else target.get_input_embeddings())
+    head = Eagle3Head(config, None if own else embeddings())
     expected = {name for name in head.state_dict() if own or not name.startswith("embed_tokens.")}
     missing, unknown = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or unknown:
@@ -167,4 +173,23 @@ def load_head(directory: str | Path, target: torch.nn.Module) -> Eagle3Head:
         if tensor.shape != wanted:
             raise HeadFormatError(f"{where}: {name} is {list(tensor.shape)}, the config says {list(wanted)}")
     head.load_state_dict(weights, strict=False)
-    return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def load_head_of(directory: str | Path, target: PreTrainedModel) -> Eagle3Head:
+    """The head in ``directory`` for a target loaded in this process (its dtype, device, embeddings)."""
+    return load_head(directory, target.config, target.get_input_embeddings, target.dtype, target.device)
+
+
+def load_heads(heads: dict[str, ModelSpec], target: ModelSpec | None) -> dict[str, Eagle3Head]:
+    """Heads for a target loaded elsewhere (a draft worker's): its config is read, its embeddings
+    only for a head that has none of its own."""
+    if target is None:
+        raise HeadFormatError(f"EAGLE-3 heads {sorted(heads)} need their target's config: none was given")
+    config = load_config(target.source)
+    embeddings = functools.cache(lambda: load_model(target).get_input_embeddings())
+    loaded = {}
+    for name, spec in heads.items():
+        device = resolve_device(spec.device)
+        loaded[name] = load_head(spec.source, config, embeddings, resolve_dtype(spec.dtype, device), device)
+    return loaded

@@ -1,10 +1,10 @@
-"""An EAGLE-3 head as one request's proposer: it drafts from the target's hidden states.
+"""An EAGLE-3 head drafting for one request: its state (here or on a draft worker) and its proposer.
 
 The verify pass hands the head, with each verdict, the target's aux hidden states of the positions
-it committed (``AUX_HIDDEN`` in ``Verified.extras``); the head holds the request's tokens, its own
-cache of the positions the target fed, and drafts a proposal in 1 + (k - 1) passes of one layer:
-the first over every position the target fed since the last proposal (their features, each with the
-token after it), each later one over the token just drafted with the head's own output before it.
+it committed (``AUX_HIDDEN``); the head holds the request's tokens, its own cache of the positions
+the target fed, and drafts a proposal in 1 + (k - 1) passes of one layer: the first over every
+position the target fed since the last proposal (their features, each with the token after it),
+each later one over the token just drafted with the head's own output before it.
 
 Before the target's first pass there are no hidden states: the first step proposes nothing (the
 target-only pass that prefills the prompt also returns them), as vLLM's EAGLE drafts after prefill.
@@ -19,58 +19,74 @@ import torch
 
 from ..acceptance import SamplingParams, SparseDist
 from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
-from ..proposing import AUX_HIDDEN, NO_EXTRAS, Proposer, ProposerGone, StepRecorder
+from ..proposing import AUX_HIDDEN, NO_EXTRAS, HiddenRows, Proposer, ProposerGone, StepRecorder
 from .eagle3 import Eagle3Head, HeadCache
 
 
-class HeadDraft(Proposer):
-    """Drafts with ``head`` for one request, alone (a batch of one)."""
+class HeadState:
+    """One request's tokens and hidden states as a head sees them, and its cache.
 
-    needs = frozenset({AUX_HIDDEN})
+    committed   the request's tokens, x_0 .. x_{n-1}
+    fed         positions 0 .. fed-1 are in the cache as the target fed them
+    features    hidden states of positions fed .. (rows not fed yet), in order
+    A proposal is possible when features reach position n-2: each fed position i needs x_{i+1}.
+    """
 
-    def __init__(self, name: str, head: Eagle3Head, capacity: int, sampling: SamplingParams,
-                 generator: torch.Generator, recorder: StepRecorder, max_support: int = DRAFT_MAX_SUPPORT) -> None:
-        self.name = name
+    def __init__(self, head: Eagle3Head, capacity: int, sampling: SamplingParams, generator: torch.Generator,
+                 max_support: int = DRAFT_MAX_SUPPORT) -> None:
         self.head = head
         self.cache = HeadCache(head.config, capacity, head.fc.weight.dtype, head.fc.weight.device)
         self.sampling = sampling
         self.generator = generator
-        self.recorder = recorder
         self.max_support = max_support
-        self.deterministic = sampling.greedy
-        self.aux_layers = head.config.aux_layers
         self.committed: list[int] = []
-        self.fed = 0  # positions whose target features the cache holds (its entries past them are a proposal's)
-        self.features: list[torch.Tensor] = []  # aux hidden states of committed positions not fed yet
-        self.proposed = DraftTokens.empty()
+        self.fed = 0
+        self.features: list[torch.Tensor] = []
+        self.known = 0  # positions whose hidden states the head holds or has fed
+        self.gap = ""  # why it can no longer draft (hidden states missing), once they are
 
-    async def open(self, committed: Sequence[int]) -> None:
-        self.committed = list(committed)
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.committed += list(tokens)
 
-    async def propose(self, k: int) -> DraftTokens:
-        waiting = sum(len(f) for f in self.features)
-        # Nothing new to feed (the target's first pass is still to come, or a verifier that gave no
-        # hidden states): no proposal, a target-only step.
-        if self.fed + waiting > len(self.committed) - 1:  # a verifier out of step: its features are not these tokens
-            raise ProposerGone(f"the head holds hidden states of {self.fed + waiting} positions for "
-                               f"{len(self.committed)} committed tokens")
-        if k < 1 or not waiting or self.fed + waiting < len(self.committed) - 1:
-            self.proposed = DraftTokens.empty()
-            return self.proposed
-        started = time.perf_counter()
-        self.proposed = self._draft(k)
-        seconds = time.perf_counter() - started
-        self.recorder.waited(seconds)
-        self.recorder.drafted(len(self.proposed.ids), seconds)
-        return self.proposed
+    def resync(self, proposed: Sequence[int], keep: int, append: Sequence[int]) -> None:
+        """Committed becomes the first ``keep`` tokens of committed + ``proposed`` (its last
+        proposal), then ``append``: a draft worker's step (see PooledSequence.resync)."""
+        held = self.committed + list(proposed)
+        if not 1 <= keep <= len(held):
+            raise ValueError(f"keep must be 1..{len(held)} (the tokens this session holds), got {keep}")
+        if keep - 1 < self.known:  # the hidden states of a position past the kept tokens would not stand
+            raise ValueError(f"a head cannot rewind to {keep} tokens: it holds hidden states of {self.known} "
+                             f"positions (a head drafts no lookahead)")
+        self.committed = held[:keep] + list(append)
+
+    def add(self, hidden: HiddenRows) -> None:
+        """The target's hidden states of committed positions; rows held already are skipped (a
+        replica that took the request over sends every position again)."""
+        if hidden.start > self.known:  # said at the next proposal: a verdict is no place to fail
+            self.gap = f"positions {self.known}..{hidden.start - 1} have no hidden states"
+            return
+        rows = hidden.rows[self.known - hidden.start :]
+        if len(rows):
+            self.features.append(rows)
+            self.known += len(rows)
+
+    def ready(self) -> bool:
+        """Whether it can draft: every committed position but the last has its hidden state."""
+        if self.gap:
+            raise ProposerGone(f"the head cannot draft: {self.gap}")
+        if self.known > len(self.committed) - 1:  # out of step: these are not this request's tokens
+            raise ProposerGone(f"the head holds hidden states of {self.known} positions for {len(self.committed)} "
+                               f"committed tokens")
+        return self.known > self.fed and self.known == len(self.committed) - 1
 
     @torch.inference_mode()
-    def _draft(self, k: int) -> DraftTokens:
+    def draft(self, k: int) -> DraftTokens:
+        """Up to ``k`` tokens after the committed ones (call when ``ready``)."""
         head, cache = self.head, self.cache
         cache.length = self.fed  # the last proposal's entries go
         aux = torch.cat(self.features)
         self.features = []
-        n = len(aux)  # positions fed..fed+n-1, each with the token after it
+        n = len(aux)  # positions fed .. fed+n-1, each with the token after it
         device = cache.keys.device
         ids = torch.tensor(self.committed[self.fed + 1 : self.fed + n + 1], device=device)
         logits, hidden = head.step(ids, head.fuse(aux.to(device)), torch.arange(self.fed, self.fed + n), cache)
@@ -86,8 +102,37 @@ class HeadDraft(Proposer):
             position = torch.tensor([self.fed + len(tokens) - 1])
             logits, hidden = head.step(torch.tensor([token], device=device), hidden[-1:], position, cache)
 
+
+class HeadDraft(Proposer):
+    """A head in this process drafting for one request, alone (a batch of one)."""
+
+    needs = frozenset({AUX_HIDDEN})
+
+    def __init__(self, name: str, state: HeadState, recorder: StepRecorder) -> None:
+        self.name = name
+        self.state = state
+        self.recorder = recorder
+        self.deterministic = state.sampling.greedy
+        self.aux_layers = state.head.config.aux_layers
+        self.proposed = DraftTokens.empty()
+
+    async def open(self, committed: Sequence[int]) -> None:
+        self.state.commit(committed)
+
+    async def propose(self, k: int) -> DraftTokens:
+        # Nothing to draft from (the target's first pass is still to come): a target-only step.
+        if k < 1 or not self.state.ready():
+            self.proposed = DraftTokens.empty()
+            return self.proposed
+        started = time.perf_counter()
+        self.proposed = self.state.draft(k)
+        seconds = time.perf_counter() - started
+        self.recorder.waited(seconds)
+        self.recorder.drafted(len(self.proposed.ids), seconds)
+        return self.proposed
+
     def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
-        self.committed += list(self.proposed.ids[:accepted]) + list(appended)
-        if (aux := extras.get(AUX_HIDDEN)) is not None:
-            self.features.append(aux)
+        self.state.commit(list(self.proposed.ids[:accepted]) + list(appended))
+        if (hidden := extras.get(AUX_HIDDEN)) is not None:
+            self.state.add(hidden)
         self.proposed = DraftTokens.empty()

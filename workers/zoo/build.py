@@ -20,9 +20,14 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from ..heads.distill import FACTS as HEAD_FACTS
+from ..heads.distill import train_head_on
+from ..heads.format import load_head_of, save_head
+
 from .corpora import TASKS, Corpus, build_corpus, prompt_of
 from .distill import DistillSet, build_distill_set, distill_draft
 from .evaluate import eval_prompts, greedy_acceptance, perplexity
+from .head import HEAD, HEAD_PATH, head_acceptance, head_entry, head_settings, with_head
 from .presets import GENERAL_DRAFT, ZooPreset, stage_seed
 from .rollout import continue_all
 from .task_classifier import train_from_corpora
@@ -41,7 +46,8 @@ def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
     """Build (or finish building) ``preset`` into ``out``; return the complete zoo."""
     _claim(out, preset)
     if (out / MANIFEST).exists():
-        _classifier(out, preset)  # a stage added after zoos were built: they get it here, in seconds
+        _classifier(out, preset)  # stages added after zoos were built: they get them here
+        _add_head(out, preset)
         return Zoo.open(out)
     started, seconds = time.perf_counter(), {}
     with _timed(seconds, "corpora"):
@@ -58,6 +64,8 @@ def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
         drafts = {name: _draft(out, preset, tokenizer, data, name) for name in preset.draft_names}
     with _timed(seconds, "evaluation"):
         evaluation = _evaluate(preset, tokenizer, target, drafts, corpora)
+    with _timed(seconds, "head"):
+        head, acceptance = _head(out, preset, tokenizer, target, corpora)
     seconds["total"] = time.perf_counter() - started
     manifest = {
         "format": 1,
@@ -75,6 +83,7 @@ def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
         "acceptance": evaluation["acceptance"],  # task -> draft -> greedy alpha on held-out prompts
         "build_seconds": {k: round(v, 1) for k, v in seconds.items()},  # of this call (0 for cached stages)
     }
+    manifest = with_head(manifest, head, acceptance)
     prompts = {task: [prompt_of(doc, task) for doc in corpora[task].held_out[:DEMO_PROMPTS_PER_TASK]] for task in TASKS}
     (out / "prompts.json").write_text(json.dumps(prompts, indent=1))
     _write_atomically(out / MANIFEST, json.dumps(manifest, indent=2))
@@ -165,6 +174,35 @@ def _draft(out: Path, preset: ZooPreset, tokenizer, data: dict[str, DistillSet],
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
     return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def _head(out: Path, preset: ZooPreset, tokenizer, target, corpora: dict[str, Corpus]) -> tuple[dict, dict]:
+    """The zoo's EAGLE-3 head (trained once), its manifest entry and its acceptance per task."""
+    path = out / HEAD_PATH
+    if not path.exists():
+        documents = _interleave([corpora[t].train for t in TASKS])
+        head, facts = train_head_on(target, tokenizer, documents, head_settings(preset))
+        with _staged(path) as tmp:
+            save_head(head, tmp, "target", list(target.config.architectures or []), head_settings(preset).ttt_steps)
+            (tmp / HEAD_FACTS).write_text(json.dumps(facts, indent=2))
+    head = load_head_of(path, target)
+    acceptance = head_acceptance(preset, tokenizer, target, head, corpora)
+    log.info("head %s: %.2fM parameters of its own, acceptance %s", HEAD, head.parameters_of_its_own() / 1e6,
+             acceptance)
+    return head_entry(head, json.loads((path / HEAD_FACTS).read_text())), acceptance
+
+
+def _add_head(out: Path, preset: ZooPreset) -> None:
+    """A zoo built before heads gets its head (and it joins the manifest) on its next build call."""
+    manifest = json.loads((out / MANIFEST).read_text())
+    if HEAD in manifest["drafts"]:
+        return
+    log.info("zoo %s: adding its EAGLE-3 head (a stage added since it was built)", preset.name)
+    corpora = {task: read_corpus(out, task) for task in TASKS}
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "tokenizer")
+    target = AutoModelForCausalLM.from_pretrained(out / "target").eval()
+    entry, acceptance = _head(out, preset, tokenizer, target, corpora)
+    _write_atomically(out / MANIFEST, json.dumps(with_head(manifest, entry, acceptance), indent=2))
 
 
 def _classifier(out: Path, preset: ZooPreset, corpora: dict[str, Corpus] | None = None) -> None:
