@@ -41,6 +41,7 @@ from specserve.cluster.demo import MEASURED_ON_UNSEEN, ensure_zoo
 from specserve.cluster.local import zoo_engine
 from specserve.workers.config import TargetConfig
 from specserve.workers.drafting import score_continuation
+from specserve.workers.heads.proposer import score_head
 from specserve.workers.engine import SpecEngine
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.grpc_host import Device
@@ -136,8 +137,12 @@ class Bench:
         for off in [s for s in self.samples if s.section == "greedy" and s.path == OFF and s.repeat == 0 and s.token_ids]:
             prompt_ids = encode_prompt(self.engine.tokenizer, self.prompts[off.task][off.prompt])
             for draft in self.zoo.draft_names:
-                positions, matches = self.device.executor.submit(
-                    score_continuation, self.engine.drafts[draft], prompt_ids + off.token_ids, len(prompt_ids)).result()
+                ids = prompt_ids + off.token_ids
+                if draft in self.engine.heads:  # drafts from the target's hidden states: one target pass more
+                    job = (score_head, self.engine.target, self.engine.heads[draft], ids, len(prompt_ids))
+                else:
+                    job = (score_continuation, self.engine.drafts[draft], ids, len(prompt_ids))
+                positions, matches = self.device.executor.submit(*job).result()
                 self.samples.append(Sample("score", off.task, "score", off.prompt, tokens=positions, accepted=matches,
                                            draft=draft))
 

@@ -25,6 +25,7 @@ from specserve.workers.engine import SpecEngine
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
 from specserve.workers.zoo.build import build_zoo
+from specserve.workers.zoo.head import HEAD
 from specserve.workers.zoo.presets import PRESETS, get_preset
 from specserve.workers.zoo.zoo import MANIFEST, Zoo
 
@@ -120,29 +121,32 @@ def _zoo_line(zoo: Zoo) -> str:
 
 def _measure_all(zoo: Zoo, decode: Decoder, prompts: int, k: int, routed: RoutedDecoder | None) -> list[TaskResult]:
     _warm_up(decode, zoo)
-    results = [measure_task(decode, zoo, task, prompts, k, routed) for task in zoo.tasks]
+    results = [result for task in zoo.tasks for result in measure_task(decode, zoo, task, prompts, k, routed)]
     print(format_table(results))
     return results
 
 
 def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int,
-                 routed: RoutedDecoder | None = None) -> TaskResult:
-    draft = zoo.default_draft(task)
-    result = TaskResult(task, draft, zoo.manifest["acceptance"][task][draft], k)
+                 routed: RoutedDecoder | None = None) -> list[TaskResult]:
+    """The task's own draft and the zoo's EAGLE-3 head (if it has one), each against the same
+    target-only runs; the routed runs go with the first row."""
+    drafts = [zoo.default_draft(task)] + [HEAD] * (HEAD in zoo.draft_names and HEAD != zoo.default_draft(task))
+    results = [TaskResult(task, draft, zoo.manifest["acceptance"][task][draft], k) for draft in drafts]
     for prompt in zoo.prompts(task)[:prompts]:
         off_ids, off_seconds, off_stats = decode(prompt, task, None)
-        on_ids, on_seconds, stats = decode(prompt, task, draft)
-        result.seconds_target_only += off_seconds
-        result.seconds_speculative += on_seconds
-        result.identical &= on_ids == off_ids
-        result.stats.add(stats)
-        result.target_only.add(off_stats)
+        for result in results:
+            on_ids, on_seconds, stats = decode(prompt, task, result.draft)
+            result.seconds_target_only += off_seconds
+            result.seconds_speculative += on_seconds
+            result.identical &= on_ids == off_ids
+            result.stats.add(stats)
+            result.target_only.add(off_stats)
         if routed is not None:
             routed_ids, routed_seconds, served_by = routed(prompt)
-            result.seconds_routed += routed_seconds
-            result.routed_to[served_by] += 1
-            result.identical &= routed_ids == off_ids
-    return result
+            results[0].seconds_routed += routed_seconds
+            results[0].routed_to[served_by] += 1
+            results[0].identical &= routed_ids == off_ids
+    return results
 
 
 def format_table(results: list[TaskResult]) -> str:
@@ -156,7 +160,7 @@ def format_table(results: list[TaskResult]) -> str:
         line = (f"{r.task:<6} {r.draft:<8} {r.stats.alpha:>6.2f} {r.alpha_held_out:>10.2f} "
                 f"{r.stats.acceptance_rate:>8.2f} {r.stats.tokens_per_pass:>8.2f} {r.cost_ratio:>6.3f} "
                 f"{r.speedup:>7.2f}x {r.bound:>5.2f}x {'yes' if r.identical else 'NO':>9}")
-        if routed:
+        if routed and r.seconds_routed:
             served = ", ".join(f"{d or 'target-only'} {n}" for d, n in r.routed_to.most_common())
             line += f" {r.routed_speedup:>6.2f}x  {served}"
         lines.append(line)
@@ -167,6 +171,8 @@ def format_table(results: list[TaskResult]) -> str:
         "target-only time / speculative time, run alternately here; bound: (1 - alpha^(k+1)) / ((1 - alpha)(kc + 1)),",
         "Leviathan et al.'s expected speedup from this run's alpha, c and k when drafting and verifying take turns.",
         "Through the service, greedy drafts run ahead while the target verifies, so the speedup can exceed it.",
+        f"{HEAD}: the zoo's EAGLE-3 head, drafting from the target's hidden states (no lookahead; its first step",
+        "proposes nothing), on the same prompts against the same target-only runs as the row above it.",
     ]
     if routed:
         lines += [

@@ -28,12 +28,15 @@ SCORE_TIMEOUT_SECONDS = 10.0
 
 class ContinuationScorer:
     def __init__(self, policy: Policy, directory: WorkerDirectory, fraction: float, rng: random.Random,
-                 draft_free: DraftFree | None = None) -> None:
+                 draft_free: DraftFree | None = None, heads: frozenset[str] = frozenset()) -> None:
         self.policy = policy
         self.directory = directory
         self.fraction = fraction
         self.rng = rng
         self.draft_free = draft_free or DraftFree()
+        # EAGLE-3 heads are priced by serving only: scoring one needs the target's hidden states of
+        # the whole continuation, which no draft worker has.
+        self.heads = heads
         self.running: asyncio.Task | None = None  # one scoring job at a time: never a queue
 
     def offer(self, task: str, served_draft: str | None, prompt_ids: list[int], output_ids: list[int]) -> bool:
@@ -44,7 +47,7 @@ class ContinuationScorer:
             positions, proposed, matches = self.draft_free.score(name, task, prompt_ids, output_ids)
             if positions:
                 self.policy.observe_scored(task, name, positions, matches, proposed)
-        others = [d for d in others if d not in DRAFT_FREE and d != TREE]  # a tree is not scored: served only
+        others = [d for d in others if d not in DRAFT_FREE and d != TREE and d not in self.heads]  # served only
         if not (others and output_ids) or (self.running and not self.running.done()):
             return False
         if self.rng.random() >= self.fraction:

@@ -87,7 +87,8 @@ class SpecServeService:
         proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {})
         self.workers = Workers(tokenizer, directory, config.timeouts, proposers, config.lookahead,
                                config.decode_run_tokens)
-        self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free)
+        self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free,
+                                         frozenset(heads or {}))
         self.metrics = RouterMetrics()
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
         self.totals = TaskTotals()

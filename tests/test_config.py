@@ -69,7 +69,7 @@ def test_zoo_models_resolve_with_a_general_task(tiny_zoo):
 def test_draft_free_proposers_are_offered_as_configured_and_their_names_reserved(tiny_zoo):
     zoo = {"zoo": str(tiny_zoo.root)}
     models = resolve_models(*_parts({"models": zoo, "router": {"draft_free": ["suffix"], "trees": True}}))
-    assert models.tasks["sql"] == ("sql", "general", "suffix", "tree") and models.proposers[-1] == "tree"
+    assert models.tasks["sql"] == ("sql", "general", "eagle3", "suffix", "tree") and models.proposers[-1] == "tree"
     # An operator's table is taken as written: a task gets a draft-free proposer where it names one.
     models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["ngram", "sql"], "general": ["general"]}}}))
     assert models.tasks == {"sql": ("ngram", "sql"), "general": ("general",)}

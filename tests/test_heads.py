@@ -90,6 +90,27 @@ def test_training_computes_what_drafting_computes(engine, tiny_zoo):
             torch.testing.assert_close(step[-1], logits[s][0, i])
 
 
+def test_scoring_a_continuation_counts_what_drafting_would_have_proposed(engine, tiny_zoo):
+    """``score_head`` (the bench's and the policy's full-information measure) agrees, position by
+    position, with the head drafting one token from the target's hidden states of the prefix."""
+    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.heads.proposer import HeadState, score_head
+    from specserve.workers.proposing import HiddenRows
+
+    head = engine.heads["head"]
+    prompt = engine.tokenizer.encode(tiny_zoo.prompts("code")[0], add_special_tokens=False)[:12]
+    ids = prompt + engine.generate(prompt, GenerationParams(max_tokens=20, speculation=False)).complete().token_ids
+    features = target_features(engine.target, torch.tensor([ids]), head.config.aux_layers, torch.float32)
+    matches = 0
+    for j in range(len(prompt), len(ids)):
+        state = HeadState(head, 64, SamplingParams(), torch.Generator())
+        state.commit(ids[:j])
+        state.add(HiddenRows(0, features.aux[0, : j - 1]))
+        matches += state.draft(1).ids == [ids[j]]
+    assert score_head(engine.target, head, ids, len(prompt)) == (len(ids) - len(prompt), matches)
+    assert matches > 0
+
+
 def test_a_head_written_by_hand_from_the_documented_keys_loads(tiny_zoo, engine, tmp_path):
     """A minimal config of the keys vLLM reads, with norm_before_residual left out (vLLM's default:
     true) and no embeddings of its own (then the target's)."""

@@ -81,10 +81,10 @@ def sql_prompts(zoo) -> list[Prompt]:
 
 def test_the_zoo_pair_is_equivalent(tiny_zoo, tiny_engine):
     prompts = sql_prompts(tiny_zoo)
-    drafts = list(tiny_zoo.manifest["task_drafts"]["sql"])  # sql, general
+    drafts = list(tiny_zoo.manifest["task_drafts"]["sql"])  # sql, general, eagle3 (a head)
     report = validate(engine_decoder(tiny_engine, 4), prompts, [drafts] * 2,
                       Settings(temperatures=(1.0,), samples=40, max_tokens=32, seed=0))
-    assert report.equivalent and not report.mismatches and report.greedy_runs == 4
+    assert report.equivalent and not report.mismatches and report.greedy_runs == 2 * len(drafts) == 6
     assert [(t.task, t.draft) for t in report.tests] == [("sql", d) for d in drafts]
     assert all(t.z < t.z_critical for t in report.tests)
     assert set(report.profile["sql"]) == set(drafts)
@@ -189,7 +189,7 @@ def test_a_zoo_task_is_validated_with_its_drafts_and_the_draft_free_proposers(ti
 
     models = local_models(str(tiny_zoo.root), OwnModels(), None)
     prompts, arms = local_arms(models, [Prompt("SELECT", "sql")], None)
-    assert arms == [["sql", "general", "ngram", "suffix"]] and models.trees["sql"] == ("sql", "ngram", "suffix")
+    assert arms == [["sql", "general", "eagle3", "ngram", "suffix"]] and models.trees["sql"] == ("sql", "ngram", "suffix")
     assert models.models_for(prompts, [["tree", "ngram"]]) == {"sql"}  # the tree's draft
     with pytest.raises(ValueError, match="needs a draft"):
         local_models(None, OwnModels(str(tiny_zoo.target_dir), {"mine": "x"}, {"db": ("ngram", "tree")}), None)

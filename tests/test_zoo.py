@@ -18,7 +18,8 @@ from specserve.workers.zoo.zoo import Zoo
 def test_manifest_describes_the_zoo(tiny_zoo):
     m = tiny_zoo.manifest
     assert m["preset"] == "tiny" and m["tasks"] == list(TASKS)
-    assert set(m["drafts"]) == {*TASKS, "general"}
+    assert set(m["drafts"]) == {*TASKS, "general", "eagle3"} and m["drafts"]["eagle3"]["method"] == "eagle3"
+    assert all(names[-1] == "eagle3" for names in m["task_drafts"].values())  # after the zoo's own drafts
     assert m["target"]["parameters"] > max(d["parameters"] for d in m["drafts"].values())
     for task in TASKS:
         assert math.isfinite(m["target"]["perplexity"][task]) and m["target"]["perplexity"][task] > 1

@@ -136,3 +136,20 @@ class HeadDraft(Proposer):
         if (hidden := extras.get(AUX_HIDDEN)) is not None:
             self.state.add(hidden)
         self.proposed = DraftTokens.empty()
+
+
+@torch.inference_mode()
+def score_head(target, head: Eagle3Head, ids: list[int], start: int) -> tuple[int, int]:
+    """Full information, as ``drafting.score_continuation`` for a draft model: how many of
+    ids[start:] the head's greedy first token would have matched, each drafted from the target's
+    hidden states of the verified tokens before it. One target pass and one head pass, no cache kept."""
+    if not 2 <= start < len(ids):
+        raise ValueError(f"scoring needs a prompt of 2+ tokens and a continuation: start {start} of {len(ids)}")
+    out = target(input_ids=torch.tensor([ids], device=target.device), output_hidden_states=True, logits_to_keep=1)
+    aux = torch.cat([out.hidden_states[layer][0] for layer in head.config.aux_layers], -1)  # [n, 3Ht]
+    cache = HeadCache(head.config, len(ids), head.fc.weight.dtype, head.fc.weight.device)
+    # Row i reads x_{i+1} and position i's hidden state and guesses x_{i+2}: rows start-2 .. n-3 guess ids[start:].
+    logits, _ = head.step(torch.tensor(ids[1:-1], device=cache.keys.device), head.fuse(aux[:-2]),
+                          torch.arange(len(ids) - 2), cache)
+    guesses = head.target_ids()[logits[start - 2 :].argmax(-1)].cpu()
+    return len(ids) - start, int((guesses == torch.tensor(ids[start:])).sum())
