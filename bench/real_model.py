@@ -37,13 +37,18 @@ from specserve.cluster.bringup import start_service
 from specserve.cluster.client import SpecServeClient
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.grpc_host import Device
-from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
+from specserve.workers.loading import ModelSpec, load_model, load_tokenizer, resolve_device, resolve_dtype
 
 from .figures import spread
 
 PATHS = ("off", "auto", "ngram", "suffix")
 DRAFT_PATHS = ("draft", "tree")  # with --draft: the distilled draft alone, and the tree of it and the draft-free ones
+HEAD_PATHS = ("head",)  # with --head: an EAGLE-3 head on a draft worker (every task)
 HF_PATHS = ("hf_off", "hf_prompt_lookup")
+HF_DRAFT_PATHS = ("hf_assisted",)  # with --draft: transformers' assisted generation with the same draft (code)
+WIRE_ROWS = (1, 4, 16, 256)  # positions of hidden states per message, timed packed and unpacked
+HEAD_FACTS = ("draft_vocab_size", "vocabulary_coverage", "held_out_alpha", "held_out_alpha_per_position",
+              "held_out_tokens_per_pass", "cost_ratio", "training_tokens", "steps", "seconds")
 REPLICA_CORE = 0  # where deploy/serve_config.yaml pins the target replica
 SNIPPETS = {
     "fib": "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
@@ -94,6 +99,8 @@ class Decode:
     accepted: int = 0
     rejections: int = 0
     proposer: str = ""
+    draft_seconds: float = 0.0  # what the router waited for proposals, over the request
+    verify_seconds: float = 0.0  # the target replica's device time
     identical: bool | None = None
     token_ids: list[int] = field(default_factory=list)
 
@@ -106,17 +113,21 @@ def chat_prompt(tokenizer, instruction: str) -> str:
                                          add_generation_prompt=True)
 
 
-def service_config(target: str, global_tokens: int, draft: str | None) -> dict:
-    """The target, every task served by the draft-free proposers (and target-only), and with
-    ``draft`` (a draft distilled for code) the code task by it and its tree too.
-    ``global_tokens``: what suffix decoding keeps of the task's recent outputs (0: the request's
-    own text only). Each prompt is decoded on every path here, so a global trie would hold the
-    answer to the prompt being measured after its first path: kept off unless asked for."""
-    proposers = ["ngram", "suffix"]
-    tasks = {task: proposers for task in TASKS}
+def service_config(target: str, global_tokens: int, draft: str | None, head: str | None = None) -> dict:
+    """The target, every task served by the draft-free proposers (and target-only), with ``head``
+    (an EAGLE-3 head) every task by it too, and with ``draft`` (a draft distilled for code) the code
+    task by it and its tree. ``global_tokens``: what suffix decoding keeps of the task's recent
+    outputs (0: the request's own text only). Each prompt is decoded on every path here, so a global
+    trie would hold the answer to the prompt being measured after its first path: kept off unless
+    asked for."""
+    proposers = ["head"] * bool(head) + ["ngram", "suffix"]
+    tasks = {task: list(proposers) for task in TASKS}
     if draft:
         tasks["code"] = ["code", *proposers, "tree"]
-    return {"models": {"zoo": None, "target": target, "drafts": {"code": draft} if draft else {}},
+    drafts = {"code": draft} if draft else {}
+    if head:
+        drafts["head"] = head
+    return {"models": {"zoo": None, "target": target, "drafts": drafts},
             "router": {"default_task": "chat", "tasks": tasks, "suffix": {"global_tokens": global_tokens}}}
 
 
@@ -128,6 +139,8 @@ def request(path: str, task: str, prompt: str, max_tokens: int) -> pb.GenerateRe
         r.speculation, r.draft = pb.SPECULATION_ON, path
     elif path == "draft":
         r.speculation, r.draft = pb.SPECULATION_ON, "code"
+    elif path == "head":
+        r.speculation, r.draft = pb.SPECULATION_ON, "head"
     return r  # auto: the policy decides
 
 
@@ -136,12 +149,17 @@ def decode(client: SpecServeClient, path: str, task: str, index: int, prompt: st
     reply = client.generate(request(path, task, prompt, max_tokens))
     s = reply.stats
     return Decode(task, path, index, len(reply.token_ids), time.perf_counter() - started, s.target_passes,
-                  s.accepted_tokens, s.rejections, s.draft, token_ids=list(reply.token_ids))
+                  s.accepted_tokens, s.rejections, s.draft, s.draft_seconds, s.verify_seconds,
+                  token_ids=list(reply.token_ids))
+
+
+def paths_of(task: str, draft: str | None, head: str | None) -> tuple[str, ...]:
+    return PATHS + (HEAD_PATHS if head else ()) + (DRAFT_PATHS if draft and task == "code" else ())
 
 
 def measure_service(target: str, prompts: dict[str, list[str]], max_tokens: int, warm_up: int, global_tokens: int,
-                    draft: str | None, bar) -> list[Decode]:
-    service = start_service(port=0, overrides=service_config(target, global_tokens, draft))
+                    draft: str | None, bar, head: str | None = None) -> list[Decode]:
+    service = start_service(port=0, overrides=service_config(target, global_tokens, draft, head))
     client = SpecServeClient(service.address)
     decodes: list[Decode] = []
     try:
@@ -150,7 +168,7 @@ def measure_service(target: str, prompts: dict[str, list[str]], max_tokens: int,
                 decode(client, "auto", task, -1, text, max_tokens)
                 bar.update()
         for task, texts in prompts.items():
-            paths = PATHS + (DRAFT_PATHS if draft and task == "code" else ())
+            paths = paths_of(task, draft, head)
             for i, text in enumerate(texts[: len(texts) - warm_up]):
                 order = paths[i % len(paths):] + paths[: i % len(paths)]  # nobody always runs first
                 done = {path: decode(client, path, task, i, text, max_tokens) for path in order}
@@ -164,16 +182,22 @@ def measure_service(target: str, prompts: dict[str, list[str]], max_tokens: int,
     return decodes
 
 
-def measure_hf(target: str, prompts: dict[str, list[str]], max_tokens: int, warm_up: int, bar) -> list[Decode]:
-    """transformers' own generate, target-only and with its prompt lookup, on one pinned thread."""
+def measure_hf(target: str, prompts: dict[str, list[str]], max_tokens: int, warm_up: int, bar,
+               draft: str | None = None) -> list[Decode]:
+    """transformers' own generate, target-only, with its prompt lookup and (code, with ``draft``)
+    assisted by the same draft the service runs, on one pinned thread."""
     device = Device(threads=1, cpus=(REPLICA_CORE,))
     tokenizer = load_tokenizer(target)
     model = device.executor.submit(load_model, ModelSpec(target, threads=1)).result()
+    assistant = device.executor.submit(load_model, ModelSpec(draft, threads=1)).result() if draft else None
     decodes = []
     for task, texts in prompts.items():
         for i, text in enumerate(texts[: len(texts) - warm_up]):
             ids = tokenizer(text, return_tensors="pt").input_ids
-            for path, extra in (("hf_off", {}), ("hf_prompt_lookup", {"prompt_lookup_num_tokens": 10})):
+            runs = [("hf_off", {}), ("hf_prompt_lookup", {"prompt_lookup_num_tokens": 10})]
+            if assistant is not None and task == "code":
+                runs.append(("hf_assisted", {"assistant_model": assistant}))
+            for path, extra in runs:
                 def run(extra=extra):
                     started = time.perf_counter()
                     with torch.inference_mode():
@@ -194,7 +218,7 @@ def figures(decodes: list[Decode]) -> dict:
         rows = {}
         by = {(d.path, d.prompt): d for d in decodes if d.task == task}
         prompts = sorted({d.prompt for d in decodes if d.task == task})
-        for path in PATHS + DRAFT_PATHS + HF_PATHS:
+        for path in PATHS + HEAD_PATHS + DRAFT_PATHS + HF_PATHS + HF_DRAFT_PATHS:
             mine = [by[(path, p)] for p in prompts if (path, p) in by]
             if not mine:
                 continue
@@ -203,8 +227,12 @@ def figures(decodes: list[Decode]) -> dict:
                       for d in mine if (base, d.prompt) in by]
             passes = sum(d.target_passes for d in mine)
             trials = sum(d.accepted + d.rejections for d in mine)
+            steps = sum(d.target_passes for d in mine)
             rows[path] = {"speedup": spread(ratios),
                           "tokens_per_pass": sum(d.tokens for d in mine) / passes if passes else None,
+                          # per target pass: what the router waited for proposals, and the replica's device time
+                          "draft_ms_per_step": 1e3 * sum(d.draft_seconds for d in mine) / steps if steps else None,
+                          "verify_ms_per_step": 1e3 * sum(d.verify_seconds for d in mine) / steps if steps else None,
                           "alpha": sum(d.accepted for d in mine) / trials if trials else None,
                           "served_by": sorted({d.proposer or "target-only" for d in mine}),
                           "identical": sum(bool(d.identical) for d in mine if d.identical is not None),
@@ -228,13 +256,40 @@ def render(meta: dict, figs: dict) -> str:
              "over HF's own target-only `generate` on one thread pinned like the replica. tok/pass: tokens committed "
              "per target pass; alpha over the steps that proposed something.", ""]
     for task, rows in figs.items():
-        lines += [f"## {task}", "", "| path | speedup | tok/pass | alpha | served by | identical |", "|---|---|---|---|---|---|"]
+        lines += [f"## {task}", "", "| path | speedup | tok/pass | alpha | draft ms/step | verify ms/step | served by "
+                  "| identical |", "|---|---|---|---|---|---|---|---|"]
         for path, r in rows.items():
             same = f"{r['identical']}/{r['runs']}" if not path.startswith("hf") else "–"
             lines.append(f"| {path} | {x(r['speedup'])} | {num(r['tokens_per_pass'])} | {num(r['alpha'])} | "
+                         f"{num(r['draft_ms_per_step'])} | {num(r['verify_ms_per_step'])} | "
                          f"{', '.join(r['served_by'])} | {same} |")
         lines.append("")
+    if meta.get("head"):
+        lines += ["## The head's hidden states on the wire", "",
+                  f"Head `{meta['head']}`: {json.dumps(meta.get('head_facts', {}))}.", "",
+                  "Per message: bytes, and the time to pack, serialize, parse and unpack it in one process (the "
+                  "router forwards it without unpacking; it crosses two local gRPC hops).", "",
+                  "| positions | bytes | pack + unpack µs |", "|---|---|---|"]
+        lines += [f"| {w['rows']} | {w['bytes']} | {w['microseconds']:.0f} |" for w in meta["wire"]]
+        lines.append("")
     return "\n".join(lines)
+
+
+def wire_costs(width: int, dtype: torch.dtype) -> list[dict]:
+    """What one message of hidden states costs: its size and its CPU time, packed and unpacked."""
+    from specserve.proto.v1 import internal_pb2
+    from specserve.workers.proposing import HiddenRows
+    from specserve.workers.wire import hidden_from, hidden_message
+
+    out = []
+    for rows in WIRE_ROWS:
+        hidden = HiddenRows(0, torch.randn(rows, width).to(dtype))
+        started = time.perf_counter()
+        for _ in range(20):
+            data = hidden_message(hidden).SerializeToString()
+            hidden_from(internal_pb2.HiddenStates.FromString(data))
+        out.append({"rows": rows, "bytes": len(data), "microseconds": (time.perf_counter() - started) / 20 * 1e6})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' prompt lookup")
     parser.add_argument("--draft", help="a draft for the code task (say, from `specserve distill --target ...`)")
+    parser.add_argument("--head", help="an EAGLE-3 head of the target for every task (`specserve distill --method eagle3`)")
     parser.add_argument("--global-suffix-tokens", type=int, default=0,
                         help="suffix decoding's memory of the task's recent outputs; above 0 it holds the answers to "
                              "the prompts measured (every prompt runs on every path): an upper bound for repeated work")
@@ -254,14 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
     tokenizer = load_tokenizer(args.target)
     prompts = {task: [chat_prompt(tokenizer, t) for t in texts] for task, texts in TASKS.items()}
-    measured = sum(len(t) - args.warm_up for t in prompts.values())
-    per_prompt = len(PATHS) + (0 if args.no_hf else len(HF_PATHS))
-    bar = tqdm(total=len(TASKS) * args.warm_up + measured * per_prompt + (len(CODE) - args.warm_up) * len(DRAFT_PATHS) * bool(args.draft), unit="decode",
-               desc="real model", file=sys.stderr)
+    runs = sum((len(texts) - args.warm_up) * (len(paths_of(task, args.draft, args.head))
+                                               + (0 if args.no_hf else len(HF_PATHS) + bool(args.draft and task == "code")))
+               for task, texts in prompts.items())
+    bar = tqdm(total=len(TASKS) * args.warm_up + runs, unit="decode", desc="real model", file=sys.stderr)
     decodes = measure_service(args.target, prompts, args.max_tokens, args.warm_up, args.global_suffix_tokens,
-                              args.draft, bar)
+                              args.draft, bar, args.head)
     if not args.no_hf:
-        decodes += measure_hf(args.target, prompts, args.max_tokens, args.warm_up, bar)
+        decodes += measure_hf(args.target, prompts, args.max_tokens, args.warm_up, bar, args.draft)
     bar.close()
     out = args.out / (started.strftime("%Y%m%d-%H%M%S") + "-real-model")
     out.mkdir(parents=True)
@@ -269,7 +325,13 @@ def main(argv: list[str] | None = None) -> int:
             "started": started.isoformat(timespec="seconds"),
             "seconds": (datetime.now(timezone.utc) - started).total_seconds(), "max_tokens": args.max_tokens,
             "warm_up": args.warm_up, "global_suffix_tokens": args.global_suffix_tokens, "draft": args.draft,
-            "torch": torch.__version__}
+            "head": args.head, "torch": torch.__version__}
+    if args.head:
+        facts = Path(args.head) / "specserve_head.json"
+        facts = json.loads(facts.read_text()) if facts.exists() else {}
+        meta["head_facts"] = {key: facts[key] for key in HEAD_FACTS if key in facts}
+        width = 3 * json.loads((Path(args.head) / "config.json").read_text())["transformer_layer_config"]["hidden_size"]
+        meta["wire"] = wire_costs(width, resolve_dtype("auto", resolve_device("auto")))  # what the replica runs in
     figs = figures(decodes)
     (out / "results.json").write_text(json.dumps({"meta": meta, "figures": figs,
                                                    "decodes": [asdict(d) for d in decodes]}, indent=1))

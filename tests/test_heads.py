@@ -165,6 +165,22 @@ def test_a_head_specserve_cannot_serve_is_refused_in_one_line(head_dir, engine, 
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+def test_a_chat_served_target_writes_answers_in_its_template_for_training(engine, corpus):
+    """With a chat template, part of the training text is the target answering instructions about
+    the corpus in it, packed into full windows (the tiny zoo's tokenizer has none: one is set here)."""
+    from copy import deepcopy
+
+    from specserve.workers.heads.training import chat_answers
+
+    tokenizer = deepcopy(engine.tokenizer)
+    tokenizer.chat_template = "{% for m in messages %}<user> {{ m['content'] }} <assistant>{% endfor %}"
+    documents = corpus.read_text().split("\n\n")[:40]
+    windows = chat_answers(engine.target, tokenizer, documents, 3, 256, torch.Generator().manual_seed(0))
+    assert windows.shape[1] == 256 and 1 <= len(windows) <= 40
+    text = tokenizer.decode(windows.flatten().tolist())
+    assert "<user>" in text and "<assistant>" in text
+
+
 def test_the_head_config_follows_the_target(engine):
     config = config_for(engine.target.config, 64)
     assert config.hidden_size == engine.target.config.hidden_size and config.aux_layers == (1, 1, 2)

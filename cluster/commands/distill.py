@@ -47,7 +47,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                               "layers) or from a small fresh model (default: %(default)s)")
     distill.add_argument("--draft-vocab", type=int, metavar="N",
                          help="eagle3 only: tokens of the head's vocabulary (default: the most frequent tokens "
-                              "holding 98%% of the corpus, a multiple of 256)")
+                              "holding 95%% of the training text, a multiple of 256, at most 8192)")
     distill.add_argument("--ttt-steps", type=int, default=head.ttt_steps,
                          help="eagle3 only: training-time-test steps, the tokens it learns to draft in a row "
                               "(default: %(default)s)")

@@ -31,6 +31,14 @@ log = logging.getLogger("specserve.heads")
 FACTS = "specserve_head.json"  # what distill measured, beside the head (read by the zoo and the policy's priors)
 
 
+def read_facts(directory: str) -> dict:
+    """What distill measured of the head in ``directory`` ({} for a head it did not write)."""
+    try:
+        return json.loads((Path(directory) / FACTS).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 @dataclass(frozen=True)
 class HeadEvaluation:
     prompts: int = 8  # held-out prompts, each decoded greedily with and without the head

@@ -8,6 +8,7 @@ generator, so on-policy distillation data is deterministic for the build's seed.
 from __future__ import annotations
 
 import torch
+from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 ROLLOUT_BATCH = 16  # rows per forward pass; larger batches barely help on 2 cores
@@ -45,8 +46,7 @@ def continue_all(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """``continue_batch`` over any number of prompts, ROLLOUT_BATCH at a time: [N, P + new_tokens]."""
-    parts = [
-        continue_batch(model, prompts[i : i + ROLLOUT_BATCH], new_tokens, temperature, generator)
-        for i in range(0, prompts.shape[0], ROLLOUT_BATCH)
-    ]
+    batches = range(0, prompts.shape[0], ROLLOUT_BATCH)
+    parts = [continue_batch(model, prompts[i : i + ROLLOUT_BATCH], new_tokens, temperature, generator)
+             for i in tqdm(batches, desc="target continuations", unit="batch", leave=False, disable=None)]
     return torch.cat(parts)
