@@ -43,7 +43,7 @@ class ModelSet:
 def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
     """Sources and the task table, checked for consistency before anything is deployed."""
     target, drafts, tasks, priors = models.target, dict(models.drafts), dict(router.tasks), {}
-    listed = bool(tasks)  # an operator's table: its tasks and drafts as written (trees only where named)
+    listed = bool(tasks)  # an operator's table is taken as written
     if models.zoo is not None:
         from .local import open_zoo
 
@@ -68,17 +68,13 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
         raise ValueError(f"draft names {taken} are reserved for specserve's own proposers; rename those drafts")
     for task, names in tasks.items():
         unknown = [name for name in names if name not in drafts and name not in RESERVED]
-        if unknown or not (names or router.draft_free):
+        if unknown or not (names or not listed and router.draft_free):
             raise ValueError(f"router.tasks[{task!r}] names drafts {unknown or '[]'}; known drafts: "
                              f"{', '.join(sorted(drafts))} (draft-free: {', '.join(DRAFT_FREE)})")
         if not_offered := [name for name in names if name in DRAFT_FREE and name not in router.draft_free]:
             raise ValueError(f"router.tasks[{task!r}] names {not_offered}, which router.draft_free does not offer")
-    # The draft-free proposers serve beside every task's drafts, in a table the operator wrote too:
-    # they cost microseconds, and where a draft loses they are what pays (a table naming only a
-    # task's draft used to drop them: on SmolLM2's code prompts AUTO then fell back to target-only,
-    # 0.89-1.0x, where the same table with them gave 1.16x). `router.draft_free: []` turns them off.
-    tasks = {task: tuple(names) + tuple(p for p in router.draft_free if p not in names)
-             for task, names in tasks.items()}
+    if not listed:  # the draft-free proposers serve every task of a table the operator did not write
+        tasks = {task: tuple(names) + tuple(router.draft_free) for task, names in tasks.items()}
     trees = {}  # a task's tree (its first draft and the draft-free proposers), for a request that asks for one
     for task, names in tasks.items():
         own = next((name for name in names if name in drafts), None)

@@ -127,8 +127,8 @@ class RouterConfig(FrozenConfig):
     # The drafts allowed to serve each task, preferred first. Empty: the zoo's own table.
     tasks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     # Draft-free proposers (workers/lookup.py): prompt lookup (ngram) and suffix decoding (suffix),
-    # run in the router at no device cost. They serve every task beside its drafts, in a `tasks`
-    # table too; an empty tuple turns them off.
+    # run in the router at no device cost. They serve every task beside its drafts, unless `tasks`
+    # is given: that table is taken as written (name them in an entry to offer them there).
     draft_free: tuple[str, ...] = DRAFT_FREE
     ngram: NgramConfig = NgramConfig()
     suffix: SuffixConfig = SuffixConfig()

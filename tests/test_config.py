@@ -72,11 +72,10 @@ def test_draft_free_proposers_are_offered_as_configured_and_their_names_reserved
     assert models.tasks["sql"] == ("sql", "general", "eagle3", "suffix", "tree") and models.proposers[-1] == "tree"
     # An operator's table is taken as written: a task gets a draft-free proposer where it names one.
     models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["ngram", "sql"], "general": ["general"]}}}))
-    # the draft-free proposers beside a table's drafts (router.draft_free: [] turns them off)
-    assert models.tasks == {"sql": ("ngram", "sql", "suffix"), "general": ("general", "ngram", "suffix")}
+    assert models.tasks == {"sql": ("ngram", "sql"), "general": ("general",)}
     assert set(models.proposers) == {*tiny_zoo.draft_names, "ngram", "suffix", "tree"}  # a client may ask for any
     models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["sql", "tree"], "general": ["general"]}}}))
-    assert models.trees["sql"] == ("sql", "ngram", "suffix") and models.tasks["sql"] == ("sql", "tree", "ngram", "suffix")
+    assert models.trees["sql"] == ("sql", "ngram", "suffix") and models.tasks["sql"] == ("sql", "tree")
     with pytest.raises(ValueError, match="names 'tree', which needs a draft"):
         resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["tree"], "general": ["general"]}}}))
     with pytest.raises(ValueError, match="which router.draft_free does not offer"):
