@@ -17,8 +17,8 @@ TARGET_HELP = "target model: a Hugging Face directory, a hub id or a .gguf file 
 DRAFT_HELP = ("a draft as NAME=SOURCE (a Hugging Face directory, a hub id or a .gguf file; repeatable). "
               "With --target and no --task, each draft serves a task of its own name")
 TASK_HELP = ("the drafts that may serve a task, preferred first (repeatable; the first task is the default for "
-             "requests that name none). Without a table the draft-free proposers (prompt lookup, suffix decoding) "
-             "serve every task too; a table is taken as written (name ngram or suffix to offer them)")
+             "requests that name none). The draft-free proposers (prompt lookup, suffix decoding) serve every task "
+             "beside its drafts (a config's router.as_written lists tasks taken exactly as written)")
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ class ModelSet:
 def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
     """Sources and the task table, checked for consistency before anything is deployed."""
     target, drafts, tasks, priors = models.target, dict(models.drafts), dict(router.tasks), {}
-    listed = bool(tasks)  # an operator's table is taken as written
+    listed = bool(tasks)  # an operator's table: its tasks and drafts (trees only where named)
     if models.zoo is not None:
         from .local import open_zoo
 
@@ -66,15 +66,19 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
     taken = sorted(set(drafts) & set(RESERVED))
     if taken:
         raise ValueError(f"draft names {taken} are reserved for specserve's own proposers; rename those drafts")
+    if unknown_tasks := [task for task in router.as_written if task not in tasks]:
+        raise ValueError(f"router.as_written names tasks {unknown_tasks}; tasks: {', '.join(sorted(tasks))}")
     for task, names in tasks.items():
         unknown = [name for name in names if name not in drafts and name not in RESERVED]
-        if unknown or not (names or not listed and router.draft_free):
+        if unknown or not (names or router.draft_free and task not in router.as_written):
             raise ValueError(f"router.tasks[{task!r}] names drafts {unknown or '[]'}; known drafts: "
                              f"{', '.join(sorted(drafts))} (draft-free: {', '.join(DRAFT_FREE)})")
         if not_offered := [name for name in names if name in DRAFT_FREE and name not in router.draft_free]:
             raise ValueError(f"router.tasks[{task!r}] names {not_offered}, which router.draft_free does not offer")
-    if not listed:  # the draft-free proposers serve every task of a table the operator did not write
-        tasks = {task: tuple(names) + tuple(router.draft_free) for task, names in tasks.items()}
+    # The draft-free proposers serve beside every task's drafts (router/config.py says why), unless
+    # the operator took the task's entry as written.
+    tasks = {task: tuple(names) if task in router.as_written else (*names, *(p for p in router.draft_free if p not in names))
+             for task, names in tasks.items()}
     trees = {}  # a task's tree (its first draft and the draft-free proposers), for a request that asks for one
     for task, names in tasks.items():
         own = next((name for name in names if name in drafts), None)

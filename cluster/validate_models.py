@@ -34,9 +34,9 @@ class LocalModels:
 
 def local_models(zoo_name: str | None, own: OwnModels, default_task: str | None) -> LocalModels:
     """The zoo's models and task table, or your own (--target, --draft NAME=SOURCE, --task TASK=...).
-    As in the service (cluster/models.py): a table you wrote is run as written; one you did not (the
-    zoo's, or one task per draft) offers every task the draft-free proposers too. A task with a
-    draft has a tree (that draft and the draft-free proposers), run when named (``tree``)."""
+    As in the service (cluster/models.py): every task is offered the draft-free proposers beside its
+    drafts, in a table you wrote too. A task with a draft has a tree (that draft and the draft-free
+    proposers), run when named (``tree``)."""
     from .local import open_zoo
 
     if own.target:
@@ -48,7 +48,7 @@ def local_models(zoo_name: str | None, own: OwnModels, default_task: str | None)
             if unknown := [n for n in names if n not in own.drafts and n not in RESERVED]:
                 raise ValueError(f"--task {task}= names drafts {unknown}; drafts given: {', '.join(own.drafts)}")
         target, drafts, zoo = own.target, dict(own.drafts), None
-        table = {task: tuple(names) for task, names in own.tasks.items()}
+        table = {task: (*names, *(p for p in DRAFT_FREE if p not in names)) for task, names in own.tasks.items()}
         table = table or {name: (name, *DRAFT_FREE) for name in drafts}
     else:
         if own.drafts or own.tasks:

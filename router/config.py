@@ -127,9 +127,15 @@ class RouterConfig(FrozenConfig):
     # The drafts allowed to serve each task, preferred first. Empty: the zoo's own table.
     tasks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     # Draft-free proposers (workers/lookup.py): prompt lookup (ngram) and suffix decoding (suffix),
-    # run in the router at no device cost. They serve every task beside its drafts, unless `tasks`
-    # is given: that table is taken as written (name them in an entry to offer them there).
+    # run in the router at no device cost. They serve every task beside its drafts, in a `tasks`
+    # table the operator wrote too: they cost microseconds, and where a draft loses they are what
+    # pays (a table naming only its code draft used to drop them, and on SmolLM2's code prompts AUTO
+    # then served target-only, 0.89-1.0x, where the same table with them gave 1.16x). An empty
+    # tuple turns them off everywhere; `as_written` for some tasks.
     draft_free: tuple[str, ...] = DRAFT_FREE
+    # Tasks whose `tasks` entry is taken exactly as written: no draft-free proposer beside its
+    # drafts unless the entry names one. The per-task off switch.
+    as_written: tuple[str, ...] = ()
     ngram: NgramConfig = NgramConfig()
     suffix: SuffixConfig = SuffixConfig()
     # Offer AUTO a token tree of each task's draft and the draft-free proposers (``tree``), proposed

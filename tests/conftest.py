@@ -102,14 +102,16 @@ def service(tiny_zoo, metrics_port):
     The concurrency limit and queue are small so the RESOURCE_EXHAUSTED test can reach them. Besides the zoo's
     tasks there is POOR_TASK, served only by the tiny zoo's worst draft, for the fallback tests;
     the policy judges after fewer trials than by default so they need little traffic. The table is
-    the operator's, so the zoo's tasks get no draft-free proposers and no tree; `general` gets a tree
-    (its draft, prompt lookup and suffix decoding), for the tree tests.
+    the operator's and taken as written (router.as_written), so the routing and fallback tests see
+    only the zoo's drafts: no draft-free proposers and no tree; `general` gets a tree (its draft,
+    prompt lookup and suffix decoding), for the tree tests.
     """
     from specserve.cluster.bringup import start_service
 
     tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
     tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)]}
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
+              "as_written": list(tasks),
               "policy": {"min_trials": 32},
               "timeouts": SERVICE_TIMEOUTS}
     # Draft sessions outlast the target waits (a config that lets them not is refused).

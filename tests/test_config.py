@@ -70,12 +70,17 @@ def test_draft_free_proposers_are_offered_as_configured_and_their_names_reserved
     zoo = {"zoo": str(tiny_zoo.root)}
     models = resolve_models(*_parts({"models": zoo, "router": {"draft_free": ["suffix"], "trees": True}}))
     assert models.tasks["sql"] == ("sql", "general", "eagle3", "suffix", "tree") and models.proposers[-1] == "tree"
-    # An operator's table is taken as written: a task gets a draft-free proposer where it names one.
+    # An operator's table gets the draft-free proposers beside its drafts, unless a task is taken as written.
     models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["ngram", "sql"], "general": ["general"]}}}))
+    assert models.tasks == {"sql": ("ngram", "sql", "suffix"), "general": ("general", "ngram", "suffix")}
+    models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["ngram", "sql"], "general": ["general"]},
+                                                                "as_written": ["sql", "general"]}}))
     assert models.tasks == {"sql": ("ngram", "sql"), "general": ("general",)}
+    with pytest.raises(ValueError, match=r"router.as_written names tasks \['db'\]"):
+        resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["sql"]}, "as_written": ["db"]}}))
     assert set(models.proposers) == {*tiny_zoo.draft_names, "ngram", "suffix", "tree"}  # a client may ask for any
     models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["sql", "tree"], "general": ["general"]}}}))
-    assert models.trees["sql"] == ("sql", "ngram", "suffix") and models.tasks["sql"] == ("sql", "tree")
+    assert models.trees["sql"] == ("sql", "ngram", "suffix") and models.tasks["sql"] == ("sql", "tree", "ngram", "suffix")
     with pytest.raises(ValueError, match="names 'tree', which needs a draft"):
         resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["tree"], "general": ["general"]}}}))
     with pytest.raises(ValueError, match="which router.draft_free does not offer"):

@@ -161,7 +161,9 @@ def test_validate_command_takes_your_own_models_and_plain_text_prompts(tiny_zoo,
                  "--samples", "10", "--max-tokens", "8", "--seed", "0"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert [(t["task"], t["draft"]) for t in json.loads(captured.out)["tasks"]] == [("db", "mine")]
+    # the draft-free proposers beside the table's draft, as the service serves it
+    assert [(t["task"], t["draft"]) for t in json.loads(captured.out)["tasks"]] == [("db", d) for d in ("mine", "ngram",
+                                                                                                       "suffix")]
 
 
 def test_validate_runs_every_proposer_in_process_trees_included(tiny_zoo, tmp_path, capsys):
