@@ -66,6 +66,91 @@ def test_a_head_drafts_greedy_output_identical_to_the_target_alone_and_in_a_tree
             assert done.stats.proposed > 0
 
 
+def test_a_long_prompts_hidden_states_come_as_its_last_window_and_the_head_drafts_from_there(engine, tiny_zoo,
+                                                                                            monkeypatch):
+    """A reply's hidden states are capped (verifying.AUX_WINDOW_BYTES, under gRPC's message cap):
+    the head's cache starts at the window, its positions stay absolute, the output stays the target's."""
+    import specserve.workers.verifying as verifying
+
+    width = engine.heads["head"].fc.weight.shape[1]  # 3 x the target's hidden size
+    monkeypatch.setattr(verifying, "AUX_WINDOW_BYTES", 12 * width * 4)  # 12 positions in float32
+    prompt = tiny_zoo.prompts("sql")[0]
+    assert len(engine.tokenizer.encode(prompt)) > 24
+    from specserve.workers.heads.proposer import HeadState
+
+    starts, add = [], HeadState.add
+    monkeypatch.setattr(HeadState, "add", lambda state, hidden: starts.append(hidden.start) or add(state, hidden))
+    alone = engine.generate(prompt, GenerationParams(max_tokens=40, speculation=False)).complete()
+    done = engine.generate(prompt, GenerationParams(max_tokens=40, k=3), draft="head").complete()
+    assert done.token_ids == alone.token_ids and done.stats.accepted > 0
+    assert starts[0] > 0, starts  # the prompt's last 12 positions, not all of them
+
+
+@pytest.mark.parametrize("room", [256, 5])  # 5: a prompt's positions fed in chunks, sharing passes
+def test_heads_in_a_shared_pass_draft_what_each_drafts_alone(engine, tiny_zoo, room):
+    """Sessions of one head drafting in continuous batches (HeadScheduler: one step_many pass for
+    every pending session's rows, each attending to its own cache) propose exactly what each
+    proposes alone, over several proposals with verdicts in between, greedy and sampled."""
+    import asyncio
+
+    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.config import BatchingConfig
+    from specserve.workers.grpc_host import Device
+    from specserve.workers.heads.proposer import HeadRun, HeadScheduler, HeadState
+    from specserve.workers.proposing import HiddenRows
+
+    head = engine.heads["head"]
+    prompts = [engine.tokenizer.encode(p, add_special_tokens=False)[:n] for p, n in
+               zip(tiny_zoo.prompts("sql")[:2] + tiny_zoo.prompts("prose")[:2], (30, 17, 24, 9), strict=True)]
+    samplings = [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(), SamplingParams(temperature=0.8)]
+
+    def states():
+        out = []
+        for i, (ids, sampling) in enumerate(zip(prompts, samplings, strict=True)):
+            state = HeadState(head, 128, sampling, torch.Generator().manual_seed(i))
+            state.commit(ids)
+            out.append(state)
+        return out
+
+    def verdict(state, proposed, step):
+        """Keep one drafted token, append a token of our own, hand over those positions' hidden states."""
+        state.commit(proposed[:1] + [(step * 7 + 3) % 200])
+        ids = torch.tensor([state.committed])
+        aux = target_features(engine.target, ids, head.config.aux_layers, torch.float32).aux[0]
+        state.add(HiddenRows(state.known, aux[state.known : len(state.committed) - 1]))
+
+    def feed_prompt(state):
+        aux = target_features(engine.target, torch.tensor([state.committed]), head.config.aux_layers,
+                              torch.float32).aux[0]
+        state.add(HiddenRows(0, aux[: len(state.committed) - 1]))
+
+    alone = [[] for _ in prompts]
+    for i, state in enumerate(states()):
+        feed_prompt(state)
+        for step in range(3):
+            alone[i].append(state.draft(3).ids)
+            verdict(state, alone[i][-1], step)
+
+    async def scenario():
+        # (below the config's floor of 64 on purpose: chunks of a prompt's positions share passes)
+        scheduler = HeadScheduler(head, Device(1), BatchingConfig.model_construct(max_tokens_per_pass=room))
+        batched = [[] for _ in prompts]
+
+        async def session(i, state):
+            feed_prompt(state)
+            for step in range(3):
+                run = HeadRun(state, 3)
+                await scheduler.run(run)
+                batched[i].append(run.result.ids)
+                verdict(state, run.result.ids, step)
+        await asyncio.gather(*(session(i, state) for i, state in enumerate(states())))
+        return scheduler, batched
+
+    scheduler, batched = asyncio.run(scenario())
+    assert batched == alone
+    assert scheduler.counts.max_sessions > 1 and scheduler.counts.passes < sum(len(p) for p in alone) * 3
+
+
 def test_training_computes_what_drafting_computes(engine, tiny_zoo):
     """The TTT unroll's logits at step s, row i, equal the head's drafting s tokens past position i
     with its cache (what a mismatch between the two would cost is exactly the acceptance)."""
@@ -202,7 +287,7 @@ def test_distill_command_trains_a_head(tiny_zoo, corpus, tmp_path, capsys):
 def test_distill_command_refuses_bad_head_settings(tiny_zoo, corpus, tmp_path, capsys):
     base = ["distill", "--target", str(tiny_zoo.target_dir), "--corpus", str(corpus), "--out", str(tmp_path / "x")]
     for flags, message in ((["--method", "eagle3", "--aux-layers", "1,2"], "--aux-layers takes three"),
-                           (["--draft-vocab", "64"], "give --method eagle3"),
+                           (["--aux-layers", "1,2,3", "--task", "sql"], "give --method eagle3"),
                            (["--method", "draft"], "needs --task")):
         assert main(base + flags) == 2
         assert message in capsys.readouterr().err

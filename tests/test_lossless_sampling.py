@@ -110,12 +110,16 @@ def tiny_head(target, draft_vocab: int = 5):
 
 def _tally_share(sampling: SamplingParams, k: int, max_support: int, seeds: range, proposer: str) -> dict:
     """One process's share of the seeds, on the test's pair built afresh (the same weights: seeded):
-    the draft model ("d") or an EAGLE-3 head of the target ("head")."""
+    the draft model ("d"), the same with its output head cut to 5 of the 7 tokens ("pruned", as
+    FR-Spec cuts a draft's vocabulary) or an EAGLE-3 head of the target ("head")."""
+    from specserve.workers.vocabulary import prune_head
+
     torch.set_num_threads(1)
     target = tiny_model(0)
     heads = {"head": tiny_head(target)} if proposer == "head" else {}
-    engine = SpecEngine(target, word_tokenizer(), {"d": tiny_model(1)}, draft_max_support=max_support, heads=heads)
-    return _tally(engine, params_for(sampling, k, int(proposer == "head")), seeds, proposer)
+    draft = prune_head(tiny_model(1), torch.arange(5)) if proposer == "pruned" else tiny_model(1)
+    engine = SpecEngine(target, word_tokenizer(), {"d": draft}, draft_max_support=max_support, heads=heads)
+    return _tally(engine, params_for(sampling, k, int(proposer == "head")), seeds, "head" if proposer == "head" else "d")
 
 
 def sample_distribution_split(sampling: SamplingParams, k: int, max_support: int, n: int, proposer: str = "d",
@@ -207,6 +211,16 @@ def test_sampling_through_an_eagle3_head_matches_target_distribution(tokenizer):
     counts, alpha = sample_distribution_split(sampling, k, 32, SAMPLES // 2, proposer="head")
     assert 0.05 < alpha < 0.98, alpha
     assert_same_distribution(exact, counts, SAMPLES // 2)
+
+
+def test_sampling_through_a_draft_with_a_reduced_vocabulary_matches_target_distribution(tokenizer):
+    """A draft whose output head keeps 5 of the 7 tokens (workers/vocabulary.py): its logits are -inf
+    off them, so q, warped and cut to its support, is zero there; the output is the target's."""
+    sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
+    exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    counts, alpha = sample_distribution_split(sampling, k, 32, SAMPLES // 4, proposer="pruned")
+    assert 0.05 < alpha < 0.98, alpha
+    assert_same_distribution(exact, counts, SAMPLES // 4)
 
 
 @pytest.mark.slow  # as long as a setting above; the rule's own case is in test_acceptance_distribution.py

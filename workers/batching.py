@@ -147,7 +147,7 @@ class Scheduler:
             self._in_flight = {id(segment.region) for _, segment in members}
             started = time.monotonic()
             try:
-                outcomes, seconds = await self.device.run_timed(_run, self.model, self.pool, members)
+                outcomes, seconds = await self.device.run_timed(self._run, members)
             except Exception as exc:  # the whole pass failed: every step in it fails, the scheduler goes on
                 log.exception("a batched pass of %d sessions failed", len(members))
                 outcomes, seconds = [exc] * len(members), 0.0
@@ -157,6 +157,10 @@ class Scheduler:
                     self.pool.give_back(region)
                 self._to_release.clear()
             self._settle(members, outcomes, seconds, started)
+
+    def _run(self, members: list[tuple[Ticket, Segment]]) -> list:
+        """On the device thread: the pass, then each step's advance."""
+        return advance_all(members, run_pass(self.model, self.pool, [segment for _, segment in members]))
 
     def _plan(self, tickets: list[Ticket]) -> list[tuple[Ticket, Segment]]:
         """Each ticket's segment within the pass's token budget; a step that cannot be planned fails alone."""
@@ -215,15 +219,13 @@ def _pending_tokens(ticket: Ticket) -> int:
     return len(plan.tokens) if plan else 0
 
 
-def _run(model: PreTrainedModel, pool: KVPool, members: list[tuple[Ticket, Segment]]) -> list:
-    """On the device thread: the pass, then each step's advance (its acceptance rule, its draws).
-    A step whose advance fails fails alone."""
-    logits = run_pass(model, pool, [segment for _, segment in members])
+def advance_all(members: list[tuple[Ticket, Segment]], outputs: list) -> list:
+    """Each step's advance on what the pass computed for it (its acceptance rule, its draws); a
+    step whose advance fails fails alone."""
     outcomes: list = []
-    for (ticket, _), rows in zip(members, logits, strict=True):
+    for (ticket, _), rows in zip(members, outputs, strict=True):
         try:
             outcomes.append(ticket.step.advance(rows))
         except (ValueError, RuntimeError) as exc:
             outcomes.append(exc)
     return outcomes
-

@@ -17,7 +17,7 @@ from .config import DraftPoolConfig
 from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftRun, DraftTokens, score_continuation
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
-from .heads.proposer import HeadState
+from .heads.proposer import HeadRun, HeadScheduler, HeadState
 from .kv_cache import session_capacity
 from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
@@ -42,6 +42,9 @@ class DraftWorker:
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, self.models, config, registration,
                               lambda server: rpc.add_DrafterServicer_to_server(servicer, server), extra=tuple(self.heads))
+        # Each head's sessions draft in shared passes, as a draft model's do (on the same device).
+        self.head_schedulers = {name: HeadScheduler(head, self.host.device, config.batching)
+                                for name, head in self.heads.items()}
 
     def ping(self) -> str:
         """The pool's liveness check (a Ray call, not the stream server)."""
@@ -69,7 +72,7 @@ class DraftStream:
 
 class HeadStream:
     """One Draft stream's session of an EAGLE-3 head: each step brings it to what stands, adds the
-    target's hidden states that came with the verdict, and drafts (alone: heads are not batched yet)."""
+    target's hidden states that came with the verdict, and drafts (a HeadRun, in the head's batch)."""
 
     def __init__(self, head: Eagle3Head, opened: pb.SessionOpen) -> None:
         sampling = sampling_from(opened.sampling)
@@ -79,16 +82,21 @@ class HeadStream:
         self.state.commit(opened.prompt_ids)
         self.last = DraftTokens.empty()
 
-    def step(self, step: pb.DraftStep) -> DraftTokens:
+    def step(self, step: pb.DraftStep) -> HeadRun:
+        """The drafting this step asks for (its ``result`` once the scheduler ran it)."""
         self.state.resync(self.last.ids, step.keep, list(step.append))
         if step.HasField("aux"):
             self.state.add(hidden_from(step.aux))
         try:
-            ready = self.state.ready()
+            run = HeadRun(self.state, step.k)
         except ProposerGone as exc:  # the router sent hidden states that do not fit: this session ends
             raise ValueError(str(exc)) from None
-        self.last = self.state.draft(step.k) if ready and step.k >= 1 else DraftTokens.empty()
-        return self.last
+        self.last = DraftTokens.empty()  # what stands if the run fails
+        return run
+
+    def ran(self, run: HeadRun) -> DraftTokens:
+        self.last = run.result
+        return run.result
 
 
 class DrafterServicer(rpc.DrafterServicer):
@@ -126,10 +134,11 @@ class DrafterServicer(rpc.DrafterServicer):
         try:
             with host.slots.hold(on_done=context.add_done_callback):
                 stream = HeadStream(self.worker.heads[opened.model], opened)
+                scheduler = self.worker.head_schedulers[opened.model]
                 async for request in host.steps(requests):
-                    proposal, seconds = await host.device.run_timed(stream.step, request.step)
-                    yield proposal_message(proposal, stream.greedy, seconds, pb.PassInfo(tokens=len(proposal.ids),
-                                                                                          sessions=1))
+                    run = stream.step(request.step)
+                    done = await scheduler.run(run, opened.task)
+                    yield proposal_message(stream.ran(run), stream.greedy, done.device_seconds, pass_info(done))
         except SessionLimit as exc:
             yield pb.Proposal(refused=str(exc))
             await host.refuse(requests)

@@ -19,6 +19,8 @@ from tokenizers import Tokenizer
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel,
                           PreTrainedTokenizerBase, PreTrainedTokenizerFast)
 
+from .vocabulary import prune_head, read_vocabulary
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
@@ -58,6 +60,8 @@ def load_model(spec: ModelSpec) -> PreTrainedModel:
         torch.set_num_threads(spec.threads)
     device = resolve_device(spec.device)
     model = _from_pretrained(AutoModelForCausalLM, spec.source, "model", dtype=resolve_dtype(spec.dtype, device))
+    if not is_gguf(spec.source) and (kept := read_vocabulary(spec.source)) is not None:
+        model = prune_head(model, kept)  # a draft distilled with a reduced vocabulary (workers/vocabulary.py)
     return model.to(device).eval()
 
 

@@ -15,6 +15,13 @@ from .ragged_pass import PooledSequence, Segment
 NO_PROPOSAL = DraftTokens.empty()
 
 
+# A reply's hidden states at most: a long prompt's are cut to its last positions that fit (SmolLM2
+# in float32, 6.9 kB a position: about 900). Two replies' may travel joined (wire.join_hidden), and
+# a gRPC message holds 16 MiB at most (workers/grpc_host.py), so a prompt of any length reaches the
+# head, which then attends over that window of it instead of all of it.
+AUX_WINDOW_BYTES = 6 * 1024 * 1024
+
+
 class TargetSession:
     """Holds one request's target cache; a proposal of k tokens costs one target pass.
 
@@ -54,6 +61,9 @@ class TargetSession:
         rows, self.aux_rows = self.aux_rows, []
         taken = HiddenRows(self.aux_start, torch.cat(rows) if rows else torch.zeros(0, 0))
         self.aux_start = taken.stop
+        window = max(1, AUX_WINDOW_BYTES // max(1, taken.rows[:1].numel() * taken.rows.element_size()))
+        if len(taken.rows) > window:  # a long prompt's: its last positions only (the head starts there)
+            taken = HiddenRows(taken.stop - window, taken.rows[-window:])
         return taken
 
     def step(self, proposal: DraftTokens) -> VerifyStep:

@@ -46,8 +46,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                          help="draft only: start from an early exit of the target (its embeddings, head and first "
                               "layers) or from a small fresh model (default: %(default)s)")
     distill.add_argument("--draft-vocab", type=int, metavar="N",
-                         help="eagle3 only: tokens of the head's vocabulary (default: the most frequent tokens "
-                              "holding 95%% of the training text, a multiple of 256, at most 8192)")
+                         help="tokens of the draft's vocabulary, the most frequent of its training text. eagle3: the "
+                              "head's (default: those holding 95%% of the text, a multiple of 256, at most 8192). "
+                              "draft: its output head cut to them at load (FR-Spec; default: for a target of more "
+                              "than 8192 tokens, the draft is measured with its whole head and with the cut one, and "
+                              "the faster kept)")
     distill.add_argument("--ttt-steps", type=int, default=head.ttt_steps,
                          help="eagle3 only: training-time-test steps, the tokens it learns to draft in a row "
                               "(default: %(default)s)")
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is a file; give a directory for the draft")
     logging.getLogger("specserve").setLevel(logging.INFO)  # minutes of work: say what each stage does
     facts = _head(args) if args.method == "eagle3" else _draft(args)
-    k, speedup = best_k(facts["held_out_alpha"], facts["cost_ratio"], 1, MAX_K)
+    k, speedup = _speedup(facts)
     facts["expected_speedup"], facts["expected_k"] = round(speedup, 3), k
     print(json.dumps(facts))
     where = "held-out documents" if facts["held_out_documents"] else "its training text (one document only)"
@@ -72,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"{name}: acceptance {facts['held_out_alpha']:.2f} on {where}, cost {facts['cost_ratio']:.2f} of a target "
           f"step: expected {speedup:.2f}x at k={k} (drafting and verifying in turn); it {_verdict(speedup)}",
           file=sys.stderr)
+    for measured in facts.get("measured", ()):  # a draft measured with its whole head and a cut one
+        cut = (f"cut to {measured['vocab_size']} tokens ({measured['vocabulary_coverage']:.1%} of its text)"
+               if "vocabulary_coverage" in measured else f"whole ({measured['vocab_size']} tokens)")
+        kept = "kept" if measured["vocab_size"] == facts["vocab_size"] else "not kept"
+        print(f"  output head {cut}: acceptance {measured['held_out_alpha']:.2f}, cost {measured['cost_ratio']:.2f}, "
+              f"expected {_speedup(measured)[1]:.2f}x: {kept}", file=sys.stderr)
     return 0
 
 
@@ -91,13 +100,23 @@ def _draft(args: argparse.Namespace) -> dict:
 
     from specserve.workers.zoo.distill import distill_to_directory
 
-    if args.draft_vocab or args.aux_layers:
-        raise ValueError("--draft-vocab and --aux-layers shape an EAGLE-3 head: give --method eagle3")
+    if args.aux_layers:
+        raise ValueError("--aux-layers shapes an EAGLE-3 head: give --method eagle3")
     if not args.task:
         raise ValueError("--method draft needs --task NAME: the task the draft serves")
     budget = replace(USER_DRAFT_BUDGET, steps=args.steps or USER_DRAFT_BUDGET.steps)
     return distill_to_directory(args.target, args.task, args.corpus, str(args.out), budget=budget,
-                                distill_tokens=args.tokens or USER_DISTILL_TOKENS, seed=args.seed, init=args.init)
+                                distill_tokens=args.tokens or USER_DISTILL_TOKENS, seed=args.seed, init=args.init,
+                                draft_vocab=args.draft_vocab, keep_reduced=_faster)
+
+
+def _faster(whole: dict, reduced: dict) -> bool:
+    """Whether the reduced vocabulary's measurement predicts more speed than the whole one's."""
+    return _speedup(reduced)[1] > _speedup(whole)[1]
+
+
+def _speedup(facts: dict) -> tuple[int, float]:
+    return best_k(facts["held_out_alpha"], facts["cost_ratio"], 1, MAX_K)
 
 
 def _head(args: argparse.Namespace) -> dict:

@@ -12,7 +12,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     build = zoo.add_parser("build", help="build (or reuse) a zoo of a target and its distilled drafts",
                            description="Train a tokenizer and a target on text every machine has, distill one draft per task "
                                        "and a general one, and write a manifest with held-out perplexity and acceptance rates.")
-    build.add_argument("--preset", default="demo", help="tiny (seconds), demo (3-17 min on 2 CPU cores) or bench (30-60 min there) (default: %(default)s)")
+    build.add_argument("--preset", default="demo", help="tiny (seconds), demo (6-17 min on 2 CPU cores) or bench (30-60 min there) (default: %(default)s)")
     build.add_argument("--out", type=Path, help="directory (default: $SPECSERVE_HOME/zoo/PRESET, SPECSERVE_HOME defaulting to ~/.cache/specserve)")
     build.set_defaults(run=run_build)
 

@@ -24,8 +24,8 @@ from ..stats import SpecStats
 from ..zoo.distill import documents_from_files, held_out_split
 from .eagle3 import Eagle3Head, config_for
 from .format import save_head
-from .training import (HeadTraining, choose_vocabulary, head_from_target, target_features, train_head,
-                       training_sequences)
+from ..vocabulary import choose_vocabulary
+from .training import HeadTraining, head_from_target, target_features, train_head, training_sequences
 
 log = logging.getLogger("specserve.heads")
 FACTS = "specserve_head.json"  # what distill measured, beside the head (read by the zoo and the policy's priors)

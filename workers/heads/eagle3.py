@@ -19,6 +19,7 @@ bookkeeping, as for every cache here).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -143,17 +144,21 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HeadCache) -> torch.Tensor:
         """x [T, 2H] at ``positions`` (the cache's next T slots); each row attends to every slot
         before it and to itself."""
-        q, k, v = self.project(x, positions)
-        start, stop = cache.length, cache.length + x.shape[0]
+        return self.o_proj(self.attend(*self.project(x, positions), cache))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: HeadCache) -> torch.Tensor:
+        """One session's rows: queries [Hq, T, D], keys and values [Hkv, T, D] written to the
+        cache's next T slots -> attended [T, Hq * D] (before o_proj)."""
+        start, stop = cache.length, cache.length + q.shape[1]
         if stop > cache.capacity:
             raise ValueError(f"the head's cache holds {cache.capacity} positions; this step needs {stop}")
         cache.keys[:, start:stop], cache.values[:, start:stop] = k, v
         cache.length = stop
-        mask = torch.ones(x.shape[0], stop, dtype=torch.bool, device=x.device).tril(start)
+        mask = torch.ones(q.shape[1], stop, dtype=torch.bool, device=q.device).tril(start)
         out = nn.functional.scaled_dot_product_attention(q[None], cache.keys[None, :, :stop],
                                                          cache.values[None, :, :stop], attn_mask=mask,
                                                          enable_gqa=True)[0]  # [Hq, T, D]
-        return self.o_proj(out.transpose(0, 1).flatten(-2))
+        return out.transpose(0, 1).flatten(-2)
 
 
 class Layer(nn.Module):
@@ -246,8 +251,24 @@ class Eagle3Head(nn.Module):
              cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [T] of tokens with their features [T, H] at ``positions``, appended to ``cache``:
         (logits over the draft vocabulary [T, Vd], the feature the next position takes [T, H])."""
+        return self.step_many([(ids, features, positions, cache)])[0]
+
+    def step_many(self, parts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, HeadCache]]
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``step`` for several sessions in one pass: their rows share every matrix product, and each
+        attends to its own cache only (what a continuous batch of heads runs on a draft worker)."""
+        sizes = [len(ids) for ids, _, _, _ in parts]
+        ids, features, positions = (torch.cat([part[i] for part in parts]) for i in range(3))
         x, residual = self.layer.inputs(self.embed_tokens(ids), features)
-        return self.output(self.layer.finish(self.layer.self_attn(x, positions, cache), residual))
+        attention = self.layer.self_attn
+        q, k, v = attention.project(x, positions)  # [heads, T, D]: the sessions' rows side by side
+        attended, start = [], 0
+        for size, (_, _, _, cache) in zip(sizes, parts, strict=True):
+            attended.append(attention.attend(q[:, start : start + size], k[:, start : start + size],
+                                             v[:, start : start + size], cache))
+            start += size
+        logits, hidden = self.output(self.layer.finish(attention.o_proj(torch.cat(attended)), residual))
+        return list(zip(logits.split(sizes), hidden.split(sizes), strict=True))
 
     def output(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's output -> (draft-vocabulary logits, the next position's feature)."""

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..acceptance import SamplingParams, SparseDist
+from ..batching import Scheduler, advance_all
+from ..config import BatchingConfig
 from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
+from ..grpc_host import Device
 from ..proposing import AUX_HIDDEN, NO_EXTRAS, HiddenRows, Proposer, ProposerGone, StepRecorder
 from .eagle3 import Eagle3Head, HeadCache
 
@@ -43,6 +47,7 @@ class HeadState:
         self.fed = 0
         self.features: list[torch.Tensor] = []
         self.known = 0  # positions whose hidden states the head holds or has fed
+        self.origin = 0  # the first position in its cache: a long prompt's come as its last window
         self.gap = ""  # why it can no longer draft (hidden states missing), once they are
 
     def commit(self, tokens: Sequence[int]) -> None:
@@ -62,6 +67,8 @@ class HeadState:
     def add(self, hidden: HiddenRows) -> None:
         """The target's hidden states of committed positions; rows held already are skipped (a
         replica that took the request over sends every position again)."""
+        if not self.known and hidden.start > 0:  # a long prompt's last positions (verifying.AUX_WINDOW_BYTES)
+            self.origin = self.fed = self.known = hidden.start
         if hidden.start > self.known:  # said at the next proposal: a verdict is no place to fail
             self.gap = f"positions {self.known}..{hidden.start - 1} have no hidden states"
             return
@@ -79,28 +86,105 @@ class HeadState:
                                f"committed tokens")
         return self.known > self.fed and self.known == len(self.committed) - 1
 
-    @torch.inference_mode()
     def draft(self, k: int) -> DraftTokens:
-        """Up to ``k`` tokens after the committed ones (call when ``ready``)."""
-        head, cache = self.head, self.cache
-        cache.length = self.fed  # the last proposal's entries go
-        aux = torch.cat(self.features)
-        self.features = []
-        n = len(aux)  # positions fed .. fed+n-1, each with the token after it
-        device = cache.keys.device
-        ids = torch.tensor(self.committed[self.fed + 1 : self.fed + n + 1], device=device)
-        logits, hidden = head.step(ids, head.fuse(aux.to(device)), torch.arange(self.fed, self.fed + n), cache)
-        self.fed += n
-        tokens: list[int] = []
-        rows: list[SparseDist] = []
-        while True:
-            token, q = draw(head.to_target(logits[-1:]), self.sampling, self.generator, self.max_support)
-            tokens.append(token)
-            rows.append(q)
-            if len(tokens) == k:
-                return DraftTokens(tokens, stack_rows(rows))
-            position = torch.tensor([self.fed + len(tokens) - 1])
-            logits, hidden = head.step(torch.tensor([token], device=device), hidden[-1:], position, cache)
+        """Up to ``k`` tokens after the committed ones (call when ``ready``), in passes of its own."""
+        run = HeadRun(self, k)
+        with torch.inference_mode():
+            while run.result is None:
+                run.advance(self.head.step_many([run.plan(2**31).run_on(self.head)])[0])
+        return run.result
+
+
+@dataclass(frozen=True)
+class HeadSegment:
+    """What one session runs in a pass of heads: ``part`` is (token ids, features, positions, cache)
+    for ``Eagle3Head.step_many``; the first pass of a proposal carries the target's aux hidden
+    states instead of features (fused on the device, in the pass)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    cache: HeadCache
+    features: torch.Tensor | None = None
+    aux: torch.Tensor | None = None
+    region = None  # no KV region of a pool: the cache is the session's own
+
+    @property
+    def tokens(self) -> torch.Tensor:  # what a pass's token budget counts
+        return self.ids
+
+    def run_on(self, head: Eagle3Head) -> tuple:
+        features = head.fuse(self.aux) if self.features is None else self.features
+        return self.ids, features, self.positions, self.cache
+
+
+class HeadRun:
+    """Drafting one proposal with a head: first the positions the target fed since the last one
+    (their hidden states, each with the token after it; in chunks if a pass has less room), then
+    one pass per drafted token (the token and the head's own output before it). The step a batch
+    scheduler runs (workers/steps.py); ``HeadState.draft`` runs it alone."""
+
+    def __init__(self, state: HeadState, k: int) -> None:
+        self.state, self.k = state, k
+        self.tokens: list[int] = []
+        self.rows: list[SparseDist] = []
+        self.hidden: torch.Tensor | None = None  # the head's output after the last token drawn
+        self.planned: HeadSegment | None = None
+        self.result: DraftTokens | None = None
+        if k < 1 or not state.ready():
+            self.result = DraftTokens.empty()
+            return
+        state.cache.length = state.fed - state.origin  # the last proposal's entries go
+        self.aux = torch.cat(state.features)  # positions fed .. known-1
+        state.features = []
+        self.first = state.fed
+
+    def plan(self, room: int) -> HeadSegment | None:
+        """The next pass's rows, at most ``room`` of them (a pure function of the run: asking is free)."""
+        state, device = self.state, self.state.cache.keys.device
+        if self.hidden is None:  # feeding the target's positions fed..known-1
+            done = state.fed - self.first
+            n = min(len(self.aux) - done, room)
+            if n < 1:
+                return None
+            ids = torch.tensor(state.committed[state.fed + 1 : state.fed + n + 1], device=device)
+            self.planned = HeadSegment(ids, torch.arange(state.fed, state.fed + n), state.cache,
+                                       aux=self.aux[done : done + n].to(device))
+        elif room < 1:
+            return None
+        else:
+            position = torch.tensor([state.fed + len(self.tokens) - 1])
+            self.planned = HeadSegment(torch.tensor(self.tokens[-1:], device=device), position, state.cache,
+                                       features=self.hidden[-1:])
+        return self.planned
+
+    def advance(self, output: tuple[torch.Tensor, torch.Tensor]) -> bool:
+        """The pass ran the planned rows: (logits [T, Vd], hidden [T, H]). True when done."""
+        logits, hidden = output
+        state = self.state
+        if self.hidden is None:
+            state.fed += len(self.planned.ids)
+            if state.fed < self.first + len(self.aux):  # more of the target's positions to feed
+                return False
+        token, q = draw(state.head.to_target(logits[-1:]), state.sampling, state.generator, state.max_support)
+        self.tokens.append(token)
+        self.rows.append(q)
+        self.hidden = hidden
+        if len(self.tokens) == self.k:
+            self.result = DraftTokens(self.tokens, stack_rows(self.rows))
+            return True
+        return False
+
+
+class HeadScheduler(Scheduler):
+    """The continuous batch of one head's sessions on a draft worker: each pass runs every pending
+    session's rows through ``Eagle3Head.step_many`` (workers/batching.py does the rest)."""
+
+    def __init__(self, head: Eagle3Head, device: Device, config: BatchingConfig) -> None:
+        super().__init__(head, None, device, config)  # no KV pool: each session's cache is its own
+
+    @torch.inference_mode()
+    def _run(self, members: list) -> list:
+        return advance_all(members, self.model.step_many([segment.run_on(self.model) for _, segment in members]))
 
 
 class HeadDraft(Proposer):

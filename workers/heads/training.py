@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -29,17 +28,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..zoo.presets import TrainBudget
 from ..zoo.rollout import continue_all
 from ..zoo.training import fit, fixed_length_prompts, random_windows, token_stream
+from ..vocabulary import choose_vocabulary
 from .eagle3 import Eagle3Head, HeadConfig
 
 log = logging.getLogger("specserve.heads")
 
-# The draft vocabulary by default: the fewest most frequent tokens holding this share of the
-# training text's tokens (rounded up to a multiple of VOCAB_ROUNDING), at most DEFAULT_MAX_VOCAB:
-# the head's output layer is most of its cost. On SmolLM2 (576 wide), a TTT step of 4 x 256 tokens
-# took 1.0 s on 2 cores over 8,192 tokens and 1.9 s over 16,384.
-DEFAULT_COVERAGE = 0.95
-DEFAULT_MAX_VOCAB = 8192
-VOCAB_ROUNDING = 256
 FEATURE_BATCH = 4  # sequences per target pass when computing features
 PROMPT_TOKENS = 24  # the start of a document the target continues (as the standalone drafts' distill)
 CHAT_EXCERPT_CHARS = 600  # of a document, quoted in an instruction
@@ -53,7 +46,7 @@ CHAT_INSTRUCTIONS = ("Explain what this does:\n\n{}", "Summarize this in a few s
 class HeadTraining:
     """How a head is distilled (``specserve distill --method eagle3``)."""
 
-    draft_vocab_size: int | None = None  # None: by coverage of the corpus (DEFAULT_COVERAGE)
+    draft_vocab_size: int | None = None  # None: by coverage of the corpus (workers/vocabulary.py)
     aux_layers: tuple[int, ...] | None = None  # None: vLLM's (2, L/2, L-3)
     ttt_steps: int = 3  # speculators' default: the head learns to draft on its own outputs this far
     sequence_tokens: int = 256
@@ -148,24 +141,6 @@ def chat_answers(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, do
     return torch.tensor(stream[: rows * length]).view(rows, length)
 
 
-def choose_vocabulary(tokens: torch.Tensor, vocab_size: int, size: int | None) -> tuple[torch.Tensor, float]:
-    """(the draft vocabulary's target ids, ascending; the share of ``tokens`` it covers)."""
-    counts = Counter(tokens.flatten().tolist())
-    ranked = sorted(counts, key=lambda token: (-counts[token], token))
-    if size is None:
-        total, held, size = sum(counts.values()), 0, 0
-        while size < len(ranked) and held < DEFAULT_COVERAGE * total:
-            held += counts[ranked[size]]
-            size += 1
-        size = min(vocab_size, DEFAULT_MAX_VOCAB, math.ceil(size / VOCAB_ROUNDING) * VOCAB_ROUNDING)
-    if not 0 < size <= vocab_size:
-        raise ValueError(f"the draft vocabulary must be 1..{vocab_size} tokens (the target's), got {size}")
-    chosen = ranked[:size]
-    chosen += [t for t in range(vocab_size) if t not in counts][: size - len(chosen)]  # unseen ids fill it up
-    coverage = sum(counts[t] for t in chosen) / max(1, sum(counts.values()))
-    return torch.tensor(sorted(chosen)), coverage
-
-
 @torch.inference_mode()
 def target_features(target: PreTrainedModel, sequences: torch.Tensor, aux_layers: tuple[int, ...],
                     dtype: torch.dtype) -> Features:
@@ -209,21 +184,23 @@ def train_head(head: Eagle3Head, features: Features, target_rows: torch.Tensor, 
         picked = torch.tensor(rng.sample(range(len(features.tokens)), min(settings.budget.batch_size,
                                                                             len(features.tokens))))
         return ttt_loss(head, features.tokens[picked], features.aux[picked].float(),
-                        features.last[picked].float() @ rows.T, settings.ttt_steps)[0]
+                        features.last[picked].float() @ rows.T, settings.ttt_steps, agreement=False)[0]
 
     return fit(head, settings.budget, loss_at, desc="eagle3 head")
 
 
 def ttt_loss(head: Eagle3Head, tokens: torch.Tensor, aux: torch.Tensor, target_logits: torch.Tensor,
-             steps: int) -> tuple[torch.Tensor, list[float]]:
-    """(the summed KL loss, each step's top-1 agreement with the target) over a batch: tokens [B, n],
-    aux [B, n, 3Ht], the target's logits over the draft vocabulary [B, n, Vd]."""
+             steps: int, agreement: bool = True) -> tuple[torch.Tensor, list[float]]:
+    """(the summed KL loss, each step's top-1 agreement with the target, when asked for) over a batch:
+    tokens [B, n], aux [B, n, 3Ht], the target's logits over the draft vocabulary [B, n, Vd]."""
     T = tokens.shape[1] - 1  # rows i = 0..n-2: (x_{i+1}, g_i) predicts x_{i+2}
     feature = head.fuse(aux[:, :-1])  # [B, T, H]
     padded = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], steps)], 1)
     p_all = torch.softmax(target_logits[:, 1:], -1)  # [B, T, Vd]: after x_{i+1}
+    # KL(p || q) = sum p log p - sum p log q; the first term is the same at every step: once.
+    p_log_p = (p_all * torch.log(p_all.clamp_min(1e-20))).sum(-1)  # [B, T]
     keys: list[tuple[torch.Tensor, torch.Tensor]] = []
-    total, agreement = 0.0, []
+    total, agreed = 0.0, []
     for s in range(steps):
         ids = padded[:, 1 + s : 1 + s + T]
         positions = torch.arange(s, s + T)
@@ -235,10 +212,11 @@ def ttt_loss(head: Eagle3Head, tokens: torch.Tensor, aux: torch.Tensor, target_l
         valid = T - s  # rows whose label x_{i+2+s} exists
         p = p_all[:, s:]
         log_q = torch.log_softmax(logits[:, :valid].float(), -1)
-        kl = (p * (torch.log(p.clamp_min(1e-20)) - log_q)).sum(-1)  # [B, valid]
+        kl = p_log_p[:, s:] - (p * log_q).sum(-1)  # [B, valid]
         total = total + kl.mean()
-        agreement.append(float((logits[:, :valid].argmax(-1) == p.argmax(-1)).float().mean()))
-    return total, agreement
+        if agreement:  # an argmax over every row: reporting only, not what training needs
+            agreed.append(float((logits[:, :valid].argmax(-1) == p.argmax(-1)).float().mean()))
+    return total, agreed
 
 
 def _ttt_attention(q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

@@ -22,6 +22,7 @@ import json
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..loading import ModelSpec, load_model, load_tokenizer
+from ..vocabulary import DEFAULT_MAX_VOCAB, choose_vocabulary, prune_head, write_vocabulary
 from .evaluate import eval_prompts, greedy_acceptance
 from .presets import ModelShape, TrainBudget
 from .rollout import continue_all
@@ -214,6 +216,8 @@ def distill_to_directory(
     seed: int,
     shape: ModelShape | None = None,
     init: str = "target",
+    draft_vocab: int | None = None,
+    keep_reduced: Callable[[dict, dict], bool] | None = None,
 ) -> dict:
     """`specserve distill`: a draft for ``task`` from a target (a directory or GGUF file) and the
     user's text; ``init``: "target" (an early exit of the target) or "fresh" (a small new model of
@@ -222,11 +226,20 @@ def distill_to_directory(
     Writes an ordinary Hugging Face model directory (with the target's tokenizer, so the draft passes
     the tokenizer check) and returns the facts also written to its ``specserve_draft.json``, among
     them its held-out acceptance and its cost per token over the target's.
+
+    A reduced vocabulary (FR-Spec, workers/vocabulary.py): a target with a vocabulary above
+    DEFAULT_MAX_VOCAB, or ``draft_vocab`` tokens, gets the trained draft measured twice, with its
+    whole head and with the head cut to the most frequent tokens of its training text; the cut is
+    kept (``specserve_vocab.json``) when ``draft_vocab`` asked for it, or when ``keep_reduced(whole,
+    reduced)`` prefers its measurement (the caller prices them: the cost model is the router's).
     """
     if init not in ("target", "fresh"):
         raise ValueError(f"init must be target or fresh, got {init!r}")
     tokenizer = load_tokenizer(target_dir)
     target = load_model(ModelSpec(target_dir))
+    if draft_vocab is not None and not 0 < draft_vocab <= target.config.vocab_size:
+        raise ValueError(f"the draft vocabulary must be 1..{target.config.vocab_size} tokens (the target's), "
+                         f"got {draft_vocab}")
     train, held_out = held_out_split(documents_from_files(corpus_files))
     log.info("distill %s: %d documents to train on, %d held out; the target labels ~%d tokens", task, len(train),
              len(held_out) if held_out is not train else 0, distill_tokens)
@@ -244,15 +257,30 @@ def distill_to_directory(
     log.info("distill %s: training a %s draft of %.1fM parameters for %d steps", task,
              "target-initialised" if init == "target" else "fresh", parameter_count(draft) / 1e6, budget.steps)
     loss = distill_draft(draft, data, budget, seed, desc=f"draft {task}")
-    log.info("distill %s: measuring held-out acceptance and the cost per token", task)
-    alpha = held_out_acceptance(target, draft, tokenizer, held_out)
-    cost_ratio = step_seconds(draft) / step_seconds(target)
     out = Path(out_dir)
     draft.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    log.info("distill %s: measuring held-out acceptance and the cost per token", task)
+    target_seconds = step_seconds(target)
+    measured = {"vocab_size": target.config.vocab_size, **_measure(target, draft, tokenizer, held_out, target_seconds)}
     facts = {"task": task, "target": str(target_dir), "init": init, "parameters": parameter_count(draft),
              "distill_tokens": int(data.tokens.numel()), "final_loss": loss, "seed": seed,
-             "held_out_documents": len(held_out) if held_out is not train else 0,
-             "held_out_alpha": round(alpha, 4), "cost_ratio": round(cost_ratio, 4)}
+             "held_out_documents": len(held_out) if held_out is not train else 0, **measured}
+    if draft_vocab is not None or target.config.vocab_size > DEFAULT_MAX_VOCAB:
+        ids, coverage = choose_vocabulary(data.tokens, target.config.vocab_size, draft_vocab)
+        log.info("distill %s: measuring it again with its head cut to %d tokens (%.1f%% of its training text)",
+                 task, len(ids), 100 * coverage)
+        reduced = {"vocab_size": len(ids), "vocabulary_coverage": round(coverage, 4),
+                   **_measure(target, prune_head(draft, ids), tokenizer, held_out, target_seconds)}
+        facts["measured"] = [measured, reduced]
+        if draft_vocab is not None or (keep_reduced is not None and keep_reduced(measured, reduced)):
+            write_vocabulary(out, ids, coverage)
+            facts |= reduced
     (out / "specserve_draft.json").write_text(json.dumps(facts, indent=2))
     return facts
+
+
+def _measure(target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+             held_out: list[str], target_seconds: float) -> dict:
+    return {"held_out_alpha": round(held_out_acceptance(target, draft, tokenizer, held_out), 4),
+            "cost_ratio": round(step_seconds(draft) / target_seconds, 4)}

@@ -3,7 +3,8 @@
 Budgets are counted in optimiser steps, not seconds, so a build is deterministic for its seed. The
 step counts were sized from training throughput measured on the 2-core development machine (bf16
 autocast: ~4,600 tokens/s for the 8.7M demo target, ~1,360 tokens/s for the 30M bench target), so
-that `demo` builds in about 5 minutes and `bench` in about 45.
+that `demo` builds in about 6 minutes with its EAGLE-3 head (the target's 340 steps are half of it:
+see docs/pages/zoo.md) and `bench` in about 45.
 """
 
 from __future__ import annotations
