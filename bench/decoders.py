@@ -44,6 +44,7 @@ def service_request(path: str, prompt: str, task: str, draft: str, k: int, max_t
 
 def fill_stats(sample: Sample, stats: pb.GenerateStats) -> Sample:
     sample.proposed, sample.accepted, sample.rejections = stats.proposed_tokens, stats.accepted_tokens, stats.rejections
+    sample.drafted, sample.wasted = stats.drafted_tokens, stats.wasted_draft_tokens
     sample.target_passes, sample.k, sample.draft = stats.target_passes, stats.k, stats.draft
     sample.draft_seconds, sample.verify_seconds = stats.draft_seconds, stats.verify_seconds
     sample.resolved_task = stats.task
@@ -83,6 +84,7 @@ def decode_engine(engine: SpecEngine, device: Device, prompt: str, draft: str | 
         sample.seconds = time.perf_counter() - start
         sample.token_ids, sample.tokens, s = done.token_ids, len(done.token_ids), done.stats
         sample.proposed, sample.accepted, sample.rejections = s.proposed, s.accepted, s.rejections
+        sample.drafted, sample.wasted = s.drafted, s.wasted
         sample.target_passes, sample.draft_seconds, sample.verify_seconds = s.target_passes, s.draft_seconds, s.verify_seconds
         sample.k, sample.draft = (k, draft) if draft else (0, "")
         return sample

@@ -64,15 +64,19 @@ def tokens_per_pass(samples: list[Sample]) -> float | None:
 
 
 def cost_ratio(drafted: list[Sample], target_only: list[Sample]) -> float | None:
-    """c: a draft token's device time over a target-only pass's. Taken from the in-process engine,
-    where the two models take turns on one thread and no draft work is thrown away: the service
-    drafts ahead, and a missed lookahead's tokens would count against c without costing a step."""
-    # In process every drafted token is proposed: workers/stats.py's c, per drafted token.
-    proposed, passes = sum(s.proposed for s in drafted), sum(s.target_passes for s in target_only)
-    if not proposed or not passes:
+    """c (workers/stats.py): a drafted token's device time over a target-only pass's, the wasted
+    tokens of missed lookaheads counted among the drafted ones (and apart, in ``wasted_share``)."""
+    tokens, passes = sum(s.drafted for s in drafted), sum(s.target_passes for s in target_only)
+    if not tokens or not passes:
         return None
-    return stats.cost_ratio(sum(s.draft_seconds for s in drafted), proposed,
+    return stats.cost_ratio(sum(s.draft_seconds for s in drafted), tokens,
                             sum(s.verify_seconds for s in target_only), passes)
+
+
+def wasted_share(samples: list[Sample]) -> float | None:
+    """Of the tokens the draft computed, the share no proposal used (workers/stats.py)."""
+    drafted = sum(s.drafted for s in samples)
+    return stats.wasted_share(sum(s.wasted for s in samples), drafted) if drafted else None
 
 
 def time_per_pass(samples: list[Sample]) -> dict | None:
@@ -135,6 +139,8 @@ def _greedy_task(task: str, samples: list[Sample], k: int) -> dict:
         "alpha": a,
         "tokens_per_pass": tokens_per_pass(paths[TASK]),
         "c": c,
+        "c_service": cost_ratio(paths[TASK], paths[OFF]),  # the same, on the workers through the service
+        "wasted": wasted_share(paths[TASK]),
         "speedup": speedup,
         "w": w,
         "bound": bound,

@@ -73,16 +73,20 @@ def render_report(results: dict, plots: list[str]) -> str:
         "",
         f"`task draft`: the task's own draft at a fixed k={meta['k']}; `adaptive`: the same draft with the policy's k "
         "and schedule; `routed`: the prompt alone, as most clients send it (classifier, policy, adaptive k, "
-        "fallback). alpha = accepted / (accepted + rejections); c = a draft token's time over a target-only "
-        "pass, from the in-process engine (the models' own cost ratio); w = what each verified draft token adds "
+        "fallback). alpha = accepted / (accepted + rejections); c = a drafted token's time over a target-only "
+        "pass, from the in-process engine (the models' own cost ratio); `c served`: the same on the workers, "
+        "through the service, per token drafted (proposed or not); `wasted`: the share of drafted tokens no "
+        "proposal used (drafted ahead for a verdict that did not come); w = what each verified draft token adds "
         "to a target pass, from the replica's device times (about 0 on a GPU, not on a CPU). bound = Leviathan et "
         "al.'s (1 − αᵏ⁺¹) / ((1 − α)(kc + 1)) from this run's alpha, c and k, which assumes w = 0; `with w` "
         "divides by (1 + kc + kw) instead, the bound for this machine. The service drafts the next proposal "
         "while the target verifies, so it can beat either.",
         "",
-        *table(["task", "draft", "alpha", "tokens/pass", "c", "w", "speedup (task draft)", "bound", "achieved/bound",
-                "bound with w", "achieved/bound with w", "speedup (adaptive)", "speedup (routed)", "identical"],
-               [[t, r["draft"], num(r["alpha"]), num(r["tokens_per_pass"]), num(r["c"], 3), num(r["w"], 3),
+        *table(["task", "draft", "alpha", "tokens/pass", "c", "c served", "wasted", "w", "speedup (task draft)",
+                "bound", "achieved/bound", "bound with w", "achieved/bound with w", "speedup (adaptive)",
+                "speedup (routed)", "identical"],
+               [[t, r["draft"], num(r["alpha"]), num(r["tokens_per_pass"]), num(r["c"], 3),
+                 num(r.get("c_service"), 3), pct(r.get("wasted")), num(r["w"], 3),
                  sx(r["speedup"]), x(r["bound"]), pct(r["of_bound"]), x(r["bound_with_w"]), pct(r["of_bound_with_w"]),
                  sx(r["adaptive_speedup"]), sx(r["routed"]["speedup"]), _identical(r)]
                 for t, r in tasks.items()]),

@@ -42,6 +42,8 @@ class Sample:
     concurrency: int = 0  # load section: clients running at once (a peer's batch size)
     started: float = 0.0  # load section: seconds from the level's start to this request's
     proposed: int = 0
+    drafted: int = 0  # tokens the draft computed: proposed, lookaheads' guesses, and wasted
+    wasted: int = 0  # drafted ahead by lookaheads that missed
     accepted: int = 0
     rejections: int = 0
     target_passes: int = 0

@@ -75,7 +75,8 @@ class SpecServeClient:
 
 
 def stats_from_message(msg: pb.GenerateStats) -> SpecStats:
-    """A response's statistics as the in-process engine keeps them (one draft pass per proposed token)."""
+    """A response's statistics as the in-process engine keeps them."""
     return SpecStats(proposed=msg.proposed_tokens, accepted=msg.accepted_tokens, target_passes=msg.target_passes,
-                     rejections=msg.rejections, draft_passes=msg.proposed_tokens, draft_seconds=msg.draft_seconds,
-                     verify_seconds=msg.verify_seconds, seed=msg.seed)
+                     rejections=msg.rejections, drafted=msg.drafted_tokens, wasted=msg.wasted_draft_tokens,
+                     draft_seconds=msg.draft_seconds, verify_seconds=msg.verify_seconds,
+                     lookaheads=msg.lookaheads, lookahead_hits=msg.lookahead_hits, seed=msg.seed)

@@ -159,13 +159,14 @@ def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int,
 def format_table(results: list[TaskResult]) -> str:
     routed = any(r.seconds_routed for r in results)
     header = (f"{'task':<6} {'draft':<8} {'alpha':>6} {'alpha(zoo)':>10} {'acc.rate':>8} {'tok/pass':>8} "
-              f"{'c':>6} {'speedup':>8} {'bound':>6} {'identical':>9}")
+              f"{'c':>6} {'wasted':>6} {'speedup':>8} {'bound':>6} {'identical':>9}")
     if routed:
         header += f" {'routed':>7}  routed to"
     lines = [header, "-" * len(header)]
     for r in results:
         line = (f"{r.task:<6} {r.draft:<8} {r.stats.alpha:>6.2f} {r.alpha_held_out:>10.2f} "
                 f"{r.stats.acceptance_rate:>8.2f} {r.stats.tokens_per_pass:>8.2f} {r.cost_ratio:>6.3f} "
+                f"{r.stats.wasted_share:>6.2f} "
                 f"{r.speedup:>7.2f}x {r.bound:>5.2f}x {'yes' if r.identical else 'NO':>9}")
         if routed and r.seconds_routed:
             served = ", ".join(f"{d or 'target-only'} {n}" for d, n in r.routed_to.most_common())
@@ -174,7 +175,8 @@ def format_table(results: list[TaskResult]) -> str:
     lines += [
         "alpha: per-token acceptance in this run (accepted / (accepted + rejections)); alpha(zoo): the same on the",
         "zoo's held-out slice, teacher-forced; acc.rate: accepted / proposed draft tokens; tok/pass: tokens",
-        "committed per target forward pass; c: draft step time / target step time measured here; speedup:",
+        "committed per target forward pass; c: the draft's time per token it drafted / a target-only step's time,",
+        "measured here; wasted: the share of drafted tokens no proposal used (drafted ahead, the guess missed); speedup:",
         "target-only time / speculative time, run alternately here; bound: (1 - alpha^(k+1)) / ((1 - alpha)(kc + 1)),",
         "Leviathan et al.'s expected speedup from this run's alpha, c and k when drafting and verifying take turns.",
         "Through the service, greedy drafts run ahead while the target verifies, so the speedup can exceed it.",

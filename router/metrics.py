@@ -36,6 +36,16 @@ acceptance_rate =
 tokens_per_pass =
     1 + sum by (task) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
     / sum by (task) (rate(ray_specserve_drafts_total{task=~"$task"}[$__rate_interval]))
+# Draft work no proposal used (drafted ahead of a verdict that did not come: lookaheads that missed),
+# as a share of the tokens the draft computed, by task and draft (workers/stats.py wasted_share).
+wasted_share =
+    sum by (task, draft) (rate(ray_specserve_wasted_draft_tokens_total{task=~"$task"}[$__rate_interval]))
+    / sum by (task, draft) (rate(ray_specserve_drafted_tokens_total{task=~"$task"}[$__rate_interval]))
+# The draft's device seconds per token it computed (proposed or not), by task and draft: c's
+# numerator (workers/stats.py cost_ratio divides it by a target-only pass's time).
+draft_seconds_per_token =
+    sum by (task, draft) (rate(ray_specserve_draft_seconds_total{task=~"$task"}[$__rate_interval]))
+    / sum by (task, draft) (rate(ray_specserve_drafted_tokens_total{task=~"$task"}[$__rate_interval]))
 # Per position i of a proposal (0 first): the share of verify steps that accepted their i-th draft
 # token, by task and draft.
 acceptance_by_position =
@@ -145,6 +155,12 @@ class RouterMetrics:
         self.drafts = metrics.Counter("specserve_drafts", "Verify steps that checked a draft proposal", tag_keys=ARM)
         self.draft_tokens = metrics.Counter("specserve_draft_tokens", "Draft tokens proposed for verification",
                                             tag_keys=ARM)
+        self.drafted_tokens = metrics.Counter("specserve_drafted_tokens", "Tokens the draft computed (proposed, "
+                                              "guesses drafted ahead, and wasted)", tag_keys=ARM)
+        self.wasted_draft_tokens = metrics.Counter("specserve_wasted_draft_tokens", "Drafted tokens no proposal "
+                                                   "used (lookaheads that missed the verdict)", tag_keys=ARM)
+        self.draft_seconds = metrics.Counter("specserve_draft_seconds", "The draft's device time for the tokens "
+                                             "it computed", tag_keys=ARM)
         self.accepted_tokens = metrics.Counter("specserve_accepted_tokens", "Draft tokens the target accepted",
                                                tag_keys=ARM)
         self.accepted_per_position = metrics.Counter(
@@ -229,6 +245,9 @@ class RouterMetrics:
         _add(self.drafts, len(t.verify_steps), arm)
         _add(self.draft_tokens, s.proposed, arm)
         _add(self.accepted_tokens, s.accepted, arm)
+        _add(self.drafted_tokens, s.drafted, arm)
+        _add(self.wasted_draft_tokens, s.wasted, arm)
+        _add(self.draft_seconds, s.draft_seconds, arm)
         for position, accepted in enumerate(s.accepted_per_position):
             _add(self.accepted_per_position, accepted, arm | {"position": str(position)})
         for seconds in t.draft_steps:
@@ -278,6 +297,6 @@ def _refresh_forever(gauges: list[RefreshedGauge]) -> None:
             gauge.refresh()
 
 
-def _add(counter: metrics.Counter, value: int, tags: dict[str, str]) -> None:
+def _add(counter: metrics.Counter, value: float, tags: dict[str, str]) -> None:
     if value:  # Ray refuses increments of 0
         counter.inc(value, tags)

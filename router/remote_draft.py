@@ -5,8 +5,9 @@ The draft's session lives on a worker, over one stream; the router mirrors which
 round trip. With ``lookahead`` (greedy requests only), the draft drafts the next proposal while the
 target verifies this one, as if all of it will be accepted, one token further (its guess of the
 target's own token). When the verdict agrees, the next proposal is ready at once; when it does not,
-the draft is rewound by a length and drafts again. Greedy output does not depend on what was
-proposed, so this changes speed only.
+the router asks for a fresh proposal at once (the draft rewound by a length), and the worker stops
+the stale lookahead at its next pass. Greedy output does not depend on what was proposed, so this
+changes speed only.
 
 A worker that fails mid-request is replaced by another, opened holding every committed token (the
 router holds the truth), up to ``MAX_DRAFT_REOPENS`` times; then the request goes on target-only.
@@ -148,25 +149,53 @@ class RemoteDraft(Proposer):
         if not self.verdicts and (self.context.lookahead or self.aux_layers):  # (a head has no hidden states yet)
             return pb.Proposal()
         waited = time.perf_counter()
+        if ahead is not None and self.after_all is None and k >= 1:
+            return await self._redraft(k, ahead, waited)
         drafted = await ahead if ahead is not None else None
+        hit = drafted is not None and k >= 1 and self._guessed(drafted)
         if drafted is not None:
             self._count(drafted)
+            if not hit:
+                self.recorder.lookahead_missed(len(drafted.ids))
         if k < 1:
             return pb.Proposal()
-        if drafted is not None and self._guessed(drafted):
+        if hit:
             self.recorder.lookahead_hit()
             self.mirror.lookahead_hit()
             self.recorder.waited(time.perf_counter() - waited)
+            unused = len(drafted.ids) - 1 - k  # its guess is the target's token; past k, k shrank since
+            if unused > 0:
+                self.recorder.lookahead_missed(unused)
             return pb.Proposal(ids=drafted.ids[1 : k + 1], q=drafted.q[1 : k + 1])
-        step = self.mirror.step(k, self.length.min_confidence)
-        if self.hidden is not None:
-            step.aux.CopyFrom(self.hidden)
-            self.hidden = None
-        proposal = await self.stream.ask(pb.DraftRequest(step=step))
+        proposal = await self.stream.ask(pb.DraftRequest(step=self._step(k)))
         if timed:
             self.recorder.waited(time.perf_counter() - waited)
         self._count(proposal)
         return proposal
+
+    async def _redraft(self, k: int, ahead: asyncio.Task, waited: float) -> pb.Proposal:
+        """The verdict rejected part of what the lookahead assumed accepted: its work is stale. Ask
+        for the right proposal at once, saying so: the worker stops the stale one at its next pass
+        (its answer, what it drafted until then, still comes first) instead of finishing k + 1
+        tokens no one will use."""
+        step = self._step(k)
+        step.drop_previous = True
+        await self.stream.send(pb.DraftRequest(step=step))
+        stale = await ahead
+        self._count(stale)
+        self.recorder.lookahead_missed(len(stale.ids))
+        proposal = await self.stream.receive()
+        self.recorder.waited(time.perf_counter() - waited)
+        self._count(proposal)
+        return proposal
+
+    def _step(self, k: int) -> pb.DraftStep:
+        """A step from what is committed (the hidden states that came with the verdict, for a head)."""
+        step = self.mirror.step(k, self.length.min_confidence)
+        if self.hidden is not None:
+            step.aux.CopyFrom(self.hidden)
+            self.hidden = None
+        return step
 
     def _count(self, drafted: pb.Proposal) -> None:
         """A proposal the worker drafted (used or not: a lookahead that missed cost its time too)."""

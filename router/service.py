@@ -63,7 +63,8 @@ class TaskTotals:
         s = self.stats.get((task, draft), SpecStats())
         return pb.TaskStats(task=task, draft=draft, requests=self.requests.get((task, draft), 0),
                             proposed_tokens=s.proposed, accepted_tokens=s.accepted, target_passes=s.target_passes,
-                            output_tokens=self.output_tokens.get((task, draft), 0),
+                            output_tokens=self.output_tokens.get((task, draft), 0), drafted_tokens=s.drafted,
+                            wasted_draft_tokens=s.wasted,
                             acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass)
 
 
@@ -243,7 +244,8 @@ def stats_message(request: Request) -> pb.GenerateStats:
                             accepted_tokens=s.accepted, target_passes=s.target_passes, seed=s.seed, rejections=s.rejections,
                             draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,
                             total_seconds=request.elapsed(), first_token_seconds=request.first_token_seconds,
-                            lookaheads=s.lookaheads, lookahead_hits=s.lookahead_hits,
+                            lookaheads=s.lookaheads, lookahead_hits=s.lookahead_hits, drafted_tokens=s.drafted,
+                            wasted_draft_tokens=s.wasted,
                             task_source=request.task.source, task_confidence=request.task.confidence,
                             route=request.route.reason, k=request.route.k, target_resumes=request.target_resumes,
                             draft_reopens=request.draft_reopens, target_full_refusals=request.full_refusals)

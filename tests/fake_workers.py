@@ -5,6 +5,7 @@ session code (``target_session``, ``DraftStream``) in process, each step run alo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 import grpc
@@ -117,24 +118,40 @@ class FakeStream:
         self.owner = worker
         self.session = None
         self.closed = self.cancelled = False
-        self.unread: list[pb.VerifyReply] = []  # a decode run's replies, not yet received
+        self.unread: list = []  # replies to requests sent without waiting (a decode run's, a step's), not yet received
         self.decode_runs: list[int] = []  # the tokens each decode request asked for
+        self.written = self.answered = 0  # requests are answered in the order they were written, as on the wire
 
     async def send(self, request) -> None:
-        await asyncio.sleep(0)
-        if self.owner.dead:
-            raise WorkerFailed(self.worker, "failed: UNAVAILABLE: gone", grpc.StatusCode.UNAVAILABLE)
-        if request.WhichOneof("kind") == "decode":
-            self.decode_runs.append(request.decode)
-            if not isinstance(self.session, WorkerFailed):  # else written to a refused stream: the read says so
-                self.unread += await self.owner.decode(self.session, request.decode)
-        else:
-            self.session = self.owner.open(request.open)
+        async with self._in_order():
+            if self.owner.dead:
+                raise WorkerFailed(self.worker, "failed: UNAVAILABLE: gone", grpc.StatusCode.UNAVAILABLE)
+            kind = request.WhichOneof("kind")
+            if kind == "decode":
+                self.decode_runs.append(request.decode)
+                if not isinstance(self.session, WorkerFailed):  # else written to a refused stream: the read says so
+                    self.unread += await self.owner.decode(self.session, request.decode)
+            elif kind == "step":  # its answer is read later, after the stale lookahead's it follows
+                if not isinstance(self.session, WorkerFailed):
+                    self.unread.append(await self.owner.answer(self.session, request))
+            else:
+                self.session = self.owner.open(request.open)
 
     async def ask(self, request):
+        async with self._in_order():
+            self._refused()
+            return await self.owner.answer(self.session, request)
+
+    @contextlib.asynccontextmanager
+    async def _in_order(self):
+        turn, self.written = self.written, self.written + 1
         await asyncio.sleep(0)  # let a lookahead interleave with the verify step, as on the wire
-        self._refused()
-        return await self.owner.answer(self.session, request)
+        while self.answered < turn:
+            await asyncio.sleep(0)
+        try:
+            yield
+        finally:
+            self.answered += 1
 
     async def receive(self):
         await asyncio.sleep(0)

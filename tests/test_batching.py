@@ -180,6 +180,31 @@ def test_drafts_in_a_batch_equal_drafts_alone_and_leave_when_done(draft):
     assert [r.pass_sessions for r in results] == [6, 5, 4, 3, 2, 1]  # each left after its last token
 
 
+def test_an_abandoned_draft_stops_at_the_next_pass_and_keeps_what_it_drafted(draft):
+    """A stale lookahead (workers/draft_worker.py): abandoned mid-proposal, its run returns after the
+    pass it is in, with the tokens drafted so far, the ones it drafts alone; its neighbour goes on."""
+    prompt = prompts(1, seed=3)[0]
+    pool, sequence = private_sequence(draft, prompt, 256)
+    alone = run_alone(draft, pool, DraftSession(sequence, GREEDY, torch.Generator()).step(8)).ids
+
+    pool = KVPool(KVShape.of(draft), Budget(2**28))
+    stale, other = (DraftSession(PooledSequence(pool.take(256), prompt), GREEDY, torch.Generator()).step(8)
+                    for _ in range(2))
+
+    async def scenario():
+        scheduler = Scheduler(draft, pool, Device(1), BatchingConfig())
+        runs = [asyncio.create_task(scheduler.run(step)) for step in (stale, other)]
+        while scheduler.counts.passes < 3:  # the prefill and two drafted tokens
+            await asyncio.sleep(0)
+        scheduler.abandon(stale)
+        return scheduler, await asyncio.gather(*runs)
+
+    scheduler, (stopped, finished) = asyncio.run(scenario())
+    assert stopped.result is None and 2 <= len(stale.so_far().ids) < 8
+    assert stale.so_far().ids == alone[: len(stale.so_far().ids)]
+    assert finished.result.ids == alone and scheduler.counts.passes == 8
+
+
 def test_a_step_that_cannot_fit_its_session_fails_alone(target):
     pool = KVPool(KVShape.of(target), Budget(2**28))
     small = TargetSession(PooledSequence(pool.take(4), list(range(3, 10))), GREEDY, torch.Generator())

@@ -18,23 +18,23 @@ def leviathan(alpha: float, c: float, k: int) -> float:
 
 def table_row(table: str, task: str, draft: str) -> list[str]:
     """The table's row for ``task`` and ``draft``, split into its columns (task, draft, alpha,
-    alpha(zoo), acc.rate, tok/pass, c, speedup, bound, identical[, routed, routed to...])."""
+    alpha(zoo), acc.rate, tok/pass, c, wasted, speedup, bound, identical[, routed, routed to...])."""
     (row,) = [line.split() for line in table.splitlines() if line.split()[:2] == [task, draft]]
     return row
 
 
 def test_the_table_row_on_known_counts():
     """Every column of a row from counts whose figures are worked out by hand."""
-    stats = SpecStats(proposed=12, accepted=8, rejections=2, target_passes=4, draft_passes=30, draft_seconds=0.3)
+    stats = SpecStats(proposed=12, accepted=8, rejections=2, target_passes=4, drafted=30, wasted=6, draft_seconds=0.3)
     result = TaskResult("sql", "sql-d", alpha_held_out=0.5, k=K, stats=stats,
                         target_only=SpecStats(target_passes=20, verify_seconds=2.0),
                         seconds_target_only=3.0, seconds_speculative=1.2)
     # alpha = 8 / (8 + 2) = 0.8; c = (0.3 s / 30 draft passes) / (2.0 s / 20 target passes) = 0.01 / 0.1 = 0.1;
     # E = (1 - 0.8^4) / (1 - 0.8) = 0.5904 / 0.2 = 2.952 tokens per pass; bound = 2.952 / (3 * 0.1 + 1) = 2.270769...
     assert result.bound == pytest.approx(2.270769, abs=1e-6)
-    # acc.rate = 8 / 12 = 0.67; tok/pass = (8 + 4) / 4 = 3.00; speedup = 3.0 s / 1.2 s = 2.50
+    # acc.rate = 8 / 12 = 0.67; tok/pass = (8 + 4) / 4 = 3.00; wasted = 6 / 30 = 0.20; speedup = 3.0 s / 1.2 s = 2.50
     assert table_row(format_table([result]), "sql", "sql-d") == ["sql", "sql-d", "0.80", "0.50", "0.67", "3.00", "0.100",
-                                                         "2.50x", "2.27x", "yes"]
+                                                         "0.20", "2.50x", "2.27x", "yes"]
 
 
 @pytest.mark.parametrize("where", ["service", "in-process"])
@@ -51,14 +51,17 @@ def test_demo_prints_a_row_per_task_from_measurements(tiny_zoo, capsys, request,
         assert r.stats.target_passes > 0 and r.stats.proposed > 0
         # The printed figures, recomputed here from the run's raw counts and times.
         alpha = r.stats.accepted / (r.stats.accepted + r.stats.rejections)
-        c = (r.stats.draft_seconds / r.stats.draft_passes) / (r.target_only.verify_seconds / r.target_only.target_passes)
+        c = (r.stats.draft_seconds / r.stats.drafted) / (r.target_only.verify_seconds / r.target_only.target_passes)
         assert c > 0 and r.bound == pytest.approx(leviathan(alpha, c, K))
+        # Every drafted token is proposed, or is a lookahead's guess of the target's token (a hit), or wasted.
+        assert r.stats.drafted == r.stats.proposed + r.stats.lookahead_hits + r.stats.wasted
+        assert where == "service" or not r.stats.wasted  # in process nothing is drafted ahead
         row = table_row(table, r.task, r.draft)
-        assert row[2] == f"{alpha:.2f}" and row[6] == f"{c:.3f}"
-        assert row[7] == f"{r.seconds_target_only / r.seconds_speculative:.2f}x"
-        assert row[8] == f"{leviathan(alpha, c, K):.2f}x"
+        assert row[2] == f"{alpha:.2f}" and row[6] == f"{c:.3f}" and row[7] == f"{r.stats.wasted / r.stats.drafted:.2f}"
+        assert row[8] == f"{r.seconds_target_only / r.seconds_speculative:.2f}x"
+        assert row[9] == f"{leviathan(alpha, c, K):.2f}x"
         if where == "service" and r.draft == r.task:  # the same prompts routed by the policy, checked too
             assert r.seconds_routed > 0 and sum(r.routed_to.values()) == 2
-            assert row[10] == f"{r.seconds_target_only / r.seconds_routed:.2f}x"
+            assert row[11] == f"{r.seconds_target_only / r.seconds_routed:.2f}x"
         else:
             assert not r.routed_to

@@ -71,10 +71,13 @@ def test_each_derived_figure_is_pinned():
     assert stats.cost_ratio(draft_seconds=0.020, drafted=10, target_seconds=0.040, target_passes=4) == pytest.approx(0.2)
     assert stats.alpha(0, 0) == stats.acceptance_rate(0, 0) == stats.tokens_per_pass(0, 0) == 0.0
     assert stats.cost_ratio(0.02, 0, 0.04, 4) == stats.cost_ratio(0.02, 10, 0.04, 0) == 0.0
+    assert stats.wasted_share(wasted=3, drafted=12) == 0.25 and stats.wasted_share(0, 0) == 0.0
 
 
 def test_spec_stats_use_the_same_definitions():
-    on = SpecStats(proposed=12, accepted=6, rejections=2, target_passes=4, draft_passes=10, draft_seconds=0.02)
+    on = SpecStats(proposed=8, accepted=6, rejections=2, target_passes=4, drafted=10, wasted=2, draft_seconds=0.02)
     off = SpecStats(target_passes=4, verify_seconds=0.04)
-    assert (on.alpha, on.acceptance_rate, on.tokens_per_pass) == (0.75, 0.5, 2.5)
-    assert on.cost_ratio(off) == pytest.approx(0.2)  # per drafted token, not per proposed one (12)
+    assert (on.alpha, on.acceptance_rate, on.tokens_per_pass, on.wasted_share) == (0.75, 0.75, 2.5, 0.2)
+    # Per drafted token (10, the wasted ones included), not per proposed one (8): the demo's c through
+    # the service once charged every drafted token's time to the proposed ones (0.67-0.82 for 0.39).
+    assert on.cost_ratio(off) == pytest.approx(0.2)

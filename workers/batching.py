@@ -42,6 +42,7 @@ class Ticket:
     device_seconds: float = 0.0  # of the passes it took part in
     pass_tokens: int = 0  # of its last pass
     pass_sessions: int = 0
+    abandoned: bool = False  # its session no longer wants it: finished at the next pass boundary
 
     @property
     def dropped(self) -> bool:
@@ -122,6 +123,14 @@ class Scheduler:
         return StepResult(step.result, ticket.device_seconds, ticket.pass_tokens, ticket.pass_sessions,
                           ticket.queue_seconds or 0.0)
 
+    def abandon(self, step: Step) -> None:
+        """Stop running ``step`` at the next pass boundary: its ``run`` returns with the step as far
+        as it got (its result may be None). A pass it is in completes first, so when ``run``
+        returns, no pass touches its session's state any more."""
+        for ticket in (*self.waiting, *self.active):
+            if ticket.step is step:
+                ticket.abandoned = True
+
     @property
     def passing(self) -> bool:
         """A pass is running on the device."""
@@ -137,6 +146,8 @@ class Scheduler:
 
     async def _drive(self) -> None:
         while self.waiting or self.active:
+            for ticket in [t for t in (*self.waiting, *self.active) if t.abandoned]:
+                self._finish(ticket)
             self.waiting = [t for t in self.waiting if not t.dropped]
             self.active = [t for t in self.active if not t.dropped]
             members = self._plan(candidates(self.active, self.waiting, self.config, time.monotonic()))

@@ -59,14 +59,6 @@ class Decoding:
         max_tokens. Below 1, the step proposes nothing (target-only)."""
         return min(k, self.remaining - 1)
 
-    def record_draft(self, tokens: int, seconds: float) -> None:
-        self.stats.draft_passes += tokens
-        self.stats.draft_seconds += seconds
-
-    def record_verify(self, proposed: int, num_accepted: int, seconds: float) -> None:
-        self.stats.verify_seconds += seconds
-        self.stats.record_step(proposed, num_accepted)
-
     def commit(self, proposed: Sequence[int], num_accepted: int, token: int) -> Chunk:
         """Commit the verdict's tokens (the accepted prefix, then the target's token) and return the
         output they add, up to the first stop condition: what the loop emits."""

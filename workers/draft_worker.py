@@ -3,16 +3,21 @@
 Each Draft stream is one session. Per step the router says what stands, in absolute lengths (keep
 this many tokens of what the session holds, append these: a verdict, or a whole proposal for a
 lookahead), and how many tokens to propose; the worker moves its cache length accordingly (rollback
-is bookkeeping) and drafts from there.
+is bookkeeping) and drafts from there. A step may say the one before it is stale (a lookahead for a
+verdict that did not come): that one stops at the next pass boundary.
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
+from .batching import Scheduler, StepResult
 from .config import DraftPoolConfig
 from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftRun, DraftTokens, score_continuation
 from .heads.eagle3 import Eagle3Head
@@ -99,6 +104,44 @@ class HeadStream:
         return run.result
 
 
+async def _runs(scheduler: Scheduler, stream: DraftStream, requests: AsyncIterator[pb.DraftRequest],
+                task: str) -> AsyncIterator[tuple[DraftRun, StepResult]]:
+    """Each step request's run, in order, while the next request is read as it comes: one that says
+    ``drop_previous`` while the step before it still runs (a lookahead the verdict proved stale)
+    stops that step at the scheduler's next pass boundary, and it answers with what it drafted so
+    far. The router then waits one pass for the stale step, not all of its k + 1 tokens."""
+    following: asyncio.Future | None = None
+    try:
+        request = await anext(requests, None)
+        while request is not None:
+            run = stream.step(request.step)
+            work = asyncio.ensure_future(scheduler.run(run, task))
+            following = asyncio.ensure_future(anext(requests, None))
+            try:
+                await asyncio.wait((work, following), return_when=asyncio.FIRST_COMPLETED)
+                if not work.done() and _drops_previous(following):
+                    scheduler.abandon(run)
+                done = await work
+            except BaseException:  # the session ends (cancelled, a bad step): so does its step
+                work.cancel()
+                raise
+            yield run, done
+            request = await following
+    finally:  # ended early: stop reading, and leave no error unretrieved
+        if following is not None:
+            following.cancel()
+            if following.done() and not following.cancelled():
+                following.exception()
+
+
+def _drops_previous(following: asyncio.Future) -> bool:
+    """The next request has come, and it says the step before it is stale."""
+    if not following.done() or following.cancelled() or following.exception() is not None:
+        return False
+    request = following.result()
+    return request is not None and request.step.drop_previous
+
+
 class DrafterServicer(rpc.DrafterServicer):
     def __init__(self, worker: DraftWorker) -> None:
         self.worker = worker
@@ -118,9 +161,8 @@ class DrafterServicer(rpc.DrafterServicer):
         try:
             with host.session(opened.model, opened, context) as (scheduler, sequence):
                 stream = DraftStream(sequence, opened)
-                async for request in host.steps(requests):
-                    done = await scheduler.run(stream.step(request.step), opened.task)
-                    yield proposal_message(done.result, stream.greedy, done.device_seconds, pass_info(done))
+                async for run, done in _runs(scheduler, stream, host.steps(requests), opened.task):
+                    yield proposal_message(run.so_far(), stream.greedy, done.device_seconds, pass_info(done))
         except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)
             yield pb.Proposal(refused=str(exc))
             await host.refuse(requests)

@@ -89,6 +89,10 @@ class DraftRun:
         self.planned: Segment | None = None
         self.result: DraftTokens | None = DraftTokens.empty() if k < 1 else None
 
+    def so_far(self) -> DraftTokens:
+        """Its proposal: the result, or the tokens drafted before it was stopped."""
+        return self.result if self.result is not None else DraftTokens(list(self.ids), stack_rows(self.rows))
+
     def plan(self, room: int) -> Segment | None:
         self.planned = self.session.sequence.segment(self.ids[-1:], 1, room)
         return self.planned

@@ -82,6 +82,10 @@ class StepRecorder(Protocol):
     def lookahead_hit(self) -> None:
         """A proposal drafted ahead guessed the verdict and is used."""
 
+    def lookahead_missed(self, tokens: int) -> None:
+        """A proposal drafted ahead did not guess the verdict: its ``tokens`` (counted as drafted
+        already) are thrown away."""
+
     def recovered(self, started: float) -> None:
         """The time since ``started`` (perf_counter) went to recovering from a failed worker."""
 

@@ -21,7 +21,7 @@ class StatsRecorder:
         self.recovery_seconds = 0.0
 
     def drafted(self, tokens: int, seconds: float, batch: object = None) -> None:
-        self.stats.draft_passes += tokens
+        self.stats.drafted += tokens
         self.stats.draft_seconds += seconds
 
     def waited(self, seconds: float) -> None:
@@ -32,6 +32,9 @@ class StatsRecorder:
 
     def lookahead_hit(self) -> None:
         self.stats.lookahead_hits += 1
+
+    def lookahead_missed(self, tokens: int) -> None:
+        self.stats.wasted += tokens
 
     def recovered(self, started: float) -> None:
         """Before the first verdict, recovery is part of the time to the first token already."""

@@ -6,6 +6,7 @@ every figure derived from them, defined once here.
     tokens_per_pass  tokens committed per target pass: its accepted drafts plus the target's own
                      (vLLM's mean acceptance length; a batch's width is ``pass_width``, in router/metrics.py)
     cost_ratio (c)   a drafted token's device time over a target-only pass's
+    wasted_share     the share of drafted tokens that no proposal used (lookaheads that missed)
     expected tokens per pass and expected speedup: router/cost_model.py (they need the load)
 
 The CLI, the demo, validate, the bench and the policy use these; router/metrics.py's PromQL
@@ -34,10 +35,17 @@ def tokens_per_pass(accepted: float, target_passes: float) -> float:
 
 def cost_ratio(draft_seconds: float, drafted: float, target_seconds: float, target_passes: float) -> float:
     """c: the device time of one drafted token over one target-only pass's. Per token drafted, not
-    per token proposed: drafting ahead throws some work away, counted apart (lookahead hits)."""
+    per token proposed: drafting ahead throws some work away, counted apart (``wasted_share``); a
+    cost per proposed token that includes it reads up to twice as high as a token costs."""
     if not drafted or not target_passes or not target_seconds:
         return 0.0
     return (draft_seconds / drafted) / (target_seconds / target_passes)
+
+
+def wasted_share(wasted: float, drafted: float) -> float:
+    """Of the tokens a draft computed, the share no proposal used: drafted ahead of a verdict that
+    did not come (the lookahead missed). Draft-device time spent for nothing, not a step's wait."""
+    return wasted / drafted if drafted else 0.0
 
 
 NOT_SUMMED = frozenset({"accepted_per_position", "tested_per_position", "seed"})  # merged by position / per request
@@ -51,8 +59,9 @@ class SpecStats:
     tested_per_position: list[int] = field(default_factory=list)  # [i]: steps that reached their i-th draft
     target_passes: int = 0  # verify (or plain decode) forward passes of the target
     rejections: int = 0  # steps that ended on a rejected draft token (the rest accepted all k)
-    draft_passes: int = 0  # tokens drafted: one forward pass of the draft each (a lookahead's that missed too)
-    draft_seconds: float = 0.0
+    drafted: int = 0  # tokens the draft computed: one forward pass each (proposed or not)
+    wasted: int = 0  # of those, drafted ahead by lookaheads that missed: no proposal used them
+    draft_seconds: float = 0.0  # the draft's device time for all of them
     verify_seconds: float = 0.0
     lookaheads: int = 0  # proposals drafted while the target verified the previous one (service, greedy)
     lookahead_hits: int = 0  # of those, used: the verdict accepted everything and matched the guess
@@ -98,11 +107,15 @@ class SpecStats:
 
     def cost_ratio(self, target_only: SpecStats) -> float:
         """c of these runs' draft against ``target_only``'s passes."""
-        return cost_ratio(self.draft_seconds, self.draft_passes, target_only.verify_seconds, target_only.target_passes)
+        return cost_ratio(self.draft_seconds, self.drafted, target_only.verify_seconds, target_only.target_passes)
+
+    @property
+    def wasted_share(self) -> float:
+        return wasted_share(self.wasted, self.drafted)
 
     def as_dict(self) -> dict:
         return asdict(self) | {"acceptance_rate": self.acceptance_rate, "alpha": self.alpha,
-                               "tokens_per_pass": self.tokens_per_pass}
+                               "tokens_per_pass": self.tokens_per_pass, "wasted_share": self.wasted_share}
 
 
 def _count_first(counts: list[int], n: int, width: int) -> None:
