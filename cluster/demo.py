@@ -59,7 +59,7 @@ class TaskResult:
 
     @property
     def cost_ratio(self) -> float:
-        """c: one draft forward pass over one target-only forward pass, as measured in these runs."""
+        """c: the draft's time per token it drafted over a target-only step's, as measured in these runs."""
         return self.stats.cost_ratio(self.target_only)
 
     @property

@@ -109,7 +109,9 @@ async def _runs(scheduler: Scheduler, stream: DraftStream, requests: AsyncIterat
     """Each step request's run, in order, while the next request is read as it comes: one that says
     ``drop_previous`` while the step before it still runs (a lookahead the verdict proved stale)
     stops that step at the scheduler's next pass boundary, and it answers with what it drafted so
-    far. The router then waits one pass for the stale step, not all of its k + 1 tokens."""
+    far. The router then waits one pass for the stale step, not all of its k + 1 tokens. (The
+    session's idle clock now runs from a step's start, not its answer: harmless, as the idle time,
+    120 s by default, is far above any step's timeout in the router, which ends the stream first.)"""
     following: asyncio.Future | None = None
     try:
         request = await anext(requests, None)
