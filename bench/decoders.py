@@ -67,6 +67,7 @@ def decode_service_streamed(client: SpecServeClient, request: pb.GenerateRequest
     for chunk in client.stream(request):
         if chunk.token_ids and sample.first_token_seconds is None:
             sample.first_token_seconds = time.perf_counter() - start
+            sample.first_chunk_tokens = len(chunk.token_ids)
         sample.token_ids.extend(chunk.token_ids)
         if chunk.HasField("stats"):
             stats = chunk.stats

@@ -11,6 +11,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from specserve.workers.stats import time_per_output_token
+
 from .samples import AUTO, LOAD_PATHS, OFF, OFF_UNBATCHED, PEER_BATCH, PEER_STATIC, Sample
 
 MIB = 1024 * 1024
@@ -48,6 +50,8 @@ def path_figures(group: list[Sample]) -> dict:
     wall = max(s.started + s.seconds for s in group) - min(s.started for s in group)
     latencies = [s.seconds for s in group]
     first = [s.first_token_seconds for s in group if s.first_token_seconds is not None]
+    tpot = [t for s in group if s.first_token_seconds is not None and (t := time_per_output_token(
+        s.seconds, s.first_token_seconds, s.tokens, s.first_chunk_tokens)) is not None]
     return {
         "requests": len(group),
         "tokens_per_second": sum(s.tokens for s in group) / wall if wall > 0 else None,
@@ -55,6 +59,8 @@ def path_figures(group: list[Sample]) -> dict:
         "p99": float(np.percentile(latencies, 99)),
         "ttft_p50": float(np.percentile(first, 50)) if first else None,
         "ttft_p99": float(np.percentile(first, 99)) if first else None,
+        "tpot_p50": float(np.percentile(tpot, 50)) if tpot else None,
+        "tpot_p99": float(np.percentile(tpot, 99)) if tpot else None,
         "identical": sum(s.identical is True for s in group),
         "compared": sum(s.identical is not None for s in group),  # requests whose prompt has a reference output
     }

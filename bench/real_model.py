@@ -38,6 +38,7 @@ from specserve.cluster.client import SpecServeClient
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.grpc_host import Device
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer, resolve_device, resolve_dtype
+from specserve.workers.stats import wasted_share
 
 from .figures import spread
 
@@ -99,8 +100,10 @@ class Decode:
     accepted: int = 0
     rejections: int = 0
     proposer: str = ""
-    draft_seconds: float = 0.0  # what the router waited for proposals, over the request
+    draft_seconds: float = 0.0  # the draft's device time, over every token it drafted
     verify_seconds: float = 0.0  # the target replica's device time
+    drafted: int = 0  # tokens the draft computed (proposed, lookaheads' guesses, wasted)
+    wasted: int = 0  # of those, drafted ahead for a verdict that did not come
     identical: bool | None = None
     token_ids: list[int] = field(default_factory=list)
 
@@ -150,7 +153,7 @@ def decode(client: SpecServeClient, path: str, task: str, index: int, prompt: st
     s = reply.stats
     return Decode(task, path, index, len(reply.token_ids), time.perf_counter() - started, s.target_passes,
                   s.accepted_tokens, s.rejections, s.draft, s.draft_seconds, s.verify_seconds,
-                  token_ids=list(reply.token_ids))
+                  s.drafted_tokens, s.wasted_draft_tokens, token_ids=list(reply.token_ids))
 
 
 def paths_of(task: str, draft: str | None, head: str | None) -> tuple[str, ...]:
@@ -228,10 +231,13 @@ def figures(decodes: list[Decode]) -> dict:
             passes = sum(d.target_passes for d in mine)
             trials = sum(d.accepted + d.rejections for d in mine)
             steps = sum(d.target_passes for d in mine)
+            drafted = sum(d.drafted for d in mine)
             rows[path] = {"speedup": spread(ratios),
                           "tokens_per_pass": sum(d.tokens for d in mine) / passes if passes else None,
-                          # per target pass: what the router waited for proposals, and the replica's device time
+                          # per target pass: the draft's and the replica's device time
                           "draft_ms_per_step": 1e3 * sum(d.draft_seconds for d in mine) / steps if steps else None,
+                          "draft_ms_per_token": 1e3 * sum(d.draft_seconds for d in mine) / drafted if drafted else None,
+                          "wasted": wasted_share(sum(d.wasted for d in mine), drafted) if drafted else None,
                           "verify_ms_per_step": 1e3 * sum(d.verify_seconds for d in mine) / steps if steps else None,
                           "alpha": sum(d.accepted for d in mine) / trials if trials else None,
                           "served_by": sorted({d.proposer or "target-only" for d in mine}),
@@ -254,14 +260,19 @@ def render(meta: dict, figs: dict) -> str:
              f"trie {meta['global_suffix_tokens']} tokens (0: the request's own text only); torch {meta['torch']}.",
              "", "Speedup: tokens/s over target-only through the same service, per prompt, median (IQR, count); HF rows "
              "over HF's own target-only `generate` on one thread pinned like the replica. tok/pass: tokens committed "
-             "per target pass; alpha over the steps that proposed something.", ""]
+             "per target pass; alpha over the steps that proposed something. draft ms/step and verify ms/step: the "
+             "draft's and the target replica's device time per target pass; draft ms/token: the draft's per token "
+             "it drafted, wasted: the share of those no proposal used (drafted ahead for a verdict that did not "
+             "come).", ""]
     for task, rows in figs.items():
-        lines += [f"## {task}", "", "| path | speedup | tok/pass | alpha | draft ms/step | verify ms/step | served by "
-                  "| identical |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {task}", "", "| path | speedup | tok/pass | alpha | draft ms/step | draft ms/token | wasted "
+                  "| verify ms/step | served by | identical |", "|---|---|---|---|---|---|---|---|---|---|"]
         for path, r in rows.items():
             same = f"{r['identical']}/{r['runs']}" if not path.startswith("hf") else "–"
+            wasted = "–" if r.get("wasted") is None else f"{r['wasted']:.0%}"
             lines.append(f"| {path} | {x(r['speedup'])} | {num(r['tokens_per_pass'])} | {num(r['alpha'])} | "
-                         f"{num(r['draft_ms_per_step'])} | {num(r['verify_ms_per_step'])} | "
+                         f"{num(r['draft_ms_per_step'])} | {num(r.get('draft_ms_per_token'))} | {wasted} | "
+                         f"{num(r['verify_ms_per_step'])} | "
                          f"{', '.join(r['served_by'])} | {same} |")
         lines.append("")
     if meta.get("head"):

@@ -23,6 +23,11 @@ def ms(v: float | None) -> str:
     return f"{v * 1000:.0f} ms" if v is not None else DASH
 
 
+def ms_fine(v: float | None) -> str:
+    """Milliseconds with a decimal: a time per token is a few ms."""
+    return f"{v * 1000:.1f} ms" if v is not None else DASH
+
+
 def sx(spread: dict | None) -> str:
     """A median ratio with its interquartile range and sample count."""
     if not spread:
@@ -194,7 +199,8 @@ def _load_section(meta: dict, load: dict) -> list[str]:
         f"{settings['load_requests']} prompts at every level ({settings['load_requests']} requests per level and path, "
         "or two per client where that is more); OFF and AUTO run one after the other on the same requests (which goes "
         "first alternates). Throughput is the tokens of all requests over the level's wall time; latency is per "
-        "request, request to last token (p99 of so few requests is close to their maximum).",
+        "request, request to last token (p99 of so few requests is close to their maximum); TTFT, to its first "
+        "chunk; TPOT, after its first chunk, seconds per further token (workers/stats.py, as the router's metric).",
         "",
         f"Beside them, on the same prompts: **OFF, batching off**, the same service brought up again with "
         f"`max_sessions_per_pass: 1` on the target and the drafts ({load['unbatched'] or 'not run'}); and the peers, "
@@ -207,10 +213,11 @@ def _load_section(meta: dict, load: dict) -> list[str]:
         "(the batching-off service's at its fewest clients, else OFF's at its fewest).",
         "",
         *_peer_errors(load["peer_errors"]),
-        *table(["clients", "path", "tokens/s", "p50", "p99", "TTFT p50", "TTFT p99", "identical",
-                "target sessions/pass", "target tokens/pass", "draft sessions/pass"],
+        *table(["clients", "path", "tokens/s", "p50", "p99", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+                "identical", "target sessions/pass", "target tokens/pass", "draft sessions/pass"],
                [[lvl, LOAD_LABELS.get(path, path), num(m["tokens_per_second"], 1), ms(m["p50"]), ms(m["p99"]),
-                 ms(m["ttft_p50"]), ms(m["ttft_p99"]), f"{m['identical']}/{m['compared']}",
+                 ms(m["ttft_p50"]), ms(m["ttft_p99"]), ms_fine(m.get("tpot_p50")), ms_fine(m.get("tpot_p99")),
+                 f"{m['identical']}/{m['compared']}",
                  *_batch_sizes(load["passes"].get(lvl, {}).get(path))]
                 for lvl in levels for path, m in load["levels"][lvl].items()]),
         "",

@@ -37,6 +37,7 @@ class Sample:
     tokens: int = 0
     seconds: float = 0.0  # wall time seen by the caller, request to last token
     first_token_seconds: float | None = None  # streamed requests (load section)
+    first_chunk_tokens: int = 0  # the tokens of its first chunk (streamed requests)
     identical: bool | None = None  # output equals the target-only output of the same prompt (None: none to compare)
     temperature: float = 0.0
     concurrency: int = 0  # load section: clients running at once (a peer's batch size)

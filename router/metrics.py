@@ -76,6 +76,8 @@ import time
 
 from ray.util import metrics
 
+from specserve.workers.stats import time_per_output_token
+
 from .load_check import LoadCheck
 from .passes import PassLog
 from .policy import LOW_SPEEDUP, LOWERED_K, MEASURED_SLOWER, RAISED_K, TARGET_SATURATED, TaskView
@@ -257,9 +259,10 @@ class RouterMetrics:
         self._record_passes(t.target_passes, "target")
         self._record_passes(t.draft_passes, "draft")
         self.ttft.observe(request.first_token_seconds, {"task": task})
-        later_tokens = len(request.decoding.committed) - request.first_chunk_tokens
-        if later_tokens > 0:
-            self.tpot.observe((request.elapsed() - request.first_token_seconds) / later_tokens, {"task": task})
+        tpot = time_per_output_token(request.elapsed(), request.first_token_seconds, len(request.decoding.committed),
+                                     request.first_chunk_tokens)
+        if tpot is not None:
+            self.tpot.observe(tpot, {"task": task})
 
     def _start_task(self, task: str) -> None:
         """The task's decision counters at 0, the first time it is seen."""

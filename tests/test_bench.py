@@ -158,6 +158,7 @@ def test_every_section_was_measured_and_every_output_is_the_targets(results, tin
             assert m["identical"] == m["compared"] == LOAD_REQUESTS, (level, path)
         for mode in (OFF, AUTO):
             assert 0 < paths[mode]["ttft_p50"] <= paths[mode]["p50"]
+            assert 0 < paths[mode]["tpot_p50"] <= paths[mode]["tpot_p99"] < paths[mode]["p99"]
         for mode in (OFF, AUTO, OFF_UNBATCHED) if level == 1 else (OFF, AUTO):
             passes = load["passes"][str(level)][mode]["target"]
             assert passes["passes"] > 0 and passes["sessions_per_pass"] >= 1 and passes["tokens_per_pass"] >= 1
@@ -295,7 +296,7 @@ def test_load_figures_on_known_samples():
     assert load["levels"]["1"][OFF]["tokens_per_second"] == 4.0 and load["levels"]["1"][OFF_UNBATCHED]["tokens_per_second"] == 2.0
     assert load["levels"]["2"][OFF]["tokens_per_second"] == 8.0 and load["levels"]["2"][PEER_STATIC]["tokens_per_second"] == 16.0
     assert load["levels"]["2"][AUTO]["identical"] == 1 and load["levels"]["2"][AUTO]["compared"] == 2
-    assert load["levels"]["2"][OFF]["ttft_p50"] is None  # not streamed
+    assert load["levels"]["2"][OFF]["ttft_p50"] is None and load["levels"]["2"][OFF]["tpot_p50"] is None  # not streamed
     one, two = load["ratios"]["1"], load["ratios"]["2"]
     assert one["off_over_unbatched"] == 2.0 and one["off_p50_over_unbatched"] == 0.5 and one["auto_over_off"] is None
     assert two["auto_over_off"] == pytest.approx(4 / 1.0 / 8) and two["off_over_peer_static"] == 0.5

@@ -72,6 +72,9 @@ def test_each_derived_figure_is_pinned():
     assert stats.alpha(0, 0) == stats.acceptance_rate(0, 0) == stats.tokens_per_pass(0, 0) == 0.0
     assert stats.cost_ratio(0.02, 0, 0.04, 4) == stats.cost_ratio(0.02, 10, 0.04, 0) == 0.0
     assert stats.wasted_share(wasted=3, drafted=12) == 0.25 and stats.wasted_share(0, 0) == 0.0
+    # TPOT: 1.0 s to the last of 11 tokens, the first chunk (1 token) at 0.2 s: 0.8 s / 10 later tokens.
+    assert stats.time_per_output_token(1.0, 0.2, tokens=11, first_chunk_tokens=1) == pytest.approx(0.08)
+    assert stats.time_per_output_token(1.0, 0.2, tokens=3, first_chunk_tokens=3) is None  # all in one chunk
 
 
 def test_spec_stats_use_the_same_definitions():

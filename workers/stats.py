@@ -7,6 +7,7 @@ every figure derived from them, defined once here.
                      (vLLM's mean acceptance length; a batch's width is ``pass_width``, in router/metrics.py)
     cost_ratio (c)   a drafted token's device time over a target-only pass's
     wasted_share     the share of drafted tokens that no proposal used (lookaheads that missed)
+    time_per_output_token  after a request's first chunk, its seconds per further token (TPOT)
     expected tokens per pass and expected speedup: router/cost_model.py (they need the load)
 
 The CLI, the demo, validate, the bench and the policy use these; router/metrics.py's PromQL
@@ -46,6 +47,12 @@ def wasted_share(wasted: float, drafted: float) -> float:
     """Of the tokens a draft computed, the share no proposal used: drafted ahead of a verdict that
     did not come (the lookahead missed). Draft-device time spent for nothing, not a step's wait."""
     return wasted / drafted if drafted else 0.0
+
+
+def time_per_output_token(seconds: float, first_token_seconds: float, tokens: int, first_chunk_tokens: int) -> float | None:
+    """TPOT: the time after the first chunk over the tokens that came after it (None: none did)."""
+    later = tokens - first_chunk_tokens
+    return (seconds - first_token_seconds) / later if later > 0 else None
 
 
 NOT_SUMMED = frozenset({"accepted_per_position", "tested_per_position", "seed"})  # merged by position / per request
