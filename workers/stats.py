@@ -49,7 +49,8 @@ def wasted_share(wasted: float, drafted: float) -> float:
     return wasted / drafted if drafted else 0.0
 
 
-def time_per_output_token(seconds: float, first_token_seconds: float, tokens: int, first_chunk_tokens: int) -> float | None:
+def time_per_output_token(seconds: float, first_token_seconds: float, tokens: int,
+                          first_chunk_tokens: int) -> float | None:
     """TPOT: the time after the first chunk over the tokens that came after it (None: none did)."""
     later = tokens - first_chunk_tokens
     return (seconds - first_token_seconds) / later if later > 0 else None

@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
         decision = f"{t.decision}: {t.reason}" if t.reason else t.decision
         wasted = f"{wasted_share(t.wasted_draft_tokens, t.drafted_tokens):.0%}"
         print(f"{t.task:<8} {t.draft or '-':<8} {t.requests:>8} {t.drafted_tokens:>8} {wasted:>6} "
-              f"{t.proposed_tokens:>9} {t.accepted_tokens:>9} {t.tokens_per_pass:>8.2f} {t.alpha:>6.2f} {t.cost_ratio:>5.2f} {t.k:>2} {t.unloaded_k:>2} "
-              f"{t.step_cost:>5.2f} {t.expected_speedup:>7.2f} {t.scored_tokens:>7} {decision}")
+              f"{t.proposed_tokens:>9} {t.accepted_tokens:>9} {t.tokens_per_pass:>8.2f} {t.alpha:>6.2f} "
+              f"{t.cost_ratio:>5.2f} {t.k:>2} {t.unloaded_k:>2} {t.step_cost:>5.2f} {t.expected_speedup:>7.2f} {t.scored_tokens:>7} {decision}")
     _print_batches(stats)
     print(f"{'worker':<22} {'kind':<6} {'address':<22} {'node':<12} {'sessions':>8} models")
     for w in stats.workers:
