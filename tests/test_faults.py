@@ -93,6 +93,9 @@ def with_draft_struck(client, tiny_zoo, strike, times: dict | None = None, **fie
     times = {} if times is None else times
     times["undisturbed"] = time.monotonic() - started
     drafts = workers(client, "draft")
+    # The undisturbed request's draft session ends as its stream closes, a moment after its reply: wait
+    # for it, or the strike below may hit that worker instead of the one holding the struck request's.
+    _wait_for(lambda: holding_a_session(drafts) is None, 10)
     struck = []
 
     def fault():
