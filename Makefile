@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench soak serve proto manifests image docs
+.PHONY: demo test test-slow test-gpu gpu-check bench soak serve proto manifests image docs
 
 $(INSTALLED): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,16 @@ manifests: $(INSTALLED)
 # The container image the manifest names (needs a Docker engine; GPU nodes: see deploy/Dockerfile).
 image:
 	docker build -f deploy/Dockerfile -t specserve:$$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) .
+
+# The GPU suite (tests/test_gpu.py, marker gpu): skipped, and counted as skipped, without CUDA.
+# SPECSERVE_GPU_ZOO=DIR runs it on a built zoo (default: the tiny zoo the tests build).
+test-gpu: $(INSTALLED)
+	$(BIN)/python -m pytest -m gpu tests/test_gpu.py
+
+# On a CUDA machine: the GPU suite on the demo zoo, then the in-process GPU bench, into one folder
+# bench/results/<time>-gpu (ZOO=DIR for another zoo).
+gpu-check: $(INSTALLED)
+	PYTHON=$(BIN)/python .ci/gpu-check $(ZOO)
 
 # Minutes of mixed load while workers are killed and frozen at random; reports requests by status,
 # tokens lost (must be 0) and memory over time. Not part of `make test`. MINUTES=n to change.

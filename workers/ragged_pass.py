@@ -135,6 +135,9 @@ _NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 @torch.inference_mode()
 def run_pass(model: PreTrainedModel, pool: KVPool, segments: Sequence[Segment]) -> list[torch.Tensor]:
     """Run every segment's tokens in one forward; each segment's wanted logits, [logits, V] float32."""
+    if model.config._attn_implementation != ATTENTION:  # any other attention ignores the layout: wrong logits
+        raise ValueError(f"run_pass needs the model switched to the {ATTENTION!r} attention: call "
+                         f"use_pooled_attention(model) once after loading it")
     offsets, positions, wanted = [0], [], []
     for segment in segments:
         if not segment.tokens:

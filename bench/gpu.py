@@ -1,0 +1,288 @@
+"""What a GPU says about the design: in-process timings on a CUDA device, written as one report.
+
+Runs without Ray (a lent GPU machine may have none): the zoo's target, drafts and EAGLE-3 head in
+this process, timed with the device synchronised (every pass copies its logits to the host, as the
+engine does). Sections, each with the device, dtype and driver in the report's header:
+
+    pass width      one verify pass over 1..16 tokens, and B sessions' rows in one ragged pass
+    graphs          one token's forward, eager against a captured CUDA graph's replay (the
+                    per-operation overhead graphs remove), on the zoo's target and a SmolLM2-135M shape
+    speculation     per task: target alone against its draft, the EAGLE-3 head and prompt lookup
+                    (greedy, k = 4): speedup, acceptance, tokens per pass, c (a draft step over a
+                    target step)
+    concurrency     target-only decoding of N sessions through the scheduler (continuous batching)
+                    against transformers' static batch of N, tokens per second
+
+    python -m specserve.bench.gpu --zoo DIR --out DIR [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from specserve.workers.acceptance import SamplingParams
+from specserve.workers.batching import Scheduler
+from specserve.workers.config import BatchingConfig
+from specserve.workers.engine import SpecEngine
+from specserve.workers.grpc_host import Device
+from specserve.workers.heads.format import is_head
+from specserve.workers.kv_pool import Budget, KVPool, KVShape
+from specserve.workers.loading import ModelSpec
+from specserve.workers.lookup import NGRAM
+from specserve.workers.prompt import encode_prompt
+from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass, use_pooled_attention
+from specserve.workers.request import GenerationParams
+from specserve.workers.verifying import TargetSession
+from specserve.workers.zoo.head import HEAD
+from specserve.workers.zoo.zoo import Zoo
+
+# SmolLM2-135M-Instruct's shape (the project's real model), random weights: timing only.
+SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, tie_word_embeddings=True)
+GREEDY = SamplingParams()
+K = 4
+
+
+def device_facts() -> dict:
+    facts = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+             "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+    try:
+        facts["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader"],
+                                         capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        facts["driver"] = f"unknown ({exc})"
+    return facts
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def median_ms(fn: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1000
+
+
+def load_engine(zoo: Zoo, dtype: str, device: str) -> SpecEngine:
+    drafts = {name: ModelSpec(str(zoo.root / zoo.manifest["drafts"][name]["path"]), dtype=dtype, device=device)
+              for name in zoo.draft_names}
+    engine = SpecEngine.load(ModelSpec(str(zoo.target_dir), dtype=dtype, device=device), drafts)
+    assert all(is_head(spec.source) == (name in engine.heads) for name, spec in drafts.items())
+    return engine
+
+
+def pass_widths(model: PreTrainedModel, widths=(1, 2, 3, 4, 5, 8, 16), sessions=(1, 4, 16, 64), cached: int = 160
+                ) -> dict:
+    """Milliseconds of one ragged pass: one session adding ``width`` tokens, and B sessions adding
+    1 (a decode step) or K + 1 (a verify step) each, over ``cached`` positions apiece."""
+    pool = KVPool(KVShape.of(model), Budget(2**34))
+    regions = [pool.take(cached + 32) for _ in range(max(sessions))]
+    run_pass(model, pool, [Segment(r, 0, list(range(3, 3 + cached)), 0) for r in regions])
+
+    def one_pass(count: int, q: int):
+        return lambda: run_pass(model, pool, [Segment(r, cached, list(range(5, 5 + q)), q) for r in regions[:count]])
+    return {"width_ms": {w: median_ms(one_pass(1, w)) for w in widths},
+            "sessions_ms": {f"{b}x{q}": median_ms(one_pass(b, q)) for q in (1, K + 1) for b in sessions}}
+
+
+@torch.inference_mode()
+def graph_replay(model: PreTrainedModel) -> dict:
+    """One token's forward (no cache: the same kernels but attention's), eager against the replay
+    of a CUDA graph captured from it: what graph capture removes of a step's per-operation cost."""
+    ids = torch.tensor([[5]], device=model.device)
+    eager = median_ms(lambda: model(input_ids=ids, use_cache=False).logits, repeats=50)
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(input_ids=ids, use_cache=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(input_ids=ids, use_cache=False)
+        replay = median_ms(graph.replay, repeats=50)
+    except Exception as exc:  # a report, not a crash: say what stopped the capture
+        return {"eager_ms": eager, "graph_error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"eager_ms": eager, "graph_ms": replay, "speedup": eager / replay}
+
+
+def speculation(engine: SpecEngine, zoo: Zoo, prompts: int, max_tokens: int) -> list[dict]:
+    """Per task and proposer, against target-only runs of the same prompts (greedy, k = K)."""
+    rows = []
+    for task in zoo.tasks:
+        ids = [encode_prompt(engine.tokenizer, p) for p in zoo.prompts(task)[:prompts]]
+        off = _decode(engine, ids, GenerationParams(max_tokens=max_tokens, speculation=False), None)
+        for proposer in (zoo.default_draft(task), HEAD, NGRAM):
+            if proposer == HEAD and HEAD not in engine.heads:
+                continue
+            on = _decode(engine, ids, GenerationParams(max_tokens=max_tokens, k=K), proposer)
+            stats = on["stats"]
+            passes = max(stats.target_passes, 1)
+            draft_step = stats.draft_seconds / max(stats.drafted, 1)
+            target_step = off["stats"].verify_seconds / max(off["stats"].target_passes, 1)
+            rows.append({"task": task, "proposer": proposer, "speedup": off["seconds"] / on["seconds"],
+                         "identical": on["tokens"] == off["tokens"],
+                         "alpha": stats.accepted / max(stats.proposed, 1),
+                         "tokens_per_pass": sum(map(len, on["tokens"])) / passes,
+                         "c": draft_step / target_step if stats.drafted else None,
+                         "target_ms": target_step * 1000, "tok_s_off": off["tok_s"], "tok_s_on": on["tok_s"]})
+    return rows
+
+
+def _decode(engine: SpecEngine, prompts: list[list[int]], params: GenerationParams, draft: str | None) -> dict:
+    from specserve.workers.stats import SpecStats
+
+    stats, tokens = SpecStats(), []
+    sync()
+    start = time.perf_counter()
+    for prompt in prompts:
+        done = engine.generate(prompt, params, draft=draft).complete()
+        tokens.append(done.token_ids)
+        stats.add(done.stats)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": tokens, "stats": stats, "tok_s": sum(map(len, tokens)) / seconds}
+
+
+def concurrency(model: PreTrainedModel, tokenizer, prompts: list[str], levels=(1, 4, 16, 64), new_tokens: int = 64
+                ) -> list[dict]:
+    """Target-only tokens per second at N sessions: the scheduler's continuous batching against
+    transformers' static batch (``generate`` on N left-padded prompts), greedy, ``new_tokens`` each."""
+    rows = []
+    for n in levels:
+        batch = [encode_prompt(tokenizer, prompts[i % len(prompts)]) for i in range(n)]
+        ours = _scheduled(model, batch, new_tokens)
+        theirs = _static_batch(model, tokenizer, batch, new_tokens)
+        rows.append({"sessions": n, "scheduler_tok_s": ours, "static_batch_tok_s": theirs, "ratio": ours / theirs})
+    return rows
+
+
+def _scheduled(model: PreTrainedModel, batch: list[list[int]], new_tokens: int) -> float:
+    pool = KVPool(KVShape.of(model), Budget(2**34))
+
+    async def run() -> None:
+        scheduler = Scheduler(model, pool, Device(1), BatchingConfig(max_sessions_per_pass=len(batch)))
+        sessions = [TargetSession(PooledSequence(pool.take(len(p) + new_tokens + 1), p), GREEDY,
+                                  torch.Generator().manual_seed(i)) for i, p in enumerate(batch)]
+        await asyncio.gather(*(scheduler.run(s.decode(new_tokens)) for s in sessions))
+    asyncio.run(run())  # warm: the first passes allocate
+    sync()
+    start = time.perf_counter()
+    asyncio.run(run())
+    return len(batch) * new_tokens / (time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def _static_batch(model: PreTrainedModel, tokenizer, batch: list[list[int]], new_tokens: int) -> float:
+    width = max(map(len, batch))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
+
+    def generate():
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                       do_sample=False, pad_token_id=pad)
+    generate()
+    sync()
+    start = time.perf_counter()
+    generate()
+    sync()
+    return len(batch) * new_tokens / (time.perf_counter() - start)
+
+
+def smollm2_shaped(dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+    torch.manual_seed(0)
+    return use_pooled_attention(LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE)).to(device, dtype).eval())
+
+
+def run(zoo: Zoo, dtype: str, device: str, prompts: int, max_tokens: int, levels: tuple[int, ...]) -> dict:
+    engine = load_engine(zoo, dtype, device)
+    target = engine.target
+    some_draft = engine.drafts[zoo.default_draft(zoo.tasks[0])]
+    report = {"facts": device_facts() | {"dtype": dtype, "zoo": zoo.manifest["preset"]}}
+    report["pass_width"] = {"target": pass_widths(target), "draft": pass_widths(some_draft)}
+    report["speculation"] = speculation(engine, zoo, prompts, max_tokens)
+    all_prompts = [p for task in zoo.tasks for p in zoo.prompts(task)]
+    report["concurrency"] = concurrency(target, engine.tokenizer, all_prompts, levels)
+    if target.device.type == "cuda":  # last: a capture that fails must not spoil the sections above
+        smol = smollm2_shaped(target.dtype, target.device)
+        report["pass_width"]["SmolLM2-135M shape"] = pass_widths(smol, sessions=(1, 16))
+        report["graphs"] = {"zoo target": graph_replay(target), "zoo draft": graph_replay(some_draft),
+                            "SmolLM2-135M shape": graph_replay(smol)}
+    return report
+
+
+def format_report(report: dict) -> str:
+    facts = report["facts"]
+    lines = [f"# GPU report: {facts['device']}, {facts['dtype']}", "",
+             ", ".join(f"{k} {v}" for k, v in facts.items()), ""]
+    for model, widths in report["pass_width"].items():
+        lines.append(f"## one pass, ms: {model}")
+        lines.append("tokens in one session's pass: " + ", ".join(f"{w}: {ms:.2f}" for w, ms in widths["width_ms"].items()))
+        lines.append("sessions x tokens each: " + ", ".join(f"{s}: {ms:.2f}" for s, ms in widths["sessions_ms"].items()))
+        lines.append("")
+    if "graphs" in report:
+        lines.append("## one token's forward: eager against a CUDA graph's replay, ms")
+        for model, row in report["graphs"].items():
+            tail = f"graph {row['graph_ms']:.3f} ({row['speedup']:.1f}x)" if "graph_ms" in row else row["graph_error"]
+            lines.append(f"- {model}: eager {row['eager_ms']:.3f}, {tail}")
+        lines.append("")
+    lines += ["## speculation in one process (greedy, k = 4)",
+              f"{'task':<6} {'proposer':<8} {'speedup':>7} {'alpha':>6} {'tok/pass':>8} {'c':>6} {'target ms':>9} "
+              f"{'tok/s off':>9} {'tok/s on':>8} identical"]
+    for r in report["speculation"]:
+        c = f"{r['c']:.2f}" if r["c"] is not None else "-"
+        lines.append(f"{r['task']:<6} {r['proposer']:<8} {r['speedup']:>6.2f}x {r['alpha']:>6.2f} "
+                     f"{r['tokens_per_pass']:>8.2f} {c:>6} {r['target_ms']:>9.2f} {r['tok_s_off']:>9.0f} "
+                     f"{r['tok_s_on']:>8.0f} {r['identical']}")
+    lines += ["", "## target-only throughput against concurrency, tokens/s",
+              f"{'sessions':>8} {'scheduler':>10} {'static batch':>12} {'ratio':>6}"]
+    for r in report["concurrency"]:
+        lines.append(f"{r['sessions']:>8} {r['scheduler_tok_s']:>10.0f} {r['static_batch_tok_s']:>12.0f} "
+                     f"{r['ratio']:>5.2f}x")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specserve.bench.gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--zoo", required=True, help="a built zoo's directory (e.g. ~/.cache/specserve/zoo/demo)")
+    parser.add_argument("--out", required=True, help="folder for report.md and gpu.json")
+    parser.add_argument("--dtype", default="bfloat16", help="the models' dtype (default: %(default)s)")
+    parser.add_argument("--device", default="auto", help="auto (cuda when present), cuda or cpu (a dry run)")
+    parser.add_argument("--prompts", type=int, default=4, help="held-out prompts per task (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: %(default)s)")
+    parser.add_argument("--sessions", default="1,4,16,64", help="concurrency levels (default: %(default)s)")
+    args = parser.parse_args(argv)
+    report = run(Zoo.open(Path(args.zoo).expanduser()), args.dtype, args.device, args.prompts, args.max_tokens,
+                 tuple(map(int, args.sessions.split(","))))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu.json").write_text(json.dumps(report, indent=1, default=str))
+    text = format_report(report)
+    (out / "report.md").write_text(text)
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The GPU suite (`make test-gpu`, marker ``gpu``): skipped, and counted as skipped, without CUDA.
+
+On a CUDA device: greedy identity of speculation against the target alone in float32, bfloat16 and
+float16 over the zoo's held-out prompts (every divergence is reported with its logit margin, and
+must be one rounding explains: bench/divergence.py), the same for sessions batched in shared passes,
+the lossless sampling test on CUDA, and the KV pool on device memory.
+
+The zoo is ``SPECSERVE_GPU_ZOO`` when set (a built zoo's directory: the demo or bench zoo), else
+the tiny zoo the other tests build. With ``SPECSERVE_GPU_REPORT`` set to a folder, each test writes
+its numbers there as JSON (``make gpu-check`` collects them with the bench's report).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from specserve.bench.divergence import first_divergence, summary
+from specserve.workers.acceptance import SamplingParams
+from specserve.workers.batching import Scheduler
+from specserve.workers.config import BatchingConfig
+from specserve.workers.drafting import DraftTokens
+from specserve.workers.engine import SpecEngine
+from specserve.workers.grpc_host import Device
+from specserve.workers.kv_pool import Budget, KVPool, KVShape, PoolFull
+from specserve.workers.loading import ModelSpec, load_model, load_tokenizer, resolve_dtype
+from specserve.workers.lookup import NGRAM, SUFFIX, TREE
+from specserve.workers.prompt import encode_prompt
+from specserve.workers.ragged_pass import PooledSequence, use_pooled_attention
+from specserve.workers.request import GenerationParams
+from specserve.workers.steps import run_alone
+from specserve.workers.verifying import TargetSession
+from specserve.workers.zoo.head import HEAD
+from specserve.workers.zoo.zoo import Zoo
+
+# SPECSERVE_GPU_SUITE_DEVICE=cpu runs the suite on the CPU: a dry run of its code, not a GPU result.
+DEVICE = os.environ.get("SPECSERVE_GPU_SUITE_DEVICE", "cuda")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(),
+                                 reason="no CUDA device here: the GPU suite runs with `make test-gpu` on a machine with one")]
+
+DTYPES = ["float32", "bfloat16", "float16"]
+PROMPTS_PER_TASK = 8
+MAX_TOKENS = 48
+K = 4
+
+
+@pytest.fixture(scope="module")
+def zoo(request) -> Zoo:
+    path = os.environ.get("SPECSERVE_GPU_ZOO")
+    return Zoo.open(Path(path).expanduser()) if path else request.getfixturevalue("tiny_zoo")
+
+
+def report(name: str, numbers: dict) -> None:
+    folder = os.environ.get("SPECSERVE_GPU_REPORT")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / f"{name}.json").write_text(json.dumps(numbers, indent=1))
+
+
+def cuda_engine(zoo: Zoo, dtype: str) -> SpecEngine:
+    drafts = {name: ModelSpec(str(zoo.root / zoo.manifest["drafts"][name]["path"]), dtype=dtype, device=DEVICE)
+              for name in zoo.draft_names}
+    return SpecEngine.load(ModelSpec(str(zoo.target_dir), dtype=dtype, device=DEVICE), drafts)
+
+
+def proposers(zoo: Zoo, engine: SpecEngine, task: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The task's draft, the zoo's head, and a token tree of the draft with both draft-free ones."""
+    own = zoo.default_draft(task)
+    chosen = [(own, ()), (TREE, (own, NGRAM, SUFFIX))]
+    return chosen + [(HEAD, ())] * (HEAD in engine.heads and own != HEAD)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_speculation_matches_the_target_alone_per_dtype(zoo, dtype):
+    engine = cuda_engine(zoo, dtype)
+    divergences, requests = [], 0
+    for task in zoo.tasks:
+        for prompt in zoo.prompts(task)[:PROMPTS_PER_TASK]:
+            prompt_ids = encode_prompt(engine.tokenizer, prompt)
+            expected = engine.generate(prompt_ids, GenerationParams(max_tokens=MAX_TOKENS, speculation=False)
+                                       ).complete().token_ids
+            for name, tree in proposers(zoo, engine, task):
+                got = engine.generate(prompt_ids, GenerationParams(max_tokens=MAX_TOKENS, k=K), draft=name,
+                                      tree=tree).complete().token_ids
+                if (found := first_divergence(engine.target, prompt_ids, expected, got, name, requests)) is not None:
+                    divergences.append(found)
+                requests += 1
+    numbers = summary(divergences, requests)
+    report(f"greedy-{dtype}", numbers)
+    assert numbers["unexplained"] == 0, [d.row() for d in divergences if not d.explained]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sessions_batched_on_the_gpu_decode_what_they_decode_alone(zoo, dtype):
+    """Sixteen sessions' target-only steps in shared passes against each decoded alone."""
+    model = use_pooled_attention(load_model(ModelSpec(str(zoo.target_dir), dtype=dtype, device=DEVICE)))
+    tokenizer = load_tokenizer(str(zoo.target_dir))
+    prompts = [encode_prompt(tokenizer, p) for task in zoo.tasks for p in zoo.prompts(task)][:16]
+    greedy, tokens = SamplingParams(), 24
+    alone = []
+    for prompt in prompts:
+        pool = KVPool(KVShape.of(model), Budget(2**28))
+        session = TargetSession(PooledSequence(pool.take(len(prompt) + tokens + 1), prompt), greedy,
+                                torch.Generator().manual_seed(0))
+        alone.append([run_alone(model, pool, session.step(DraftTokens.empty())).token for _ in range(tokens)])
+
+    pool = KVPool(KVShape.of(model), Budget(2**30))
+
+    async def batched() -> list[list[int]]:
+        scheduler = Scheduler(model, pool, Device(1), BatchingConfig())
+        sessions = [TargetSession(PooledSequence(pool.take(len(p) + tokens + 1), p), greedy, torch.Generator())
+                    for p in prompts]
+        done = await asyncio.gather(*(scheduler.run(s.decode(tokens)) for s in sessions))
+        assert scheduler.counts.max_sessions > 1
+        return [[v.token for v in d.result] for d in done]
+
+    got = asyncio.run(batched())
+    divergences = [d for i, (prompt, a, b) in enumerate(zip(prompts, alone, got, strict=True))
+                   if (d := first_divergence(model, prompt, a, b, "batched", i)) is not None]
+    numbers = summary(divergences, len(prompts))
+    report(f"batched-{dtype}", numbers)
+    assert numbers["unexplained"] == 0, [d.row() for d in divergences if not d.explained]
+
+
+# Fewer than the CPU test's 20,000 (a GPU is lent for minutes): the bounds are computed for this N.
+GPU_SAMPLES = int(os.environ.get("SPECSERVE_GPU_SAMPLES", "4000"))
+
+
+def test_sampling_on_cuda_has_the_target_distribution():
+    """The lossless sampling test's setting with both models on the GPU (acceptance runs on the
+    host over the pass's logits): TV and chi-square against the target's exact distribution."""
+    from test_lossless_sampling import (assert_same_distribution, exact_distribution, params_for, sample_distribution,
+                                        tiny_model, word_tokenizer)
+
+    tokenizer = word_tokenizer()
+    sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
+    exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    engine = SpecEngine(tiny_model(0).to(DEVICE), tokenizer, {"d": tiny_model(1).to(DEVICE)})
+    counts, alpha = sample_distribution(engine, params_for(sampling, k), GPU_SAMPLES, "d")
+    report("sampling", {"samples": GPU_SAMPLES, "alpha": alpha, "counts": {" ".join(map(str, o)): n
+                                                                          for o, n in counts.items()}})
+    assert 0.05 < alpha < 0.98
+    assert_same_distribution(exact, counts, GPU_SAMPLES)
+
+
+def test_the_kv_pool_takes_device_memory_within_its_budget(zoo):
+    model = load_model(ModelSpec(str(zoo.target_dir), device=DEVICE))
+    shape = KVShape.of(model)
+    assert shape.device.type == DEVICE and shape.dtype == resolve_dtype("auto", shape.device)  # bf16 on CUDA
+    before = allocated()
+    pool = KVPool(shape, Budget(1000 * shape.bytes_per_position), arena_positions=600)
+    region = pool.take(500)
+    assert pool.keys(region, 0).device.type == DEVICE
+    if DEVICE == "cuda":
+        assert allocated() - before >= 600 * shape.bytes_per_position
+    with pytest.raises(PoolFull):
+        pool.take(500)  # a second arena would pass the budget
+    free, total = torch.cuda.mem_get_info() if DEVICE == "cuda" else (0, 0)
+    report("kv-pool", {"bytes_per_position": shape.bytes_per_position, "free_bytes": free, "total_bytes": total})
+
+
+def allocated() -> int:
+    return torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
