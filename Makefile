@@ -31,9 +31,12 @@ proto: $(INSTALLED)
 manifests: $(INSTALLED)
 	$(BIN)/python -m specserve.cluster.kuberay $(if $(CRD),--crd $(CRD))
 
-# The container image the manifest names (needs a Docker engine; GPU nodes: see deploy/Dockerfile).
+# The container images the manifest names (needs a Docker engine): specserve:<version>-cuda for the
+# GPU nodes, specserve:<version> (CPU torch, several GB smaller) for the others. See deploy/Dockerfile.
 image:
-	docker build -f deploy/Dockerfile -t specserve:$$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) .
+	v=$$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) \
+	  && docker build -f deploy/Dockerfile --build-arg TORCH=cuda -t specserve:$$v-cuda . \
+	  && docker build -f deploy/Dockerfile --build-arg TORCH=cpu -t specserve:$$v .
 
 # The GPU suite (tests/test_gpu.py, marker gpu): skipped, and counted as skipped, without CUDA.
 # SPECSERVE_GPU_ZOO=DIR runs it on a built zoo (default: the tiny zoo the tests build).

@@ -4,8 +4,11 @@ For B sessions each holding a cache of ``--cached`` positions and adding q token
 step; k + 1: a verify step), one pass is timed three ways on a model of the bench zoo's target shape
 (random weights: timing only), pinned to one core and thread like a replica:
 
-    ragged      what workers run: the sessions' tokens packed into one row; each layer writes a
-                session's keys and values into its pool region and attends over a view of it
+    ragged      what workers run on a CPU: the sessions' tokens packed into one row; each layer
+                writes a session's keys and values into its pool region and attends over a view of it
+    gathered    what workers run on a GPU: the same packed row, but each layer writes every
+                session's keys in one operation and attends the sessions in one SDPA call per
+                (arena, row count) over keys gathered into a padded batch
     padded      a batch of B rows over a padded cache: every pass first gathers the sessions'
                 caches into [B, heads, longest, head_dim] (what a pool needs without a ragged
                 attention: the copy the pool avoids), then one forward with a padding mask
@@ -17,6 +20,7 @@ step; k + 1: a verify step), one pass is timed three ways on a model of the benc
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import time
 
@@ -48,6 +52,11 @@ def ragged(model, sessions: int, cached: int, q: int):
     run_pass(model, pool, [Segment(r, 0, list(range(3, 3 + cached)), 0) for r in regions])
     segments = [Segment(r, cached, list(range(5, 5 + q)), q) for r in regions]
     return lambda: run_pass(model, pool, segments)
+
+
+def gathered(model, sessions: int, cached: int, q: int):
+    model = use_pooled_attention(copy.deepcopy(model), gathered=True)
+    return ragged(model, sessions, cached, q)
 
 
 def padded(model, sessions: int, cached: int, q: int):
@@ -96,12 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     model = use_pooled_attention(LlamaForCausalLM(LlamaConfig(**BENCH_TARGET)).eval())
     print(f"one pass, ms (per session); {args.cached} cached positions each; 1 thread"
           f"{f', core {args.core}' if args.core is not None else ''}")
-    print(f"{'sessions':>8} {'q':>3} {'ragged':>15} {'padded+gather':>15} {'one by one':>15} {'one by one / ragged':>20}")
+    print(f"{'sessions':>8} {'q':>3} {'ragged':>15} {'gathered':>15} {'padded+gather':>15} {'one by one':>15} "
+          f"{'one by one / ragged':>20}")
     for q in map(int, args.queries.split(",")):
         for b in map(int, args.sessions.split(",")):
-            ms = [timed(way(model, b, args.cached, q), args.repeats) for way in (ragged, padded, one_by_one)]
+            ms = [timed(way(model, b, args.cached, q), args.repeats) for way in (ragged, gathered, padded, one_by_one)]
             cells = " ".join(f"{m:7.1f} ({m / b:5.2f})" for m in ms)
-            print(f"{b:>8} {q:>3} {cells} {ms[2] / ms[0]:>20.2f}")
+            print(f"{b:>8} {q:>3} {cells} {ms[3] / ms[0]:>20.2f}")
 
 
 if __name__ == "__main__":

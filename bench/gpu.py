@@ -4,6 +4,7 @@ Runs without Ray (a lent GPU machine may have none): the zoo's target, drafts an
 this process, timed with the device synchronised (every pass copies its logits to the host, as the
 engine does). Sections, each with the device, dtype and driver in the report's header:
 
+    attention       one query's attention per SDPA backend, at new and at repeated key lengths
     pass width      one verify pass over 1..16 tokens, and B sessions' rows in one ragged pass
     graphs          one token's forward, eager against a captured CUDA graph's replay (the
                     per-operation overhead graphs remove), on the zoo's target and a SmolLM2-135M shape
@@ -127,6 +128,37 @@ def graph_replay(model: PreTrainedModel) -> dict:
     return {"eager_ms": eager, "graph_ms": replay, "speedup": eager / replay}
 
 
+def attention_shapes(model: PreTrainedModel, calls: int = 40, start: int = 100) -> dict:
+    """One query's attention over a pool-like view of ``L`` keys, per SDPA backend: milliseconds a
+    call when every call has a new ``L`` (as decode steps do) and when ``L`` repeats. A backend
+    that plans per shape (cuDNN's) shows it as the gap between the two."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    config = model.config.get_text_config()
+    heads, dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    arena = torch.randn(2, heads, start + 2 * calls, dim, device=model.device, dtype=model.dtype)
+    query = torch.randn(1, heads, 1, dim, device=model.device, dtype=model.dtype)
+
+    def call(length: int) -> None:
+        torch.nn.functional.scaled_dot_product_attention(query, arena[0, None, :, :length], arena[1, None, :, :length])
+
+    rows = {}
+    for name in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"):
+        try:
+            with sdpa_kernel([getattr(SDPBackend, name)]):
+                call(start - 1)
+                sync()
+                began = time.perf_counter()
+                for length in range(start, start + calls):  # each length new to this backend
+                    call(length)
+                    sync()
+                fresh = (time.perf_counter() - began) / calls * 1000
+                rows[name] = {"fresh_ms": fresh, "repeated_ms": median_ms(lambda: call(start), repeats=calls)}
+        except RuntimeError as exc:  # not available for this dtype or shape
+            rows[name] = {"error": str(exc).splitlines()[0][:200]}
+    return rows
+
+
 def speculation(engine: SpecEngine, zoo: Zoo, prompts: int, max_tokens: int) -> list[dict]:
     """Per task and proposer, against target-only runs of the same prompts (greedy, k = K)."""
     rows = []
@@ -172,20 +204,27 @@ def concurrency(model: PreTrainedModel, tokenizer, prompts: list[str], levels=(1
     for n in levels:
         batch = [encode_prompt(tokenizer, prompts[i % len(prompts)]) for i in range(n)]
         ours = _scheduled(model, batch, new_tokens)
+        eager = _scheduled(model, batch, new_tokens, graphs=False)
         theirs = _static_batch(model, tokenizer, batch, new_tokens)
-        rows.append({"sessions": n, "scheduler_tok_s": ours, "static_batch_tok_s": theirs, "ratio": ours / theirs})
+        rows.append({"sessions": n, "scheduler_tok_s": ours, "scheduler_eager_tok_s": eager,
+                     "static_batch_tok_s": theirs, "ratio": ours / theirs})
     return rows
 
 
-def _scheduled(model: PreTrainedModel, batch: list[list[int]], new_tokens: int) -> float:
-    pool = KVPool(KVShape.of(model), Budget(2**34))
+def _scheduled(model: PreTrainedModel, batch: list[list[int]], new_tokens: int, graphs: bool = True) -> float:
+    positions = sum(len(p) + new_tokens + 1 for p in batch) + 1  # one arena (graphs need it), the scratch slot
+    shape = KVShape.of(model)
+    pool = KVPool(shape, Budget(positions * shape.bytes_per_position), arena_positions=positions)
+    config = BatchingConfig(max_sessions_per_pass=len(batch), cuda_graphs=graphs)
+    scheduler = Scheduler(model, pool, Device(1), config)  # one for both runs: the graphs stay captured
 
     async def run() -> None:
-        scheduler = Scheduler(model, pool, Device(1), BatchingConfig(max_sessions_per_pass=len(batch)))
         sessions = [TargetSession(PooledSequence(pool.take(len(p) + new_tokens + 1), p), GREEDY,
                                   torch.Generator().manual_seed(i)) for i, p in enumerate(batch)]
         await asyncio.gather(*(scheduler.run(s.decode(new_tokens)) for s in sessions))
-    asyncio.run(run())  # warm: the first passes allocate
+        for session in sessions:
+            pool.give_back(session.sequence.region)
+    asyncio.run(run())  # warm: the first passes allocate (and, on CUDA, capture the graphs)
     sync()
     start = time.perf_counter()
     asyncio.run(run())
@@ -210,6 +249,13 @@ def _static_batch(model: PreTrainedModel, tokenizer, batch: list[list[int]], new
     return len(batch) * new_tokens / (time.perf_counter() - start)
 
 
+def _looping(model: PreTrainedModel) -> PreTrainedModel:
+    """The same model attending session by session (the CPU default), beside the gathered default."""
+    import copy
+
+    return use_pooled_attention(copy.deepcopy(model), gathered=False)
+
+
 def smollm2_shaped(dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
     torch.manual_seed(0)
     return use_pooled_attention(LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE)).to(device, dtype).eval())
@@ -220,7 +266,10 @@ def run(zoo: Zoo, dtype: str, device: str, prompts: int, max_tokens: int, levels
     target = engine.target
     some_draft = engine.drafts[zoo.default_draft(zoo.tasks[0])]
     report = {"facts": device_facts() | {"dtype": dtype, "zoo": zoo.manifest["preset"]}}
-    report["pass_width"] = {"target": pass_widths(target), "draft": pass_widths(some_draft)}
+    if target.device.type == "cuda":
+        report["attention"] = attention_shapes(target)
+    report["pass_width"] = {"target": pass_widths(target), "draft": pass_widths(some_draft),
+                            "target, attention loop": pass_widths(_looping(target), widths=(1, 5))}
     report["speculation"] = speculation(engine, zoo, prompts, max_tokens)
     all_prompts = [p for task in zoo.tasks for p in zoo.prompts(task)]
     report["concurrency"] = concurrency(target, engine.tokenizer, all_prompts, levels)
@@ -236,6 +285,12 @@ def format_report(report: dict) -> str:
     facts = report["facts"]
     lines = [f"# GPU report: {facts['device']}, {facts['dtype']}", "",
              ", ".join(f"{k} {v}" for k, v in facts.items()), ""]
+    if "attention" in report:
+        lines.append("## one query's attention per SDPA backend, ms a call: new key length each call / repeated")
+        for name, row in report["attention"].items():
+            lines.append(f"- {name}: " + (f"{row['fresh_ms']:.3f} / {row['repeated_ms']:.3f}" if "fresh_ms" in row
+                                          else row["error"]))
+        lines.append("")
     for model, widths in report["pass_width"].items():
         lines.append(f"## one pass, ms: {model}")
         lines.append("tokens in one session's pass: " + ", ".join(f"{w}: {ms:.2f}" for w, ms in widths["width_ms"].items()))
@@ -255,11 +310,11 @@ def format_report(report: dict) -> str:
         lines.append(f"{r['task']:<6} {r['proposer']:<8} {r['speedup']:>6.2f}x {r['alpha']:>6.2f} "
                      f"{r['tokens_per_pass']:>8.2f} {c:>6} {r['target_ms']:>9.2f} {r['tok_s_off']:>9.0f} "
                      f"{r['tok_s_on']:>8.0f} {r['identical']}")
-    lines += ["", "## target-only throughput against concurrency, tokens/s",
-              f"{'sessions':>8} {'scheduler':>10} {'static batch':>12} {'ratio':>6}"]
+    lines += ["", "## target-only throughput against concurrency, tokens/s (scheduler: graphs where CUDA has them)",
+              f"{'sessions':>8} {'scheduler':>10} {'eager':>8} {'static batch':>12} {'ratio':>6}"]
     for r in report["concurrency"]:
-        lines.append(f"{r['sessions']:>8} {r['scheduler_tok_s']:>10.0f} {r['static_batch_tok_s']:>12.0f} "
-                     f"{r['ratio']:>5.2f}x")
+        lines.append(f"{r['sessions']:>8} {r['scheduler_tok_s']:>10.0f} {r['scheduler_eager_tok_s']:>8.0f} "
+                     f"{r['static_batch_tok_s']:>12.0f} {r['ratio']:>5.2f}x")
     return "\n".join(lines) + "\n"
 
 

@@ -71,6 +71,20 @@ def test_the_pool_reuses_freed_regions_and_refuses_past_its_budget(target):
     assert pool.in_use == 600 and pool.allocated_bytes == 1000 * shape.bytes_per_position
 
 
+def test_a_cpu_process_takes_kv_cache_mib_whatever_the_gpu_share():
+    from specserve.workers.kv_pool import device_budget
+
+    cpu = torch.device("cpu")  # the GPU rule (a share of the card less the models) is in tests/test_gpu.py
+    assert device_budget(64, 0.9, 1.0, cpu).limit_bytes == device_budget(64, None, 1.0, cpu).limit_bytes == 64 * 2**20
+
+
+def test_cpu_pools_grow_in_small_arenas(target):
+    from specserve.workers.kv_pool import ARENA_POSITIONS, arena_positions
+
+    # on CUDA each pool's share is one arena, so decode passes can replay graphs (tests/test_gpu.py)
+    assert arena_positions(Budget(2**30), KVShape.of(target), 1) == ARENA_POSITIONS
+
+
 def test_chunked_prefill_cuts_a_long_prompt_and_keeps_every_row_with_logits(target):
     pool = KVPool(KVShape.of(target), Budget(2**26))
     sequence = PooledSequence(pool.take(128), list(range(3, 83)))  # 80 prompt tokens

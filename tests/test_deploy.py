@@ -185,8 +185,21 @@ def test_every_pod_runs_this_version_without_pinning_cores(cluster_spec):
 
     assert cluster_spec["rayVersion"] == version("ray")
     for name, group in groups(cluster_spec).items():
-        assert container(group)["image"] == f"specserve:{version('specserve')}", name
+        gpu = "nvidia.com/gpu" in container(group).get("resources", {}).get("limits", {})
+        # the CUDA build where the pod holds a GPU, the CPU build elsewhere (`make image` builds both)
+        assert container(group)["image"] == f"specserve:{version('specserve')}{'-cuda' * gpu}", name
         assert {"name": PINNING_ENV, "value": "off"} in container(group)["env"], name
+    assert any("nvidia.com/gpu" in container(group).get("resources", {}).get("limits", {})
+               for group in groups(cluster_spec).values())
+
+
+def test_make_image_builds_each_variant_with_its_torch():
+    """The Makefile's tags and build arguments agree with the manifest's images and the Dockerfile."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert "ARG TORCH=cuda" in dockerfile and "cpu) index=https://download.pytorch.org/whl/cpu" in dockerfile
+    makefile = (REPO / "Makefile").read_text()
+    assert "--build-arg TORCH=cuda -t specserve:$$v-cuda" in makefile
+    assert "--build-arg TORCH=cpu -t specserve:$$v " in makefile
 
 
 def test_the_dockerfile_copies_what_exists_and_the_build_context_sends_it():

@@ -12,7 +12,6 @@ its numbers there as JSON (``make gpu-check`` collects them with the bench's rep
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
@@ -22,21 +21,17 @@ import torch
 
 from specserve.bench.divergence import first_divergence, summary
 from specserve.workers.acceptance import SamplingParams
-from specserve.workers.batching import Scheduler
-from specserve.workers.config import BatchingConfig
-from specserve.workers.drafting import DraftTokens
 from specserve.workers.engine import SpecEngine
-from specserve.workers.grpc_host import Device
 from specserve.workers.kv_pool import Budget, KVPool, KVShape, PoolFull
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer, resolve_dtype
 from specserve.workers.lookup import NGRAM, SUFFIX, TREE
 from specserve.workers.prompt import encode_prompt
-from specserve.workers.ragged_pass import PooledSequence, use_pooled_attention
+from specserve.workers.ragged_pass import use_pooled_attention
 from specserve.workers.request import GenerationParams
-from specserve.workers.steps import run_alone
-from specserve.workers.verifying import TargetSession
 from specserve.workers.zoo.head import HEAD
 from specserve.workers.zoo.zoo import Zoo
+
+from scheduled import decode_alone, decode_scheduled
 
 # SPECSERVE_GPU_SUITE_DEVICE=cpu runs the suite on the CPU: a dry run of its code, not a GPU result.
 DEVICE = os.environ.get("SPECSERVE_GPU_SUITE_DEVICE", "cuda")
@@ -98,34 +93,22 @@ def test_greedy_speculation_matches_the_target_alone_per_dtype(zoo, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_sessions_batched_on_the_gpu_decode_what_they_decode_alone(zoo, dtype):
-    """Sixteen sessions' target-only steps in shared passes against each decoded alone."""
+    """Sixteen sessions' target-only steps in shared passes (on CUDA, decode passes replayed from
+    CUDA graphs) against each decoded alone."""
     model = use_pooled_attention(load_model(ModelSpec(str(zoo.target_dir), dtype=dtype, device=DEVICE)))
     tokenizer = load_tokenizer(str(zoo.target_dir))
     prompts = [encode_prompt(tokenizer, p) for task in zoo.tasks for p in zoo.prompts(task)][:16]
-    greedy, tokens = SamplingParams(), 24
-    alone = []
-    for prompt in prompts:
-        pool = KVPool(KVShape.of(model), Budget(2**28))
-        session = TargetSession(PooledSequence(pool.take(len(prompt) + tokens + 1), prompt), greedy,
-                                torch.Generator().manual_seed(0))
-        alone.append([run_alone(model, pool, session.step(DraftTokens.empty())).token for _ in range(tokens)])
-
-    pool = KVPool(KVShape.of(model), Budget(2**30))
-
-    async def batched() -> list[list[int]]:
-        scheduler = Scheduler(model, pool, Device(1), BatchingConfig())
-        sessions = [TargetSession(PooledSequence(pool.take(len(p) + tokens + 1), p), greedy, torch.Generator())
-                    for p in prompts]
-        done = await asyncio.gather(*(scheduler.run(s.decode(tokens)) for s in sessions))
-        assert scheduler.counts.max_sessions > 1
-        return [[v.token for v in d.result] for d in done]
-
-    got = asyncio.run(batched())
+    got, scheduler = decode_scheduled(model, prompts, 24)
+    alone = decode_alone(model, prompts, 24)
     divergences = [d for i, (prompt, a, b) in enumerate(zip(prompts, alone, got, strict=True))
                    if (d := first_divergence(model, prompt, a, b, "batched", i)) is not None]
-    numbers = summary(divergences, len(prompts))
+    graphs = {"buckets": sorted(scheduler.graphs.buckets) if scheduler.graphs else [],
+              "disabled": scheduler.graphs.disabled if scheduler.graphs else "no graphs (not CUDA)"}
+    numbers = summary(divergences, len(prompts)) | {"graphs": graphs}
     report(f"batched-{dtype}", numbers)
     assert numbers["unexplained"] == 0, [d.row() for d in divergences if not d.explained]
+    if DEVICE == "cuda":  # decode passes replayed CUDA graphs (workers/graphs.py), captured without failing
+        assert graphs["disabled"] is None and graphs["buckets"], graphs
 
 
 # Fewer than the CPU test's 20,000 (a GPU is lent for minutes): the bounds are computed for this N.
@@ -167,3 +150,23 @@ def test_the_kv_pool_takes_device_memory_within_its_budget(zoo):
 
 def allocated() -> int:
     return torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
+
+
+def test_the_kv_budget_is_the_processes_share_of_the_card_less_its_models(zoo):
+    """gpu_memory_utilization x gpus of the card's memory, less what this process already holds."""
+    from specserve.workers.kv_pool import device_budget
+
+    model = load_model(ModelSpec(str(zoo.target_dir), device=DEVICE))
+    if DEVICE != "cuda":
+        assert device_budget(64, 0.9, 1.0, model.device).limit_bytes == 64 * 2**20  # CPUs: kv_cache_mib
+        return
+    free, total = torch.cuda.mem_get_info()
+    budget = device_budget(64, 0.5, 0.5, model.device)
+    expected = min(0.25 * total - torch.cuda.memory_reserved(), free)
+    assert abs(budget.limit_bytes - expected) < 2**20
+    assert device_budget(64, None, 0.5, model.device).limit_bytes == 64 * 2**20
+    report("kv-budget", {"total_bytes": total, "utilization_0.5_gpus_0.5_bytes": budget.limit_bytes})
+    from specserve.workers.kv_pool import arena_positions
+
+    shape = KVShape.of(model)  # on CUDA a pool's share is one arena: every session in the first (graphs)
+    assert arena_positions(budget, shape, 2) == budget.limit_bytes // (2 * shape.bytes_per_position)

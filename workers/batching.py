@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedModel
 
 from .config import BatchingConfig
+from .graphs import DecodeGraphs
 from .grpc_host import Device
 from .kv_pool import KVPool, Region
 from .ragged_pass import Segment, run_pass
@@ -107,6 +108,9 @@ class Scheduler:
         self.counts = PassCounts()
         self._driver: asyncio.Task | None = None
         self._in_flight: set[int] = set()  # ids of regions the running pass touches
+        # pool None: a subclass that keeps each session's cache itself (an EAGLE-3 head's): no graphs
+        on_cuda = pool is not None and pool.shape.device.type == "cuda"
+        self.graphs = DecodeGraphs(model, pool) if config.cuda_graphs and on_cuda else None
         self._to_release: list[Region] = []
 
     async def run(self, step: Step, task: str = "", on_pass: PassCallback | None = None) -> StepResult:
@@ -170,8 +174,10 @@ class Scheduler:
             self._settle(members, outcomes, seconds, started)
 
     def _run(self, members: list[tuple[Ticket, Segment]]) -> list:
-        """On the device thread: the pass, then each step's advance."""
-        return advance_all(members, run_pass(self.model, self.pool, [segment for _, segment in members]))
+        """On the device thread: the pass (a graph's replay where one fits), then each step's advance."""
+        segments = [segment for _, segment in members]
+        logits = self.graphs.run(segments) if self.graphs is not None else None
+        return advance_all(members, logits if logits is not None else run_pass(self.model, self.pool, segments))
 
     def _plan(self, tickets: list[Ticket]) -> list[tuple[Ticket, Segment]]:
         """Each ticket's segment within the pass's token budget; a step that cannot be planned fails alone."""

@@ -34,6 +34,9 @@ class BatchingConfig(FrozenConfig):
     # Prefer passes of one task (code, sql, ...): a step of another task waits at most this long
     # for its task's turn. 0: passes take every pending step (the default; see the bench's load notes).
     same_task_wait_ms: float = Field(0.0, ge=0)
+    # On CUDA, decode passes (every session one new token) replay CUDA graphs captured per bucket of
+    # sessions and key length (workers/graphs.py); other passes, and every pass on a CPU, run eagerly.
+    cuda_graphs: bool = True
 
 
 class WorkerConfig(FrozenConfig):
@@ -54,6 +57,10 @@ class WorkerConfig(FrozenConfig):
     # longest possible sequence needs when it opens; one that does not fit is refused (the router
     # opens it on another replica, or waits for room), so memory is bounded however requests arrive.
     kv_cache_mib: float = Field(4096, gt=0)
+    # On a GPU, the KV budget is sized from the card instead (as vLLM's gpu_memory_utilization): this
+    # share of the GPU's memory, times the process's `gpus` where it shares the card, less what the
+    # process holds after loading its models. null: kv_cache_mib on GPUs too. CPUs use kv_cache_mib.
+    gpu_memory_utilization: float | None = Field(0.9, gt=0, le=1)
     # A session whose router sent nothing for this long is evicted, its cache freed: the router
     # died without closing the stream, or hangs. Routers wait at most a target step or a target
     # wait (router.timeouts) between steps, well under this.

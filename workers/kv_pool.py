@@ -47,6 +47,32 @@ class Budget:
         return True
 
 
+def device_budget(kv_cache_mib: float, gpu_memory_utilization: float | None, gpus: float,
+                  device: torch.device) -> Budget:
+    """The KV budget of a process whose models are loaded on ``device``: ``kv_cache_mib`` on a CPU
+    (or with no utilization given), else its share of the GPU's memory less what it already holds."""
+    if device.type != "cuda" or gpu_memory_utilization is None:
+        return Budget(int(kv_cache_mib * 2**20))
+    free, total = torch.cuda.mem_get_info(device)
+    share = gpu_memory_utilization * total * min(gpus, 1.0)
+    held = torch.cuda.memory_reserved(device)  # the weights and whatever loading left cached
+    if share <= held:
+        raise PoolFull(f"the models take {held / 2**30:.2f} GiB of this process's {share / 2**30:.2f} GiB share of "
+                       f"the GPU (gpu_memory_utilization {gpu_memory_utilization} x gpus {gpus}), leaving nothing "
+                       f"for the KV cache: raise gpu_memory_utilization or gpus, or serve a smaller model")
+    return Budget(int(min(share - held, free)))  # never more than is free: other processes share the card
+
+
+def arena_positions(budget: Budget, shape: KVShape, pools: int) -> int:
+    """Positions per arena for one of ``pools`` pools sharing ``budget``. On CUDA, each pool's whole
+    share in one arena (allocated at its first session, as vLLM takes its KV memory up front), so
+    every session sits in the first arena, where decode passes can replay CUDA graphs
+    (workers/graphs.py). On a CPU, arenas of ARENA_POSITIONS grow with the load."""
+    if shape.device.type != "cuda":
+        return ARENA_POSITIONS
+    return max(ARENA_POSITIONS, budget.limit_bytes // (max(pools, 1) * shape.bytes_per_position))
+
+
 @dataclass(frozen=True)
 class KVShape:
     """What one position holds in one layer: ``heads`` key and value vectors of ``head_dim``."""
@@ -147,7 +173,8 @@ class KVPool:
         if positions < needed or not self.budget.take(positions * self.shape.bytes_per_position):
             raise PoolFull(f"the session needs {needed} positions of KV cache "
                            f"({needed * self.shape.bytes_per_position / 2**20:.1f} MiB) and the pool has no room "
-                           f"left in its {self.budget.limit_bytes / 2**20:.0f} MiB (kv_cache_mib)")
+                           f"left in its {self.budget.limit_bytes / 2**20:.0f} MiB (kv_cache_mib; on a GPU, "
+                           f"gpu_memory_utilization)")
         s = self.shape
         dims = (s.heads, positions, s.head_dim)
         return Arena([torch.zeros(dims, dtype=s.dtype, device=s.device) for _ in range(s.layers)],

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
 import grpc
+import torch
 from transformers import PreTrainedModel
 
 from specserve.proto.v1 import internal_pb2 as pb
@@ -18,7 +19,7 @@ from .batching import Scheduler
 from .config import WorkerConfig
 from .grpc_host import BackgroundServer, Device, advertised_host
 from .kv_cache import session_capacity
-from .kv_pool import Budget, KVPool, KVShape, PoolFull
+from .kv_pool import KVPool, KVShape, PoolFull, arena_positions, device_budget
 from .ragged_pass import PooledSequence, use_pooled_attention
 from .registry import Endpoint, Heartbeat, Registration
 from .security import SecuritySettings
@@ -90,9 +91,11 @@ class ModelHost:
         self.idle_seconds = config.session_idle_seconds
         self.pass_sessions = config.batching.max_sessions_per_pass
         self.device = Device(config.threads, config.cpus)
-        self.budget = Budget(int(config.kv_cache_mib * 2**20))  # shared by the pools of all its models
-        self.schedulers = {name: Scheduler(use_pooled_attention(model), KVPool(KVShape.of(model), self.budget),
-                                           self.device, config.batching) for name, model in models.items()}
+        device = next(iter(models.values())).device if models else torch.device("cpu")
+        self.budget = device_budget(config.kv_cache_mib, config.gpu_memory_utilization, config.gpus,
+                                    device)  # shared by the pools of all its models
+        self.schedulers = {name: Scheduler(use_pooled_attention(model), self._pool(model, len(models)), self.device,
+                                           config.batching) for name, model in models.items()}
         security = SecuritySettings.from_env()  # the router is the only caller: mTLS and the internal token
         self.server = BackgroundServer(add_servicer, name=f"{kind}-grpc",
                                        credentials=security.internal_server_credentials(),
@@ -103,6 +106,10 @@ class ModelHost:
         self.heartbeat = Heartbeat(registration, self.endpoint)
         log.info("%s %s serving %s at %s (cores %s; %s)", kind, worker_id, ", ".join(self.models), self.address,
                  sorted(self.device.cpus) or "unpinned", security.describe_internal())
+
+    def _pool(self, model: PreTrainedModel, pools: int) -> KVPool:
+        shape = KVShape.of(model)
+        return KVPool(shape, self.budget, arena_positions(self.budget, shape, pools))
 
     def endpoint(self) -> Endpoint:
         return Endpoint(self.kind, self.worker_id, self.address, self.models, self.slots.live, self.node_id,

@@ -25,6 +25,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .kv_pool import KVPool, Region
 
 ATTENTION = "specserve"
+GATHERED = "specserve_gathered_attention"  # the model's attribute: how its passes attend (use_pooled_attention)
 # Output-head row counts a CPU GEMM runs slower than PADDED_GEMM_ROWS rows (see _padded_rows).
 SLOW_GEMM_ROWS = (2, 3)
 PADDED_GEMM_ROWS = 4
@@ -67,22 +68,37 @@ def tree_depths(parents: Sequence[int]) -> list[int]:
 
 
 @dataclass
-class _Layout:
+class PassLayout:
     """Where each segment's rows sit in the packed pass; read by every layer's attention."""
 
     pool: KVPool
     segments: Sequence[Segment]
     offsets: list[int]  # row where each segment starts; offsets[-1] = total rows
     masks: list[torch.Tensor | None]  # per segment, built once for every layer (None: one query row)
+    gathered: list[GatheredGroup] | None = None  # the same pass as a few batched SDPA calls (see _gathered)
+
+
+@dataclass
+class GatheredGroup:
+    """Segments of one arena with the same number of rows, attended in one SDPA call: each
+    segment's keys gathered from its region into a padded batch, padding masked off."""
+
+    arena: int
+    rows: torch.Tensor  # [S * q]: the segments' rows in the packed pass, segment-major
+    slots: torch.Tensor  # [S * q]: the arena positions those rows' keys and values go to
+    keys: torch.Tensor  # [S, L]: the arena positions each segment attends over, padded
+    mask: torch.Tensor  # [S, 1, q, L]: which of them each row sees
 
 
 def pooled_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The attention of one layer. query: [1, Hq, T, D]; key, value: [1, Hkv, T, D] (the new rows)."""
-    layout: _Layout | None = kwargs.pop("ragged_layout", None)
+    layout: PassLayout | None = kwargs.pop("ragged_layout", None)
     if layout is None:  # an ordinary forward (scoring, the in-process engine): plain sdpa
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     layer, pool = module.layer_idx, layout.pool
+    if layout.gathered is not None:
+        return _gathered_attention(layout.gathered, pool, layer, query, key, value, scaling)
     out = torch.empty_like(query)
     for segment, begin, end, mask in zip(layout.segments, layout.offsets, layout.offsets[1:], layout.masks,
                                          strict=False):
@@ -96,7 +112,55 @@ def pooled_attention(module, query, key, value, attention_mask, scaling=None, dr
     return out.transpose(1, 2), None  # [1, T, Hq, D], as transformers' attention functions return
 
 
-def _mask(segment: Segment, device: torch.device) -> torch.Tensor | None:
+def _gathered_attention(groups: Sequence[GatheredGroup], pool: KVPool, layer: int, query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor, scaling: float | None) -> tuple[torch.Tensor, None]:
+    """The loop's attention in one write per arena and one SDPA call per group: a few large
+    operations instead of three small ones per session, which is what a GPU needs (each small
+    operation costs a launch) and what a CUDA graph can capture. The price is the gather: every
+    segment's keys are copied into a padded batch, which on a CPU costs more than the loop."""
+    out = torch.empty_like(query)
+    heads = query.shape[1]
+    for group in groups:
+        arena = pool.arenas[group.arena]
+        keys, values = arena.keys[layer], arena.values[layer]  # [Hkv, P, D]
+        keys[:, group.slots] = key[0][:, group.rows]
+        values[:, group.slots] = value[0][:, group.rows]
+    for group in groups:
+        arena = pool.arenas[group.arena]
+        sessions, q = group.mask.shape[0], group.mask.shape[2]
+        queries = query[0][:, group.rows].view(heads, sessions, q, -1).transpose(0, 1)  # [S, Hq, q, D]
+        keys = arena.keys[layer][:, group.keys].transpose(0, 1)  # [S, Hkv, L, D]
+        values = arena.values[layer][:, group.keys].transpose(0, 1)
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=group.mask, scale=scaling, enable_gqa=keys.shape[1] != heads)
+        out[0][:, group.rows] = attended.transpose(0, 1).reshape(heads, sessions * q, -1)
+    return out.transpose(1, 2), None
+
+
+def _gathered(segments: Sequence[Segment], offsets: Sequence[int], masks: Sequence[torch.Tensor | None],
+              device: torch.device) -> list[GatheredGroup]:  # masks: on the host
+    """The pass's segments grouped by arena and row count, with the index tensors every layer uses."""
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, segment in enumerate(segments):
+        by_shape.setdefault((segment.region.arena, len(segment.tokens)), []).append(i)
+    groups = []
+    for (arena, q), members in by_shape.items():
+        longest = max(segments[i].start + q for i in members)
+        rows, slots, keys = [], [], []
+        mask = torch.zeros(len(members), 1, q, longest, dtype=torch.bool)
+        for n, i in enumerate(members):
+            segment, stop = segments[i], segments[i].start + q
+            base = segment.region.start
+            rows.extend(range(offsets[i], offsets[i] + q))
+            slots.extend(range(base + segment.start, base + stop))
+            keys.append(list(range(base, base + stop)) + [base] * (longest - stop))  # padding: masked off
+            mask[n, 0, :, :stop] = masks[i] if masks[i] is not None else True
+        groups.append(GatheredGroup(arena, torch.tensor(rows, device=device), torch.tensor(slots, device=device),
+                                torch.tensor(keys, device=device), mask.to(device)))
+    return groups
+
+
+def _mask(segment: Segment) -> torch.Tensor | None:
     """Which of the region's slots each of the segment's rows sees: row i of a chain sees slots
     0 .. start + i (bottom-right aligned causality); a tree node sees every slot before the tree,
     its ancestors' and its own."""
@@ -114,30 +178,49 @@ def _mask(segment: Segment, device: torch.device) -> torch.Tensor | None:
             if parent >= 0:
                 tree[node] |= tree[parent]
         mask[queries - nodes :, base:] = tree
-    return mask.to(device)
+    return mask
 
 
 AttentionInterface.register(ATTENTION, pooled_attention)
 AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # ordinary forwards build the masks sdpa gets
 
 
-def use_pooled_attention(model: PreTrainedModel) -> PreTrainedModel:
-    """Switch ``model`` to the attention that ragged passes need (plain sdpa outside them)."""
+def use_pooled_attention(model: PreTrainedModel, gathered: bool | None = None) -> PreTrainedModel:
+    """Switch ``model`` to the attention that ragged passes need (plain sdpa outside them).
+
+    ``gathered``: attend each pass's sessions in a few batched calls over gathered keys rather
+    than one call per session (None: on CUDA, where a small operation costs a kernel launch; on a
+    CPU the loop is faster, bench/batched_pass.py)."""
     model.set_attn_implementation(ATTENTION)
+    setattr(model, GATHERED, model.device.type == "cuda" if gathered is None else gathered)
+    if model.device.type == "cuda":
+        # torch puts cuDNN's attention first for bf16/fp16 on recent GPUs, and cuDNN builds an
+        # execution plan per new shape. A decode step attends over one more key than the last, so
+        # every step is a new shape. On an H100 (bench/results/20261126-174539-gpu) bf16 engine
+        # steps took 29-55 ms against 3-4 ms for the same pass at a repeated shape, and float32
+        # (which cuDNN's attention does not take) showed no such cost. Flash and memory-efficient
+        # attention plan nothing per shape. The switch is process-wide: a model process runs only
+        # these passes.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     return model
 
 
 # A 4-D mask is taken as prepared and passed through untouched: the pass needs none, and building
 # transformers' own would cost a [T, T] tensor per pass.
-_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+
+
+def require_pooled_attention(model: PreTrainedModel) -> None:
+    """Any other attention ignores a pass's layout and gives wrong logits without a word."""
+    if model.config._attn_implementation != ATTENTION:
+        raise ValueError(f"a ragged pass needs the model switched to the {ATTENTION!r} attention: call "
+                         f"use_pooled_attention(model) once after loading it")
 
 
 @torch.inference_mode()
 def run_pass(model: PreTrainedModel, pool: KVPool, segments: Sequence[Segment]) -> list[torch.Tensor]:
     """Run every segment's tokens in one forward; each segment's wanted logits, [logits, V] float32."""
-    if model.config._attn_implementation != ATTENTION:  # any other attention ignores the layout: wrong logits
-        raise ValueError(f"run_pass needs the model switched to the {ATTENTION!r} attention: call "
-                         f"use_pooled_attention(model) once after loading it")
+    require_pooled_attention(model)
     offsets, positions, wanted = [0], [], []
     for segment in segments:
         if not segment.tokens:
@@ -152,10 +235,14 @@ def run_pass(model: PreTrainedModel, pool: KVPool, segments: Sequence[Segment]) 
     ids = torch.tensor([[t for segment in segments for t in segment.tokens]], device=device)
     hidden = any(segment.aux_layers for segment in segments)
     keep = _padded_rows(wanted, device)
-    out = model(input_ids=ids, position_ids=torch.tensor([positions], device=device), attention_mask=_NO_MASK,
+    masks = [_mask(s) for s in segments]  # on the host: a gathered pass packs them before one copy
+    if getattr(model, GATHERED, False):
+        gathered, masks = _gathered(segments, offsets, masks, device), []
+    else:
+        gathered, masks = None, [None if m is None else m.to(device) for m in masks]
+    out = model(input_ids=ids, position_ids=torch.tensor([positions], device=device), attention_mask=NO_MASK,
                 use_cache=False, logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
-                output_hidden_states=hidden,
-                ragged_layout=_Layout(pool, segments, offsets, [_mask(s, device) for s in segments]))
+                output_hidden_states=hidden, ragged_layout=PassLayout(pool, segments, offsets, masks, gathered))
     for segment, begin, end in zip(segments, offsets, offsets[1:], strict=False):
         if segment.aux_layers:
             segment.aux = torch.cat([out.hidden_states[layer][0, begin:end] for layer in segment.aux_layers], -1)

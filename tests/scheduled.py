@@ -1,0 +1,48 @@
+"""Target-only decoding two ways, for tests that a session's tokens do not depend on its neighbours:
+each prompt alone (a pool of its own, one plain step at a time), and all of them at once through a
+scheduler that shares its passes between them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import torch
+
+from specserve.workers.acceptance import SamplingParams
+from specserve.workers.batching import Scheduler
+from specserve.workers.config import BatchingConfig
+from specserve.workers.drafting import DraftTokens
+from specserve.workers.grpc_host import Device
+from specserve.workers.kv_pool import Budget, KVPool, KVShape
+from specserve.workers.ragged_pass import PooledSequence
+from specserve.workers.steps import run_alone
+from specserve.workers.verifying import TargetSession
+
+GREEDY = SamplingParams()
+
+
+def decode_alone(model, prompts: list[list[int]], tokens: int) -> list[list[int]]:
+    decoded = []
+    for prompt in prompts:
+        pool = KVPool(KVShape.of(model), Budget(2**28))
+        session = TargetSession(PooledSequence(pool.take(len(prompt) + tokens + 1), prompt), GREEDY, torch.Generator())
+        decoded.append([run_alone(model, pool, session.step(DraftTokens.empty())).token for _ in range(tokens)])
+    return decoded
+
+
+def decode_scheduled(model, prompts: list[list[int]], tokens: int, config: BatchingConfig = BatchingConfig(),
+                     prepare: Callable[[Scheduler], None] = lambda _: None) -> tuple[list[list[int]], Scheduler]:
+    """Every prompt decoded as one run through one scheduler (``prepare`` sees it first)."""
+    pool = KVPool(KVShape.of(model), Budget(2**30))
+
+    async def batched() -> tuple[list[list[int]], Scheduler]:
+        scheduler = Scheduler(model, pool, Device(1), config)
+        prepare(scheduler)
+        sessions = [TargetSession(PooledSequence(pool.take(len(p) + tokens + 1), p), GREEDY, torch.Generator())
+                    for p in prompts]
+        done = await asyncio.gather(*(scheduler.run(s.decode(tokens)) for s in sessions))
+        assert scheduler.counts.max_sessions > 1, "the sessions should have shared passes"
+        return [[v.token for v in d.result] for d in done], scheduler
+
+    return asyncio.run(batched())

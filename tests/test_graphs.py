@@ -1,0 +1,86 @@
+"""Decode passes at bucketed shapes (workers/graphs.py), run eagerly on the CPU: the same logits and
+cache as the eager pass, in float64, with padded rows and keys dropped unread; passes of other
+shapes left to the eager pass. The capture itself needs CUDA (tests/test_gpu.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specserve.workers.batching import Scheduler
+from specserve.workers.graphs import DecodeGraphs
+from specserve.workers.kv_pool import Budget, KVPool, KVShape
+from specserve.workers.ragged_pass import Segment, run_pass, use_pooled_attention
+
+from scheduled import decode_alone, decode_scheduled
+
+
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512)
+    return use_pooled_attention(LlamaForCausalLM(config).to(torch.float64).eval())
+
+
+def test_bucketed_decode_passes_give_the_eager_passes_logits_and_cache():
+    eager_model = model()
+    graphed_model = copy.deepcopy(eager_model)
+    pools = [KVPool(KVShape.of(m), Budget(2**24)) for m in (eager_model, graphed_model)]
+    graphs = DecodeGraphs(graphed_model, pools[1], capture=False)
+    gen = torch.Generator().manual_seed(0)
+    lengths = [5, 60, 17]  # the second session crosses the 64-key bucket as it decodes
+    regions = [[pool.take(100) for _ in lengths] for pool in pools]
+    prompts = [torch.randint(3, 97, (n,), generator=gen).tolist() for n in lengths]
+    for m, pool, mine in zip((eager_model, graphed_model), pools, regions, strict=True):
+        run_pass(m, pool, [Segment(r, 0, p, 1) for r, p in zip(mine, prompts, strict=True)])
+    for step in range(8):
+        sessions = 3 if step % 2 else 2  # buckets of 2 and 4 sessions, one row padded
+        tokens = torch.randint(3, 97, (sessions,), generator=gen).tolist()
+        want = run_pass(eager_model, pools[0], [Segment(regions[0][i], lengths[i] + step, [tokens[i]], 1)
+                                                for i in range(sessions)])
+        segments = [Segment(regions[1][i], lengths[i] + step, [tokens[i]], 1) for i in range(sessions)]
+        assert graphs.shape(segments) == (2 if sessions == 2 else 4, 128 if lengths[1] + step >= 64 else 64)
+        got = graphs.run(segments)
+        for a, b in zip(want, got, strict=True):
+            assert a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-10)
+        if sessions == 2:
+            lengths[2] -= 1  # the third session sat this step out: it decodes at the same place next time
+    assert set(graphs.buckets) == {(2, 64), (4, 64), (2, 128), (4, 128)}
+    for region_a, region_b in zip(regions[0], regions[1], strict=True):
+        for layer in range(2):
+            a, b = pools[0].keys(region_a, layer), pools[1].keys(region_b, layer)
+            assert torch.allclose(a, b, rtol=0, atol=1e-10)  # padded rows wrote only the scratch slot
+
+
+def test_passes_of_other_shapes_are_left_to_the_eager_pass():
+    m = model()
+    pool = KVPool(KVShape.of(m), Budget(2**24), arena_positions=64)
+    graphs = DecodeGraphs(m, pool, capture=False)
+    region, far = pool.take(32), pool.take(50)  # the second lands in another arena
+    assert far.arena == 1
+    assert graphs.shape([Segment(region, 4, [5], 1)]) is not None
+    assert graphs.shape([Segment(region, 4, [5, 6], 2)]) is None  # a verify step
+    assert graphs.shape([Segment(region, 4, [5, 6], 1)]) is None  # a prompt chunk
+    assert graphs.shape([Segment(region, 4, [5, 6], 2, parents=[-1, 0])]) is None  # a token tree
+    assert graphs.shape([Segment(region, 4, [5], 1, aux_layers=(1,))]) is None  # a head's hidden states
+    assert graphs.shape([Segment(far, 4, [5], 1)]) is None  # outside the first arena
+    assert graphs.run([Segment(region, 4, [5, 6], 2)]) is None
+    assert graphs.shape([Segment(region, 4, [5], 1)] * 129) is None  # past the largest bucket
+
+
+def test_a_scheduler_replaying_decode_passes_decodes_what_sessions_decode_alone():
+    """Eight sessions' target-only runs through a scheduler whose decode passes go through the
+    bucketed buffers (as on CUDA, run eagerly here), each against the session decoded alone."""
+    m = model()
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 97, (int(n),), generator=gen).tolist() for n in torch.randint(2, 40, (8,), generator=gen)]
+
+    def buffered(scheduler: Scheduler) -> None:
+        assert scheduler.graphs is None  # on a CPU passes run eagerly ...
+        scheduler.graphs = DecodeGraphs(m, scheduler.pool, capture=False)  # ... unless a test asks for the buffers
+
+    got, scheduler = decode_scheduled(m, prompts, 12, prepare=buffered)
+    assert got == decode_alone(m, prompts, 12)
+    assert scheduler.graphs.buckets  # decode passes did go through the buffers
