@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specserve.cluster.commands.common import comma_floats, comma_ints, dotted_overrides
 
-from .settings import BenchSettings
+from .settings import DEVICES, BenchSettings
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -44,6 +44,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="concurrent clients per load level (default: %(default)s)")
     bench.add_argument("--load-requests", type=int, default=d.load_requests,
                        help="requests per load level and mode (default: %(default)s)")
+    bench.add_argument("--device", choices=DEVICES, default=d.device,
+                       help="where the models run: cuda puts the target replica and the draft workers on this "
+                            "machine's GPU as separate processes (fractional GPUs) and the in-process models "
+                            "on it too; auto: cuda where present (default: %(default)s)")
     bench.add_argument("--no-peer", action="store_true", help="skip Hugging Face assisted generation")
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                        help="override a field of the embedded service's config (deploy/serve_config.yaml args), "
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                              warm_up=args.warm_up, max_tokens=args.max_tokens, k=args.k, temperatures=args.temperatures,
                              sampled_prompts=args.sampled_prompts, concurrency=args.concurrency,
                              load_requests=args.load_requests, address=args.address, peer=not args.no_peer,
-                             service_overrides=dotted_overrides(args.overrides))
+                             service_overrides=dotted_overrides(args.overrides), device=args.device)
     if args.address and args.overrides:
         raise ValueError("--set configures the embedded service; a running one (--address) keeps its own config")
     if not args.verbose:  # the progress bar and the summary are the output

@@ -22,14 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specserve.workers.acceptance import SamplingParams
@@ -48,22 +45,13 @@ from specserve.workers.verifying import TargetSession
 from specserve.workers.zoo.head import HEAD
 from specserve.workers.zoo.zoo import Zoo
 
+from .device import facts
+
 # SmolLM2-135M-Instruct's shape (the project's real model), random weights: timing only.
 SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, tie_word_embeddings=True)
 GREEDY = SamplingParams()
 K = 4
-
-
-def device_facts() -> dict:
-    facts = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-             "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
-    try:
-        facts["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader"],
-                                         capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        facts["driver"] = f"unknown ({exc})"
-    return facts
 
 
 def sync() -> None:
@@ -265,7 +253,7 @@ def run(zoo: Zoo, dtype: str, device: str, prompts: int, max_tokens: int, levels
     engine = load_engine(zoo, dtype, device)
     target = engine.target
     some_draft = engine.drafts[zoo.default_draft(zoo.tasks[0])]
-    report = {"facts": device_facts() | {"dtype": dtype, "zoo": zoo.manifest["preset"]}}
+    report = {"facts": facts(target.device.type, dtype) | {"zoo": zoo.manifest["preset"]}}
     if target.device.type == "cuda":
         report["attention"] = attention_shapes(target)
     report["pass_width"] = {"target": pass_widths(target), "draft": pass_widths(some_draft),

@@ -47,6 +47,14 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def _device_line(device: dict | None) -> str:
+    """The models' device as the report names it (runs before --device existed ran on the CPU)."""
+    if not device:
+        return "models on the CPU"
+    driver = f", driver {device['driver']}" if device.get("driver") else ""
+    return f"models on {device['device']} in {device['dtype']}{driver}"
+
+
 def render_report(results: dict, plots: list[str]) -> str:
     meta, f = results["meta"], results["figures"]
     settings, tasks = meta["settings"], f["tasks"]
@@ -56,8 +64,8 @@ def render_report(results: dict, plots: list[str]) -> str:
         "",
         f"`{meta['command']}`: zoo **{meta['zoo']['preset']}** (target {meta['zoo']['target_parameters'] / 1e6:.1f}M "
         f"parameters; drafts {', '.join(meta['drafts'])}), {meta['machine']['cpus']} CPUs, {meta['machine']['platform']}; "
-        f"torch {meta['machine']['torch']}, transformers {meta['machine']['transformers']}, ray {meta['machine']['ray']}. "
-        f"The run took {meta['seconds']:.0f} s.",
+        f"torch {meta['machine']['torch']}, transformers {meta['machine']['transformers']}, ray {meta['machine']['ray']}; "
+        f"{_device_line(meta['machine'].get('device'))}. The run took {meta['seconds']:.0f} s.",
         "",
         f"Greedy unless stated; {meta['max_tokens']} tokens per request; {settings['prompts']} held-out prompts per task "
         f"(`bench/prompts/`), {settings['repeats']} pass(es), after {settings['warm_up']} routed warm-up requests per task. "

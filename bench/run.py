@@ -48,6 +48,9 @@ from specserve.workers.grpc_host import Device
 from specserve.workers.zoo.zoo import Zoo
 
 from . import load as load_section
+from .device import facts as device_facts
+from .device import placement
+from .device import resolve as resolve_device
 from .decoders import decode_engine, decode_hf_assisted, decode_service, service_request
 from .figures import derive
 from .memory import resident_memory
@@ -274,10 +277,12 @@ def run_bench(settings: BenchSettings) -> Path:
     out.mkdir(parents=True, exist_ok=False)
     print(f"specserve bench: zoo {zoo.manifest['preset']} ({zoo.root}); results in {out}", flush=True)
 
+    on = resolve_device(settings.device)
     device = Device(threads=1, cpus=(REPLICA_CORE,))  # one thread, like the target replica
-    engine = device.executor.submit(zoo_engine, zoo, zoo.draft_names, 1).result()
+    engine = device.executor.submit(zoo_engine, zoo, zoo.draft_names, 1, on).result()
     overrides = {"models": {"zoo": str(zoo.root)}, **copy.deepcopy(MEASURED_ON_UNSEEN)}
-    merge_into(overrides, settings.service_overrides)
+    merge_into(overrides, placement(on, service_config(overrides).draft_pool.workers))
+    merge_into(overrides, settings.service_overrides)  # the user's --set last: it wins
     service = None
     if settings.address is None:
         print("starting the embedded cluster (Ray, Serve, target replica, draft pool)...", flush=True)
@@ -296,7 +301,7 @@ def run_bench(settings: BenchSettings) -> Path:
             bench.load_unbatched(overrides)
             bench.load_peers(target)
             bench.compare_load_outputs()
-    meta = _meta(settings, zoo, held_out, started, target)
+    meta = _meta(settings, zoo, held_out, started, target, device_facts(on, str(engine.target.dtype).removeprefix("torch.")))
     write_results(out, {"meta": meta, "samples": [s.record() for s in bench.samples], "memory": memory,
                         "policy": policy, "load": bench.load_info})
     return out
@@ -328,8 +333,12 @@ def unbatched_overrides(overrides: dict) -> dict:
 
 def target_config(overrides: dict) -> TargetConfig:
     """The target replicas' config in the service this run starts (its cores and threads pin the peers)."""
+    return service_config(overrides).target
+
+
+def service_config(overrides: dict) -> ServiceConfig:
     args = serve_config(default_config_path(), overrides=overrides)["applications"][0]["args"]
-    return ServiceConfig.model_validate(args).target
+    return ServiceConfig.model_validate(args)
 
 
 def write_results(out: Path, results: dict) -> None:
@@ -356,7 +365,7 @@ def policy_rows(stats) -> list[dict]:
              "scored_tokens": t.scored_tokens} for t in stats.tasks]
 
 
-def _meta(settings: BenchSettings, zoo: Zoo, held_out, started: datetime, target: TargetConfig) -> dict:
+def _meta(settings: BenchSettings, zoo: Zoo, held_out, started: datetime, target: TargetConfig, device: dict) -> dict:
     return {
         "command": " ".join(["specserve", *sys.argv[1:]]) if sys.argv[0].endswith("specserve") else " ".join(sys.argv),
         "started": started.isoformat(timespec="seconds"),
@@ -375,5 +384,5 @@ def _meta(settings: BenchSettings, zoo: Zoo, held_out, started: datetime, target
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": transformers.__version__, "ray": ray.__version__,
                     "in_process_core": REPLICA_CORE, "target_cpus": list(target.cpus), "target_threads": target.threads,
-                    "unix_time": time.time()},
+                    "unix_time": time.time(), "device": device},
     }

@@ -10,6 +10,7 @@ from specserve.workers.request import DEFAULT_K
 DEFAULT_ZOO = "bench"  # the zoo whose cost ratio (c ~ 0.05-0.08) resembles a real target/draft pair
 RESULTS_DIR = Path("bench/results")
 SECTIONS = ("greedy", "score", "sampling", "load")  # in the order they run (run.py)
+DEVICES = ("auto", "cpu", "cuda")  # --device (bench/device.py resolves auto)
 MIN_ROUNDS = 2  # requests per client in a load level, so that a level is not one burst that starts together
 
 
@@ -39,6 +40,7 @@ class BenchSettings:
     peer: bool = True  # HF assisted generation (in this process)
     seed: int = 1234  # sampled requests' seeds start here
     service_overrides: dict = field(default_factory=dict)  # Serve config args for the embedded service
+    device: str = "auto"  # cpu, cuda, or auto (cuda where present): the in-process models and the service's
 
     def __post_init__(self) -> None:
         positive = {"prompts": self.prompts, "repeats": self.repeats, "max_tokens": self.max_tokens, "k": self.k,
@@ -52,6 +54,8 @@ class BenchSettings:
             raise ValueError(f"concurrency levels must be 1 or more, got {self.concurrency}")
         if any(not 0.0 < t <= 2.0 for t in self.temperatures):
             raise ValueError(f"temperatures must be in (0, 2], got {self.temperatures}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if not set(self.sections) <= set(SECTIONS):
             raise ValueError(f"sections must be among {', '.join(SECTIONS)}, got {', '.join(self.sections)}")
 

@@ -26,9 +26,9 @@ def open_zoo(name_or_dir: str) -> Zoo:
         raise ZooNotBuilt(f"zoo {name_or_dir!r} is not built at {location}: run `specserve zoo build {hint}`") from None
 
 
-def zoo_engine(zoo: Zoo, drafts: list[str], threads: int | None = None) -> SpecEngine:
+def zoo_engine(zoo: Zoo, drafts: list[str], threads: int | None = None, device: str = "auto") -> SpecEngine:
     """The zoo's target and the named drafts in this process (tokenizers checked at load)."""
     return SpecEngine.load(
-        ModelSpec(str(zoo.target_dir), threads=threads),
-        {name: ModelSpec(str(zoo.draft_dir(name)), threads=threads) for name in drafts},
+        ModelSpec(str(zoo.target_dir), threads=threads, device=device),
+        {name: ModelSpec(str(zoo.draft_dir(name)), threads=threads, device=device) for name in drafts},
     )

@@ -68,6 +68,26 @@ def test_the_run_writes_a_report_its_results_and_three_plots(run_dir, results):
     assert {r["task"] for r in results["policy"]} >= set(results["meta"]["tasks"])
     for goal in results["figures"]["goals"]:  # printed beside the figures
         assert goal["name"] in report and goal["threshold"] in report
+    device = results["meta"]["machine"]["device"]  # --device auto: the CPU here, named with its dtype
+    assert device["device"] == "cpu" and f"models on cpu in {device['dtype']}" in report
+
+
+def test_placement_on_cuda_shares_one_gpu_between_separate_processes():
+    from specserve.bench.device import placement
+
+    on_gpu = placement("cuda", draft_workers=2)
+    assert on_gpu["target"] == {"device": "gpu", "gpus": 0.5}
+    assert on_gpu["draft_pool"] == {"device": "gpu", "gpus": 0.25}  # 0.5 + 2 x 0.25: one GPU
+    assert placement("cpu", 2)["target"]["device"] == "resource"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA device")
+def test_asking_for_cuda_without_one_says_so():
+    from specserve.bench.device import resolve
+
+    assert resolve("auto") == "cpu"
+    with pytest.raises(ValueError, match="no CUDA device"):
+        resolve("cuda")
 
 
 def test_every_figure_is_derived_from_the_samples_and_the_report_from_the_figures(run_dir, results):

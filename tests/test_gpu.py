@@ -170,3 +170,42 @@ def test_the_kv_budget_is_the_processes_share_of_the_card_less_its_models(zoo):
 
     shape = KVShape.of(model)  # on CUDA a pool's share is one arena: every session in the first (graphs)
     assert arena_positions(budget, shape, 2) == budget.limit_bytes // (2 * shape.bytes_per_position)
+
+
+def test_the_service_on_one_gpu_serves_what_the_target_alone_decodes(zoo):
+    """The whole service on this machine's one GPU: the target replica and the draft workers as
+    separate processes sharing it (fractional gpus, bench/device.py), greedy, each task's draft
+    forced on; every divergence from the same request served target-only must be one rounding
+    explains (the margin read off this process's copy of the target)."""
+    pytest.importorskip("ray", reason="the service needs Ray, which this machine does not have")
+    if DEVICE != "cuda":
+        pytest.skip("the service's placement on a GPU needs CUDA (no dry run of this test)")
+    from specserve.bench.device import placement
+    from specserve.cluster.bringup import start_service
+    from specserve.cluster.client import SpecServeClient
+    from specserve.proto.v1 import specserve_pb2 as pb
+
+    service = start_service(port=0, overrides={"models": {"zoo": str(zoo.root)}, **placement("cuda", draft_workers=2)})
+    client = SpecServeClient(service.address)
+    model = load_model(ModelSpec(str(zoo.target_dir), device="cuda"))  # bf16 on CUDA, as the replica
+    tokenizer = load_tokenizer(str(zoo.target_dir))
+    divergences, requests, accepted = [], 0, 0
+    try:
+        for task in zoo.tasks:
+            for prompt in zoo.prompts(task)[:2]:
+                fields = dict(prompt=prompt, max_tokens=32, task=task)
+                alone = client.generate(pb.GenerateRequest(speculation=pb.SPECULATION_OFF, **fields), timeout=120)
+                got = client.generate(pb.GenerateRequest(speculation=pb.SPECULATION_ON, draft=zoo.default_draft(task),
+                                                         k=4, **fields), timeout=120)
+                accepted += got.stats.accepted_tokens
+                found = first_divergence(model, encode_prompt(tokenizer, prompt), list(alone.token_ids),
+                                         list(got.token_ids), task, requests)
+                divergences += [found] if found is not None else []
+                requests += 1
+    finally:
+        client.close()
+        service.stop()
+    numbers = summary(divergences, requests) | {"accepted_tokens": accepted}
+    report("service", numbers)
+    assert accepted > 0, "the drafts should have had tokens accepted"
+    assert numbers["unexplained"] == 0, [d.row() for d in divergences if not d.explained]
