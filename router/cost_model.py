@@ -11,7 +11,10 @@ Glossary
                 the pass under way), relative to a target-only step; target-only tokens come in
                 decode runs and wait for nothing but their passes (0 in the paper)
     s(t)        a target replica's device seconds for one forward pass of t tokens over all the
-                sessions batched into it, fitted online as a + b t (PassFit)
+                sessions batched into it, fitted online as a + b t (PassFit), and read off the faded
+                mean of passes of that width where enough were seen (PassCurve): pass time is not
+                linear in width (on a CPU, 2-3 rows of a GEMM cost more than 4; on an H100, one to
+                16 tokens cost the same, bench/results/20261126-174539-gpu)
     N           sessions sharing a target pass (the load)
     saturated   other sessions keep the target busy, so the draft's time hides behind their
                 verification and the draft's cost k c drops out of a step's price
@@ -31,11 +34,19 @@ speedup of k over target-only decoding is E(alpha, k) / cost(k).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 # The fit needs this many (faded) passes, spread over at least two sizes, before its slope counts.
 MIN_FIT_PASSES = 8.0
 MIN_TOKEN_SPREAD = 0.25  # variance of tokens per pass, in tokens^2: below it the slope is unknown
+# A width's own mean replaces the line there once this many (faded) passes of it were seen.
+MIN_WIDTH_PASSES = 3.0
+EXACT_WIDTHS = 16  # widths up to this are kept apart; wider passes pool by powers of two
+
+
+def width_bucket(tokens: int) -> int:
+    return tokens if tokens <= EXACT_WIDTHS else 2 ** math.ceil(math.log2(tokens))
 
 
 def expected_tokens_per_pass(alpha: float, k: int) -> float:
@@ -61,11 +72,39 @@ class PassTime:
 
 
 @dataclass(frozen=True)
+class PassCurve:
+    """s(t) read off the passes seen: the faded mean seconds at each width seen often enough,
+    straight between two such widths, and the fitted line outside them."""
+
+    line: PassTime
+    points: tuple[tuple[float, float], ...]  # (mean tokens, mean seconds), by tokens
+
+    @property
+    def fixed(self) -> float:  # the line's, for reports (GetStats' load pricing)
+        return self.line.fixed
+
+    @property
+    def per_token(self) -> float:
+        return self.line.per_token
+
+    def seconds(self, tokens: float) -> float:
+        below = [p for p in self.points if p[0] <= tokens]
+        above = [p for p in self.points if p[0] >= tokens]
+        if not below or not above:
+            return self.line.seconds(tokens)
+        (t0, s0), (t1, s1) = below[-1], above[0]
+        return s0 if t1 == t0 else s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
+
+    def verify_cost(self, k: int, sessions: float) -> float:
+        return self.seconds(sessions * (k + 1)) / self.seconds(sessions)
+
+
+@dataclass(frozen=True)
 class Load:
     """What a step's price depends on beyond alpha and c."""
 
     sessions: float = 1.0  # N, at least 1
-    pass_time: PassTime | None = None  # None: no pass data, a verify pass costs 1 + k w as before
+    pass_time: PassTime | PassCurve | None = None  # None: no pass data, a verify pass costs 1 + k w as before
     w: float = 0.0
     saturated: bool = False
     r: float = 0.0
@@ -120,6 +159,7 @@ class PassFit:
     seconds: float = 0.0  # sum of w s
     tokens_sq: float = 0.0  # sum of w t^2
     tokens_seconds: float = 0.0  # sum of w t s
+    widths: dict[int, list[float]] = field(default_factory=dict)  # width bucket: [sum of w, of w t, of w s]
 
     def add(self, tokens: int, seconds: float, sessions: int) -> None:
         if tokens > 0 and seconds > 0 and sessions > 0:  # a worker that reports no pass teaches nothing
@@ -128,11 +168,24 @@ class PassFit:
             self.seconds += seconds
             self.tokens_sq += tokens * tokens
             self.tokens_seconds += tokens * seconds
+            sums = self.widths.setdefault(width_bucket(tokens), [0.0, 0.0, 0.0])
+            sums[0], sums[1], sums[2] = sums[0] + 1, sums[1] + tokens, sums[2] + seconds
 
     def fold(self, other: PassFit, factor: float) -> None:
         """Fade these statistics by `factor`, then add `other`'s."""
         for name in ("weight", "tokens", "seconds", "tokens_sq", "tokens_seconds"):
             setattr(self, name, getattr(self, name) * factor + getattr(other, name))
+        for width in self.widths.keys() | other.widths.keys():
+            mine, theirs = self.widths.get(width, [0.0, 0.0, 0.0]), other.widths.get(width, [0.0, 0.0, 0.0])
+            self.widths[width] = [a * factor + b for a, b in zip(mine, theirs, strict=True)]
+
+    def curve(self) -> PassCurve | None:
+        """s(t) by width where the passes say it (PassCurve), or None while the line is unknown."""
+        line = self.line()
+        if line is None:
+            return None
+        points = sorted((t / w, s / w) for w, t, s in self.widths.values() if w >= MIN_WIDTH_PASSES)
+        return PassCurve(line, tuple(points))
 
     def line(self) -> PassTime | None:
         """The fitted s(t), or None until enough passes of different sizes were seen. The slope and

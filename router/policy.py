@@ -320,13 +320,13 @@ class Policy:
         load, and it is not what passes held lately: sessions that speculate sit out passes while
         they draft, so their passes look light exactly when speculation crowds them."""
         sessions = min(self.pressure, self.pass_cap) if self.pass_cap else self.pressure
-        return Load(max(1.0, sessions), self.passes.line(), w, self._saturated(), r)
+        return Load(max(1.0, sessions), self.passes.curve(), w, self._saturated(), r)
 
     def _arm_view(self, task: str, draft: str, alpha: float | None = None) -> ArmView:
         arm = self._tasks[task].arms.get(draft) or Arm()  # no data: the prior
         alpha = arm.alpha if alpha is None else alpha
         c, w, r = self._costs(task, arm)
-        load, unloaded = self.load(w, r), Load(1.0, self.passes.line(), w, r=r)
+        load, unloaded = self.load(w, r), Load(1.0, self.passes.curve(), w, r=r)
         k, speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, load, arm.coverage)
         unloaded_k, unloaded_speedup = best_k(alpha, c, self.config.k_min, self.config.k_max, unloaded, arm.coverage)
         return ArmView(draft, alpha, c, k, speedup, load.step_cost(k, c), unloaded_k, unloaded_speedup, arm.trials,

@@ -90,3 +90,45 @@ def test_the_pass_fit_finds_the_line_and_follows_a_change():
         fit.add(t, 1e-6 * t * t, 1)
     assert fit.line().fixed == 0 and fit.line().per_token == pytest.approx(73_000e-6 / 2_100)  # sum t s / sum t^2
 
+
+
+def widths_fit(seconds_by_width: dict[int, float], repeats: int = 4) -> PassFit:
+    fit = PassFit()
+    for _ in range(repeats):
+        for width, seconds in seconds_by_width.items():
+            fit.add(width, seconds, 1)
+    return fit
+
+
+def test_the_curve_prices_each_width_by_its_own_passes():
+    """On a CPU a 2- or 3-row output head costs more than a 4-row one (SmolLM2's head, ms: 9.6, 22.9,
+    34.4, 17.2 for 1-4 rows): a line through those passes prices none of them right, the curve
+    prices each as seen, straight between widths seen, and by the line beyond them."""
+    seen = {1: 0.0096, 2: 0.0229, 3: 0.0344, 4: 0.0172, 8: 0.0300}
+    fit = widths_fit(seen)
+    curve, line = fit.curve(), fit.line()
+    for width, seconds in seen.items():
+        assert curve.seconds(width) == pytest.approx(seconds)
+    assert abs(line.seconds(4) - seen[4]) > 0.005  # what the line alone would have said
+    assert curve.seconds(6) == pytest.approx((seen[4] + seen[8]) / 2)  # between two widths seen
+    assert curve.seconds(40) == pytest.approx(line.seconds(40))  # beyond them: the line
+    assert widths_fit(seen, repeats=2).curve().points == ()  # too few passes of each width: the line alone
+    assert (curve.fixed, curve.per_token) == (line.fixed, line.per_token)  # what reports show of it
+
+
+def test_on_a_gpu_where_width_is_free_the_curve_lets_k_grow():
+    """An H100's pass costs the same for 1 to 16 tokens (3.2-4.6 ms): the curve prices a verify
+    pass of k + 1 like a one-token pass, where a line through a wide pass charges every token."""
+    fit = widths_fit({1: 0.0032, 2: 0.0032, 5: 0.0033, 9: 0.0034, 64: 0.0210})
+    curve, line = fit.curve(), fit.line()
+    assert curve.verify_cost(4, 1) == pytest.approx(0.0033 / 0.0032)
+    assert line.verify_cost(4, 1) > 1.05
+    assert best_k(0.7, 0.02, 1, 8, Load(1, curve))[0] > best_k(0.7, 0.02, 1, 8, Load(1, line))[0]
+
+
+def test_the_curve_fades_with_the_line():
+    fit = widths_fit({1: 0.010, 5: 0.030})
+    fit.fold(widths_fit({1: 0.002, 5: 0.004}), factor=0.5 ** 10)  # the replica was replaced by a faster one
+    assert fit.curve().seconds(1) == pytest.approx(0.002, rel=0.01)
+    assert fit.curve().seconds(5) == pytest.approx(0.004, rel=0.01)
+    assert PassFit().curve() is None  # no passes: no curve (the policy prices by w)
