@@ -152,6 +152,11 @@ def speculation(engine: SpecEngine, zoo: Zoo, prompts: int, max_tokens: int) -> 
     rows = []
     for task in zoo.tasks:
         ids = [encode_prompt(engine.tokenizer, p) for p in zoo.prompts(task)[:prompts]]
+        # Each proposer once, untimed, first: whatever a device pays for shapes it has not seen yet
+        # (kernel choice, plans, allocations) must not fall on whichever row happens to run first.
+        for proposer in (None, zoo.default_draft(task), *([HEAD] * (HEAD in engine.heads)), NGRAM):
+            _decode(engine, ids, GenerationParams(max_tokens=max_tokens, k=K, speculation=proposer is not None),
+                    proposer)
         off = _decode(engine, ids, GenerationParams(max_tokens=max_tokens, speculation=False), None)
         for proposer in (zoo.default_draft(task), HEAD, NGRAM):
             if proposer == HEAD and HEAD not in engine.heads:
