@@ -16,17 +16,18 @@ from specserve.workers.drafting import DraftTokens
 from specserve.workers.grpc_host import Device
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.ragged_pass import PooledSequence
-from specserve.workers.steps import run_alone
+from specserve.workers.steps import private_sequence, run_alone
 from specserve.workers.verifying import TargetSession
 
 GREEDY = SamplingParams()
 
 
-def decode_alone(model, prompts: list[list[int]], tokens: int) -> list[list[int]]:
+def decode_alone(model, prompts: list[list[int]], tokens: int, sampling: SamplingParams = GREEDY) -> list[list[int]]:
+    """Each prompt's target-only tokens, one plain step at a time in a pool of its own (seeds 0, 1, ...)."""
     decoded = []
-    for prompt in prompts:
-        pool = KVPool(KVShape.of(model), Budget(2**28))
-        session = TargetSession(PooledSequence(pool.take(len(prompt) + tokens + 1), prompt), GREEDY, torch.Generator())
+    for i, prompt in enumerate(prompts):
+        pool, sequence = private_sequence(model, prompt, len(prompt) + tokens + 1)
+        session = TargetSession(sequence, sampling, torch.Generator().manual_seed(i))
         decoded.append([run_alone(model, pool, session.step(DraftTokens.empty())).token for _ in range(tokens)])
     return decoded
 

@@ -23,6 +23,8 @@ from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass
 from specserve.workers.steps import private_sequence, run_alone
 from specserve.workers.verifying import TargetSession
 
+from scheduled import decode_alone
+
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.9)
 
@@ -102,15 +104,6 @@ def verify_session(model, prompt, sampling, seed):
     return pool, TargetSession(sequence, sampling, torch.Generator().manual_seed(seed))
 
 
-def decoded_alone(model, sequences, sampling, tokens: int) -> list[list[int]]:
-    """Each prompt's target-only tokens, one plain step at a time in a pool of its own (seeds 0, 1, ...)."""
-    alone = []
-    for i, prompt in enumerate(sequences):
-        pool, session = verify_session(model, prompt, sampling, seed=i)
-        alone.append([run_alone(model, pool, session.step(DraftTokens.empty())).token for _ in range(tokens)])
-    return alone
-
-
 def pooled_sessions(model, sequences, sampling) -> tuple[KVPool, list[TargetSession]]:
     """The same sessions (same seeds) in one shared pool, for a scheduler."""
     pool = KVPool(KVShape.of(model), Budget(2**28))
@@ -123,7 +116,7 @@ def test_verdicts_in_a_batch_equal_verdicts_alone(target, sampling):
     """Target-only decoding of eight sessions, lengths mixed, a pass shared by all: each session's
     tokens equal what it decodes alone, greedy or sampled (its own generator)."""
     sequences = prompts(8, seed=1)
-    alone = decoded_alone(target, sequences, sampling, 12)
+    alone = decode_alone(target, sequences, 12, sampling)
     pool, sessions = pooled_sessions(target, sequences, sampling)
 
     async def scenario():
@@ -149,7 +142,7 @@ def test_decode_runs_stay_in_every_pass_and_draw_what_steps_draw(target, samplin
     draws what 12 plain steps alone draw, hears of every token as its pass settles, and all share
     every pass once their prompts are in, with no pass lost to a round trip."""
     sequences = prompts(8, seed=2)
-    alone = decoded_alone(target, sequences, sampling, 12)
+    alone = decode_alone(target, sequences, 12, sampling)
     pool, sessions = pooled_sessions(target, sequences, sampling)
 
     async def scenario():

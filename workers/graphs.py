@@ -37,7 +37,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .kv_pool import KVPool, PoolFull, Region
-from .ragged_pass import NO_MASK, GatheredGroup, PassLayout, Segment, require_pooled_attention
+from .ragged_pass import NO_MASK, GatheredGroup, PassLayout, Segment, padded_key_index, require_pooled_attention
 
 log = logging.getLogger("specserve.graphs")
 
@@ -68,20 +68,13 @@ class _Bucket:
     def fill(self, segments: Sequence[Segment], scratch: Region) -> None:
         """Copy the pass's inputs into the buffers; rows past the pass's sessions decode token 0
         at the scratch slot, attending to it alone."""
-        sessions, keys = self.ids.shape[1], self.group.keys.shape[1]
-        ids, positions = torch.zeros(1, sessions, dtype=torch.long), torch.zeros(1, sessions, dtype=torch.long)
-        slots = torch.full((sessions,), scratch.start, dtype=torch.long)
-        index = torch.full((sessions, keys), scratch.start, dtype=torch.long)
-        mask = torch.zeros(sessions, 1, 1, keys, dtype=torch.bool)
-        mask[:, 0, 0, 0] = True
-        for row, segment in enumerate(segments):
-            base, stop = segment.region.start, segment.start + 1
-            ids[0, row], positions[0, row] = segment.tokens[0], segment.start
-            slots[row] = base + segment.start
-            index[row, :stop] = torch.arange(base, base + stop)
-            mask[row, 0, 0, :stop] = True
-        for buffer, values in ((self.ids, ids), (self.positions, positions), (self.group.slots, slots),
-                               (self.group.keys, index), (self.group.mask, mask)):
+        padding = self.ids.shape[1] - len(segments)
+        ids = torch.tensor([s.tokens[0] for s in segments] + [0] * padding)
+        positions = torch.tensor([s.start for s in segments] + [0] * padding)
+        bases = torch.tensor([s.region.start for s in segments] + [scratch.start] * padding)
+        index, real = padded_key_index(bases, positions + 1, self.group.keys.shape[1])
+        for buffer, values in ((self.ids[0], ids), (self.positions[0], positions), (self.group.slots, bases + positions),
+                               (self.group.keys, index), (self.group.mask[:, 0, 0], real)):
             buffer.copy_(values)
 
     def forward(self, model: PreTrainedModel) -> torch.Tensor:

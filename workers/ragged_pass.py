@@ -137,6 +137,15 @@ def _gathered_attention(groups: Sequence[GatheredGroup], pool: KVPool, layer: in
     return out.transpose(1, 2), None
 
 
+def padded_key_index(bases: torch.Tensor, stops: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each of S sessions' keys sit in its arena, padded to ``width``: the arena positions
+    base .. base + stop - 1, then base again (harmless to read); and which of the ``width`` columns
+    are real. bases, stops: [S] (host). Returns [S, width] long and [S, width] bool."""
+    columns = torch.arange(width)
+    real = columns[None, :] < stops[:, None]
+    return torch.where(real, bases[:, None] + columns[None, :], bases[:, None]), real
+
+
 def _gathered(segments: Sequence[Segment], offsets: Sequence[int], masks: Sequence[torch.Tensor | None],
               device: torch.device) -> list[GatheredGroup]:  # masks: on the host
     """The pass's segments grouped by arena and row count, with the index tensors every layer uses."""
@@ -145,18 +154,19 @@ def _gathered(segments: Sequence[Segment], offsets: Sequence[int], masks: Sequen
         by_shape.setdefault((segment.region.arena, len(segment.tokens)), []).append(i)
     groups = []
     for (arena, q), members in by_shape.items():
-        longest = max(segments[i].start + q for i in members)
-        rows, slots, keys = [], [], []
-        mask = torch.zeros(len(members), 1, q, longest, dtype=torch.bool)
+        bases = torch.tensor([segments[i].region.start for i in members])
+        stops = torch.tensor([segments[i].start + q for i in members])
+        keys, real = padded_key_index(bases, stops, int(stops.max()))
+        mask = real[:, None, None, :].expand(-1, 1, q, -1).clone()  # padding masked off
+        rows, slots = [], []
         for n, i in enumerate(members):
-            segment, stop = segments[i], segments[i].start + q
-            base = segment.region.start
+            segment = segments[i]
             rows.extend(range(offsets[i], offsets[i] + q))
-            slots.extend(range(base + segment.start, base + stop))
-            keys.append(list(range(base, base + stop)) + [base] * (longest - stop))  # padding: masked off
-            mask[n, 0, :, :stop] = masks[i] if masks[i] is not None else True
+            slots.extend(range(segment.region.start + segment.start, segment.region.start + segment.start + q))
+            if masks[i] is not None:  # a chain's causality or a tree's ancestry within the real columns
+                mask[n, 0, :, : masks[i].shape[1]] = masks[i]
         groups.append(GatheredGroup(arena, torch.tensor(rows, device=device), torch.tensor(slots, device=device),
-                                torch.tensor(keys, device=device), mask.to(device)))
+                                    keys.to(device), mask.to(device)))
     return groups
 
 
