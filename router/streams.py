@@ -50,6 +50,12 @@ class WorkerStream:
 
     It counts itself in ``load`` (the router's open sessions per worker) from creation until it is
     closed or cancelled, whichever comes first.
+
+    One write and one read at a time: grpc allows one operation of a kind in flight per call, and
+    a second (a fresh step sent while a lookahead's write is still in flight) fails the call in the
+    router alone, as INTERNAL "Internal error from Core" (TOO_MANY_OPERATIONS), without telling the
+    worker: ``cancel`` then does nothing (the call is already done here), so the worker would hold
+    the session and its KV memory until its idle time.
     """
 
     def __init__(self, worker: Endpoint, call: grpc.aio.StreamStreamCall, step_timeout: float,
@@ -62,9 +68,11 @@ class WorkerStream:
         self._load = load
         self._counted = True
         load[worker.worker_id] += 1
+        self._writing = asyncio.Lock()
+        self._reading = asyncio.Lock()
 
     async def send(self, request) -> None:
-        await self._guard(self.call.write(request))
+        await self._guard(self._write(request))
 
     async def ask(self, request):
         reply = await self._guard(self._exchange(request))
@@ -78,11 +86,16 @@ class WorkerStream:
         return reply
 
     async def _exchange(self, request):
-        await self.call.write(request)
+        await self._write(request)
         return await self._read()
 
+    async def _write(self, request) -> None:
+        async with self._writing:
+            await self.call.write(request)
+
     async def _read(self):
-        reply = await self.call.read()
+        async with self._reading:
+            reply = await self.call.read()
         if reply is grpc.aio.EOF:
             raise WorkerFailed(self.worker, "ended its session stream unexpectedly")
         if reply.refused:  # full: said as a reply, and the worker waits for us to end the stream
@@ -117,8 +130,9 @@ class WorkerStream:
     async def close(self) -> None:
         """Half-close: the worker's handler ends and frees the session's cache."""
         try:
-            if not self.call.done():
-                await self.call.done_writing()
+            async with self._writing:
+                if not self.call.done():
+                    await self.call.done_writing()
         except grpc.aio.UsageError:  # already finished
             pass
         finally:
