@@ -32,7 +32,7 @@ class RequestContext:
     directory: WorkerDirectory
     timeouts: TimeoutsConfig
     deadline: float | None = None  # time.monotonic(), the client's; None: none
-    lookahead: bool = False  # a remote draft drafts ahead while the target verifies (greedy requests)
+    lookahead: bool = False  # a remote draft drafts ahead while the target verifies
     # Target-only, the target decodes in runs of up to this many tokens granted ahead, so the request
     # stays in every batched pass of its replica rather than sitting out a round trip per token.
     decode_run: int = 1

@@ -46,7 +46,7 @@ class DraftMirror:
         """Draft past a proposal of ``proposed`` tokens under verification, as if all will be
         accepted: first a guess of the target's token, then at least one token after it."""
         keep = self.committed + self.offset + proposed
-        return pb.DraftStep(keep=keep, k=k, min_confidence=min_confidence, min_tokens=2)
+        return pb.DraftStep(keep=keep, k=k, min_confidence=min_confidence, min_tokens=2, guess=True)
 
     def lookahead_hit(self) -> None:
         """The verdict accepted every token the lookahead assumed, and its guess was the target's

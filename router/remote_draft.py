@@ -2,12 +2,13 @@
 
 The draft's session lives on a worker, over one stream; the router mirrors which of its tokens stand
 (``DraftMirror``), and the verdict rides to the worker on the next step request, so a step costs one
-round trip. With ``lookahead`` (greedy requests only), the draft drafts the next proposal while the
-target verifies this one, as if all of it will be accepted, one token further (its guess of the
-target's own token). When the verdict agrees, the next proposal is ready at once; when it does not,
-the router asks for a fresh proposal at once (the draft rewound by a length), and the worker stops
-the stale lookahead at its next pass. Greedy output does not depend on what was proposed, so this
-changes speed only.
+round trip. With ``lookahead``, the draft drafts the next proposal while the target verifies this
+one, as if all of it will be accepted, one token further (its guess of the target's own token: its
+likeliest, sampled requests too). When the verdict agrees, the next proposal is ready at once; when
+it does not, the router asks for a fresh proposal at once (the draft rewound by a length), and the
+worker stops the stale lookahead at its next pass. Either way the proposal is the one the draft
+would draft afresh: greedy, by argmax; sampled, because a draft's uniforms are keyed by position
+(workers/seeds.py). So the lookahead changes speed only, never the output or its distribution.
 
 A worker that fails mid-request is replaced by another, opened holding every committed token (the
 router holds the truth), up to ``MAX_DRAFT_REOPENS`` times; then the request goes on target-only.

@@ -52,7 +52,7 @@ class Workers:
     directory: WorkerDirectory
     timeouts: TimeoutsConfig
     proposers: ProposerFactory
-    lookahead: bool = False  # drafts draft ahead while the target verifies (greedy requests only)
+    lookahead: bool = False  # drafts draft ahead while the target verifies (greedy and sampled requests)
     decode_run: int = 1  # target-only tokens granted ahead (router config decode_run_tokens)
 
 
@@ -78,7 +78,7 @@ class Request:
         self.decoding = Decoding(workers.tokenizer, valid.prompt_ids, valid.params, valid.params.resolved_seed())
         self.recorder = RequestRecorder(self.decoding.stats)
         context = RequestContext(self.request_id, routing.task.task, valid.params, self.decoding, workers.directory,
-                                 workers.timeouts, deadline, workers.lookahead and valid.params.sampling.greedy,
+                                 workers.timeouts, deadline, workers.lookahead,
                                  workers.decode_run)
         self.proposed_by = self._proposer(workers.proposers, context, routing.length)  # for its counts, once gone
         self.target = TargetLink(context, self.recorder, self.proposed_by.aux_layers if self.proposed_by else ())

@@ -100,3 +100,26 @@ def test_rejection_rule_in_closed_form():
         accepted = torch.minimum(p, q.densify(40))  # [25, V]
         committed = accepted + (1 - accepted.sum(-1, keepdim=True)) * residual(p, q)
         assert torch.allclose(committed, p, atol=1e-6)
+
+
+def test_a_drafts_uniforms_are_keyed_by_position_and_independent_across_drafts_and_seeds():
+    """workers/seeds.py: a pure function of (seed, draft, position), uniform on [0, 1)."""
+    from specserve.workers.seeds import DraftDraws
+
+    draws = DraftDraws(7, "sql")
+    us = [draws.uniform(n) for n in range(20_000)]
+    assert us[:50] == [DraftDraws(7, "sql").uniform(n) for n in range(50)]  # the same wherever drafted
+    assert all(0.0 <= u < 1.0 for u in us)
+    # Uniform: mean and variance within 5 standard errors of 1/2 and 1/12, and every tenth filled.
+    n, mean = len(us), sum(us) / len(us)
+    assert abs(mean - 0.5) < 5 * (1 / 12 / n) ** 0.5
+    assert abs(sum((u - mean) ** 2 for u in us) / n - 1 / 12) < 5 * (1 / 180 / n) ** 0.5
+    assert min(sum(int(u * 10) == d for u in us) for d in range(10)) > n / 10 * 0.9
+    # Independent of the next position, another draft and another seed: correlations near 0.
+    def corr(a, b):
+        ma, mb = sum(a) / len(a), sum(b) / len(b)
+        cov = sum((x - ma) * (y - mb) for x, y in zip(a, b)) / len(a)
+        return cov / (sum((x - ma) ** 2 for x in a) / len(a) * sum((y - mb) ** 2 for y in b) / len(b)) ** 0.5
+    for other in (us[1:] + us[:1], [DraftDraws(7, "math").uniform(i) for i in range(n)],
+                  [DraftDraws(8, "sql").uniform(i) for i in range(n)]):
+        assert abs(corr(us, other)) < 5 / n ** 0.5

@@ -22,6 +22,7 @@ from specserve.workers.kv_pool import Budget, KVPool, KVShape, PoolFull
 from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass
 from specserve.workers.steps import private_sequence, run_alone
 from specserve.workers.verifying import TargetSession
+from specserve.workers.seeds import DraftDraws
 
 from scheduled import decode_alone
 
@@ -171,10 +172,10 @@ def test_drafts_in_a_batch_equal_drafts_alone_and_leave_when_done(draft):
     alone = []
     for i, (prompt, k) in enumerate(zip(sequences, ks, strict=True)):
         pool, sequence = private_sequence(draft, prompt, 256)
-        alone.append(run_alone(draft, pool, DraftSession(sequence, SAMPLED, torch.Generator().manual_seed(i)).step(k)).ids)
+        alone.append(run_alone(draft, pool, DraftSession(sequence, SAMPLED, DraftDraws(i, "draft")).step(k)).ids)
 
     pool = KVPool(KVShape.of(draft), Budget(2**28))
-    steps = [DraftSession(PooledSequence(pool.take(256), p), SAMPLED, torch.Generator().manual_seed(i)).step(k)
+    steps = [DraftSession(PooledSequence(pool.take(256), p), SAMPLED, DraftDraws(i, "draft")).step(k)
              for i, (p, k) in enumerate(zip(sequences, ks, strict=True))]
 
     async def scenario():
@@ -192,10 +193,10 @@ def test_an_abandoned_draft_stops_at_the_next_pass_and_keeps_what_it_drafted(dra
     pass it is in, with the tokens drafted so far, the ones it drafts alone; its neighbour goes on."""
     prompt = prompts(1, seed=3)[0]
     pool, sequence = private_sequence(draft, prompt, 256)
-    alone = run_alone(draft, pool, DraftSession(sequence, GREEDY, torch.Generator()).step(8)).ids
+    alone = run_alone(draft, pool, DraftSession(sequence, GREEDY, DraftDraws(0, "draft")).step(8)).ids
 
     pool = KVPool(KVShape.of(draft), Budget(2**28))
-    stale, other = (DraftSession(PooledSequence(pool.take(256), prompt), GREEDY, torch.Generator()).step(8)
+    stale, other = (DraftSession(PooledSequence(pool.take(256), prompt), GREEDY, DraftDraws(0, "draft")).step(8)
                     for _ in range(2))
 
     async def scenario():
@@ -331,3 +332,26 @@ def test_a_replica_extends_a_run_with_grants_and_drops_it_when_its_rpc_ends(targ
     assert tokens == alone
     assert runs_made == [8] and passes == 12  # one run, extended by the grant: a pass per token
     assert not scheduler.waiting and not scheduler.active  # the dropped run left the batch
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_proposal_drafted_ahead_is_the_one_drafted_afresh_after_the_verdict(draft, sampling):
+    """A lookahead drafts past a proposal as if all of it is accepted, first its guess of the
+    target's token (its argmax), then the next proposal. With the guess right, that proposal must
+    be token for token (and q for q) what the draft drafts afresh from the committed prefix: a
+    sampled draft's uniforms are keyed by position (workers/seeds.py), so drafting ahead changes
+    neither the output nor its distribution."""
+    prompt, k = prompts(1, seed=5)[0], 4
+    draws = DraftDraws(11, "draft")
+    pool, sequence = private_sequence(draft, prompt, 256)
+    session = DraftSession(sequence, sampling, draws)
+    proposal = run_alone(draft, pool, session.step(k))
+    session.resync(proposal, len(prompt) + k, [])  # as the lookahead's step says: all of it accepted
+    ahead = run_alone(draft, pool, session.step(k + 1, guess=True))
+
+    fresh_pool, fresh_sequence = private_sequence(draft, prompt + proposal.ids + ahead.ids[:1], 256)
+    fresh = run_alone(draft, fresh_pool, DraftSession(fresh_sequence, sampling, draws).step(k))
+    assert ahead.ids[1:] == fresh.ids
+    assert torch.equal(ahead.q.ids[1:], fresh.q.ids) and torch.allclose(ahead.q.probs[1:], fresh.q.probs)
+    guess_pool, guess_sequence = private_sequence(draft, prompt + proposal.ids, 256)
+    assert ahead.ids[0] == run_alone(draft, guess_pool, DraftSession(guess_sequence, GREEDY, draws).step(1)).ids[0]

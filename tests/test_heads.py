@@ -16,6 +16,7 @@ from specserve.workers.heads.eagle3 import Eagle3Head, HeadCache, config_for
 from specserve.workers.heads.format import CONFIG, WEIGHTS, HeadFormatError, is_head, load_head_of, read_config
 from specserve.workers.heads.training import HeadTraining, target_features, ttt_loss
 from specserve.workers.request import GenerationParams
+from specserve.workers.seeds import DraftDraws
 from specserve.workers.zoo.presets import TrainBudget
 
 TRAINING = HeadTraining(budget=TrainBudget(steps=60, batch_size=8, learning_rate=3e-3), sequence_tokens=128,
@@ -107,7 +108,7 @@ def test_heads_in_a_shared_pass_draft_what_each_drafts_alone(engine, tiny_zoo, r
     def states():
         out = []
         for i, (ids, sampling) in enumerate(zip(prompts, samplings, strict=True)):
-            state = HeadState(head, 128, sampling, torch.Generator().manual_seed(i))
+            state = HeadState(head, 128, sampling, DraftDraws(i, "head"))
             state.commit(ids)
             out.append(state)
         return out
@@ -188,7 +189,7 @@ def test_scoring_a_continuation_counts_what_drafting_would_have_proposed(engine,
     features = target_features(engine.target, torch.tensor([ids]), head.config.aux_layers, torch.float32)
     matches = 0
     for j in range(len(prompt), len(ids)):
-        state = HeadState(head, 64, SamplingParams(), torch.Generator())
+        state = HeadState(head, 64, SamplingParams(), DraftDraws(0, "head"))
         state.commit(ids[:j])
         state.add(HiddenRows(0, features.aux[0, : j - 1]))
         matches += state.draft(1).ids == [ids[j]]

@@ -315,9 +315,11 @@ def test_get_stats_counts_per_task_and_draft(client, tiny_zoo):
 
 
 def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, tiny_engine, tiny_zoo):
-    """Both paths derive the draft's and the verifier's generators from the seed, so equal output
-    shows the service carries q and the verdicts exactly (a wrong q row changes the acceptances),
-    and, for the EAGLE-3 head, the target's hidden states from the replica to the draft worker."""
+    """Both paths derive the draft's uniforms and the verifier's generator from the seed, so equal
+    output shows the service carries q and the verdicts exactly (a wrong q row changes the
+    acceptances), and, for the EAGLE-3 head, the target's hidden states from the replica to the
+    draft worker. The service drafts ahead (sampled requests too) and the engine does not: equal
+    output, with lookaheads that hit, shows a proposal drafted ahead is the one drafted afresh."""
     import torch
 
     from specserve.workers.acceptance import SamplingParams
@@ -326,14 +328,20 @@ def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the workers run: the same kernels, the same rounding
     try:
-        for task, temperature, draft in (("prose", 0.9, "prose"), ("code", 1.0, "code"), ("math", 1.0, "eagle3")):
-            prompt = tiny_zoo.prompts(task)[0]
+        hits = 0
+        # The tiny zoo's drafts guess the target's token rarely: at low temperature with k = 1 sql's lookaheads hit.
+        cases = [("prose", 0.9, "prose", 3, 0), ("code", 1.0, "code", 3, 0), ("math", 1.0, "eagle3", 3, 0)]
+        cases += [("sql", 0.2, "sql", 1, i) for i in range(3)]  # 4 hits in 3 requests here
+        for task, temperature, draft, k, which in cases:
+            prompt = tiny_zoo.prompts(task)[which]
             params = GenerationParams(max_tokens=32, sampling=SamplingParams(temperature=temperature, top_p=0.95),
-                                      seed=77, k=3)
-            local = tiny_engine.generate(prompt, params, draft=draft).complete()
+                                      seed=77, k=k)
+            local = tiny_engine.generate(prompt, params, draft=draft, first_alone=True).complete()
             remote = client.generate(request(prompt, task=task, temperature=temperature, top_p=0.95, seed=77,
-                                             max_tokens=32, k=3, draft=draft, speculation=pb.SPECULATION_ON))
+                                             max_tokens=32, k=k, draft=draft, speculation=pb.SPECULATION_ON))
             assert list(remote.token_ids) == local.token_ids
             assert remote.stats.proposed_tokens == local.stats.proposed and remote.stats.accepted_tokens == local.stats.accepted
+            hits += remote.stats.lookahead_hits
+        assert hits, "no sampled lookahead hit: the overlapped path went untested"
     finally:
         torch.set_num_threads(threads)

@@ -97,11 +97,11 @@ def draft_reporting(which_q):
     """DraftSession.draw that samples from its true truncated q but reports ``which_q(logits, token)``."""
     honest = drafting.DraftSession.draw
 
-    def draw(self, logits):
+    def draw(self, logits, position):
         if self.sampling.greedy:
-            return honest(self, logits)
+            return honest(self, logits, position)
         q = sparsify(warp(logits, self.sampling), self.max_support)
-        token = sample_sparse(q, float(torch.rand(1, generator=self.generator)))
+        token = sample_sparse(q, self.draws.uniform(position))
         return token, which_q(logits, token)
     return draw
 

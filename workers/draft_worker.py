@@ -28,7 +28,7 @@ from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
 from .ragged_pass import PooledSequence
 from .registry import Registration
-from .seeds import request_generators
+from .seeds import DraftDraws
 from .proposing import ProposerGone
 from .wire import hidden_from, pass_info, proposal_message, sampling_from
 
@@ -65,13 +65,13 @@ class DraftStream:
     def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen) -> None:
         sampling = sampling_from(opened.sampling)
         self.greedy = sampling.greedy
-        self.session = DraftSession(sequence, sampling, request_generators(opened.sampling.seed)[1], DRAFT_MAX_SUPPORT)
+        self.session = DraftSession(sequence, sampling, DraftDraws(opened.sampling.seed, opened.model), DRAFT_MAX_SUPPORT)
         self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
 
     def step(self, step: pb.DraftStep) -> DraftRun:
         """The drafting this step asks for, after moving the session to what stands (bookkeeping)."""
         self.session.resync(self.last.result if self.last else None, step.keep, list(step.append))
-        self.last = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1))
+        self.last = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1), step.guess)
         return self.last  # a step that failed has no result: nothing to rewind
 
 
@@ -83,7 +83,7 @@ class HeadStream:
         sampling = sampling_from(opened.sampling)
         self.greedy = sampling.greedy
         capacity = session_capacity(len(opened.prompt_ids), opened.max_new_tokens, head.config.max_position_embeddings)
-        self.state = HeadState(head, capacity, sampling, request_generators(opened.sampling.seed)[1])
+        self.state = HeadState(head, capacity, sampling, DraftDraws(opened.sampling.seed, opened.model))
         self.state.commit(opened.prompt_ids)
         self.last = DraftTokens.empty()
 

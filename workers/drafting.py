@@ -10,11 +10,13 @@ from transformers import PreTrainedModel
 
 from .acceptance import SamplingParams, SparseDist, Outcome, one_hot, sample_sparse, sparsify, warp
 from .ragged_pass import PooledSequence, Segment
+from .seeds import DraftDraws
 
 # The draft samples from its warped distribution truncated to this many tokens. q stays exact (the
 # draft samples from the truncation itself) and a proposal stays a few hundred bytes on the wire;
 # the mass beyond the top 32 of a small draft is negligible for acceptance.
 DRAFT_MAX_SUPPORT = 32
+GREEDY = SamplingParams()
 
 
 @dataclass(frozen=True)
@@ -43,18 +45,20 @@ class DraftTokens:
 class DraftSession:
     """Proposes continuations of one request's committed tokens with a draft model."""
 
-    def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator,
+    def __init__(self, sequence: PooledSequence, sampling: SamplingParams, draws: DraftDraws,
                  max_support: int = DRAFT_MAX_SUPPORT) -> None:
         self.sequence = sequence
         self.sampling = sampling
-        self.generator = generator
+        self.draws = draws
         self.max_support = max_support
 
-    def step(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1) -> DraftRun:
+    def step(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1, guess: bool = False) -> DraftRun:
         """Up to k tokens; with `min_confidence`, stop after a token (past the first `min_tokens`)
         the draft gave less probability than that. The stopping rule looks at the draft's own
-        draws only, so the verified output keeps the target's distribution."""
-        return DraftRun(self, k, min_confidence, min_tokens)
+        draws only, so the verified output keeps the target's distribution. ``guess``: the first
+        token is the draft's guess of the target's own next token (its argmax, sampled or not),
+        drafted ahead from, never proposed."""
+        return DraftRun(self, k, min_confidence, min_tokens, guess)
 
     def commit(self, proposal: DraftTokens, verdict: Outcome) -> None:
         """Take the verifier's verdict: keep the accepted prefix, drop the rest of the cache."""
@@ -64,8 +68,8 @@ class DraftSession:
         """The router's word on what stands (see PooledSequence.resync)."""
         self.sequence.resync(proposal.ids if proposal else [], keep, append)
 
-    def draw(self, logits: torch.Tensor) -> tuple[int, SparseDist]:
-        return draw(logits, self.sampling, self.generator, self.max_support)
+    def draw(self, logits: torch.Tensor, position: int) -> tuple[int, SparseDist]:
+        return draw(logits, self.sampling, self.draws.uniform(position), self.max_support)
 
     def confidence(self, logits: torch.Tensor, token: int, q: SparseDist) -> float:
         """The probability the draft gave its token: of its plain softmax under greedy (where q is
@@ -79,11 +83,13 @@ class DraftRun:
     """Drafting one proposal, one pass per token: the first runs what the cache lacks (the verdict's
     tokens, or the prompt, in chunks if long), each later one the token drawn last."""
 
-    def __init__(self, session: DraftSession, k: int, min_confidence: float, min_tokens: int) -> None:
+    def __init__(self, session: DraftSession, k: int, min_confidence: float, min_tokens: int,
+                 guess: bool = False) -> None:
         self.session = session
         self.k = k
         self.min_confidence = min_confidence
         self.min_tokens = min_tokens
+        self.guess = guess
         self.ids: list[int] = []
         self.rows: list[SparseDist] = []
         self.planned: Segment | None = None
@@ -102,7 +108,10 @@ class DraftRun:
         session.sequence.ran(self.planned)
         if not self.planned.logits:  # a prefill chunk
             return False
-        token, q = session.draw(logits)
+        if self.guess and not self.ids:  # the likeliest target token: a hit is likelier than on a sample
+            token, q = draw(logits, GREEDY, 0.0, session.max_support)
+        else:
+            token, q = session.draw(logits, len(session.sequence.committed) + len(self.ids))
         self.ids.append(token)
         self.rows.append(q)
         confident = (not self.min_confidence or len(self.ids) < self.min_tokens
@@ -113,15 +122,14 @@ class DraftRun:
         return True
 
 
-def draw(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator,
-         max_support: int) -> tuple[int, SparseDist]:
+def draw(logits: torch.Tensor, sampling: SamplingParams, u: float, max_support: int) -> tuple[int, SparseDist]:
     """A draft's token from its logits [1, V], and the exact q it was drawn from: its argmax
-    (one-hot q) under greedy, else a sample from its warped distribution cut to ``max_support``."""
+    (one-hot q) under greedy, else the sample at uniform ``u`` from its warped distribution cut to
+    ``max_support``."""
     if sampling.greedy:
         token = logits[0].argmax()
         return int(token), one_hot(token)
     q = sparsify(warp(logits, sampling), max_support)
-    u = float(torch.rand(1, generator=generator))
     return sample_sparse(q, u), q
 
 
@@ -138,6 +146,16 @@ def score_continuation(model: PreTrainedModel, ids: list[int], start: int) -> tu
 
 
 def stack_rows(rows: list[SparseDist]) -> SparseDist:
+    """Rows [1, m_i] as one [n, max m_i], padded with probability 0 (a lookahead's one-hot guess
+    beside its sampled rows; a token tree's members' rows)."""
     if not rows:
         return DraftTokens.empty().q
-    return SparseDist(torch.cat([r.ids for r in rows]), torch.cat([r.probs for r in rows]))
+    width = max(row.ids.shape[-1] for row in rows)
+    if all(row.ids.shape[-1] == width for row in rows):
+        return SparseDist(torch.cat([r.ids for r in rows]), torch.cat([r.probs for r in rows]))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    probs = torch.zeros(len(rows), width, dtype=rows[0].probs.dtype)
+    for i, row in enumerate(rows):
+        ids[i, : row.ids.shape[-1]] = row.ids[0]
+        probs[i, : row.probs.shape[-1]] = row.probs[0]
+    return SparseDist(ids, probs)

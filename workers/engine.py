@@ -27,7 +27,7 @@ from .proposing import AUX_HIDDEN, Proposer, Verified
 from .loading import ModelSpec, load_model, load_tokenizer
 from .prompt import encode_prompt
 from .request import GenerationParams
-from .seeds import request_generators
+from .seeds import DraftDraws, verifier_generator
 from .ragged_pass import use_pooled_attention
 from .recording import StatsRecorder
 from .stats import SpecStats
@@ -73,9 +73,11 @@ class SpecEngine:
                    heads={name: load_head_of(spec.source, model) for name, spec in heads.items()})
 
     def generate(self, prompt: str | list[int], params: GenerationParams, draft: str | None = None,
-                 tree: Sequence[str] = ()) -> Generation:
+                 tree: Sequence[str] = (), first_alone: bool = False) -> Generation:
         """``draft`` names the proposer: one of the drafts, a draft-free one (``ngram``, ``suffix``),
-        or ``tree``: the proposers named in ``tree`` as one token tree."""
+        or ``tree``: the proposers named in ``tree`` as one token tree. ``first_alone``: a draft
+        model's first step proposes nothing, as the service's do when they draft ahead (the same
+        output for a seeded sampled request in both)."""
         prompt_ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids or (isinstance(prompt, str) and not prompt):
             raise ValueError("prompt must not be empty")
@@ -86,7 +88,7 @@ class SpecEngine:
             )
         if params.speculation:
             self._check_proposer(draft, tree)
-        return Generation(self, prompt_ids, params, draft if params.speculation else None, tree)
+        return Generation(self, prompt_ids, params, draft if params.speculation else None, tree, first_alone)
 
     def _check_proposer(self, name: str | None, tree: Sequence[str]) -> None:
         known = (*sorted(self.drafts), *sorted(self.heads), *DRAFT_FREE)
@@ -127,13 +129,14 @@ class Generation:
     """One request in flight. Iterate for chunks as they are committed; ``complete()`` drains it."""
 
     def __init__(self, engine: SpecEngine, prompt_ids: list[int], params: GenerationParams, draft: str | None,
-                 tree: Sequence[str]) -> None:
+                 tree: Sequence[str], first_alone: bool = False) -> None:
         self.engine = engine
+        self.first_alone = first_alone
         self.params = params
         self.draft = draft
         self.decoding = Decoding(engine.tokenizer, prompt_ids, params, params.resolved_seed())
         self.recorder = StatsRecorder(self.decoding.stats)
-        self.verify_generator, self.draft_generator = request_generators(self.decoding.stats.seed)
+        self.verify_generator = verifier_generator(self.decoding.stats.seed)
         self.capacity = session_capacity(len(prompt_ids), params.max_tokens, engine.context_window)
         length = DraftLength("fixed", params.k if draft else 0, params.k)
         proposer = self._proposer(draft, tree, length) if draft else None
@@ -149,13 +152,14 @@ class Generation:
         if name == TREE:
             return TreeProposer([self._proposer(member, (), length) for member in tree], self.engine.tree_max_tokens)
         if name in self.engine.heads:
-            state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling, self.draft_generator,
-                              self.engine.draft_max_support)
+            state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling,
+                              DraftDraws(self.decoding.stats.seed, name), self.engine.draft_max_support)
             return HeadDraft(name, state, self.recorder)
         model = self.engine.drafts[name]
         pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
-        session = DraftSession(sequence, self.params.sampling, self.draft_generator, self.engine.draft_max_support)
-        return LocalDraft(name, model, pool, session, length, self.recorder)
+        session = DraftSession(sequence, self.params.sampling, DraftDraws(self.decoding.stats.seed, name),
+                               self.engine.draft_max_support)
+        return LocalDraft(name, model, pool, session, length, self.recorder, self.first_alone)
 
     @property
     def stats(self) -> SpecStats:

@@ -18,8 +18,12 @@ class LocalDraft(Proposer):
     """Drafts with ``model`` over a session of its own, one pass per token, alone."""
 
     def __init__(self, name: str, model: PreTrainedModel, pool: KVPool, session: DraftSession,
-                 length: DraftLength, recorder: StepRecorder) -> None:
+                 length: DraftLength, recorder: StepRecorder, first_alone: bool = False) -> None:
+        """``first_alone``: the first step proposes nothing, as in the service, where a draft that
+        drafts ahead prefills while the target's prefill answers the first token alone (so the two
+        paths draw the verifier's uniforms alike, and a seeded sampled request gets one output)."""
         self.name = name
+        self.first_alone = first_alone
         self.model = model
         self.pool = pool
         self.session = session
@@ -29,7 +33,7 @@ class LocalDraft(Proposer):
         self.proposed = DraftTokens.empty()  # its last proposal
 
     async def propose(self, k: int) -> DraftTokens:
-        if k < 1:
+        if k < 1 or self.first_alone:
             self.proposed = DraftTokens.empty()
             return self.proposed
         started = time.perf_counter()
@@ -40,6 +44,7 @@ class LocalDraft(Proposer):
         return self.proposed
 
     def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
+        self.first_alone = False
         keep = len(self.session.sequence.committed) + accepted
         self.session.resync(self.proposed, keep, list(appended))
         self.proposed = DraftTokens.empty()

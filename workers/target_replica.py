@@ -28,7 +28,7 @@ from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
 from .ragged_pass import PooledSequence
 from .registry import Registration
-from .seeds import request_generators
+from .seeds import verifier_generator
 from .verifying import DecodeRun, TargetSession
 from .wire import hidden_message, pass_info, proposal_from, sampling_from, verdict_message
 
@@ -55,7 +55,7 @@ class TargetReplica:
 
 def target_session(sequence: PooledSequence, opened: pb.SessionOpen) -> TargetSession:
     """The session a Verify stream's open message asks for (with the hidden states its head reads)."""
-    return TargetSession(sequence, sampling_from(opened.sampling), request_generators(opened.sampling.seed)[0],
+    return TargetSession(sequence, sampling_from(opened.sampling), verifier_generator(opened.sampling.seed),
                          tuple(opened.aux_layers))
 
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from .acceptance import SparseDist, Outcome
-from .drafting import DraftTokens
+from .drafting import DraftTokens, stack_rows
 from .lookup import TREE
 from .proposing import NO_EXTRAS, Proposer, ProposerGone, accepted_ids
 
@@ -39,7 +37,7 @@ def merge(chains: Sequence[tuple[DraftTokens, bool]], max_tokens: int) -> Merged
     ``max_tokens`` nodes (a chain is cut where the tree is full). A chain drawn at random shares no node."""
     ids: list[int] = []
     parents: list[int] = []
-    rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # each node's q row (ids [m], probs [m])
+    rows: list[SparseDist] = []  # each node's q row ([1, m])
     shared: dict[tuple[int, int], int] = {}  # (parent node, token) -> node, among deterministic ones
     nodes: list[list[int]] = []
     for chain, deterministic in chains:
@@ -52,26 +50,15 @@ def merge(chains: Sequence[tuple[DraftTokens, bool]], max_tokens: int) -> Merged
                 node = len(ids)
                 ids.append(token)
                 parents.append(parent)
-                rows.append((chain.q.ids[i], chain.q.probs[i]))
+                rows.append(SparseDist(chain.q.ids[i : i + 1], chain.q.probs[i : i + 1]))
                 if deterministic:
                     shared[(parent, token)] = node
             mine.append(node)
             parent = node
         nodes.append(mine)
     one_chain = parents == list(range(-1, len(ids) - 1))
-    proposal = DraftTokens(ids, _stack_rows(rows), None if one_chain else parents) if ids else DraftTokens.empty()
+    proposal = DraftTokens(ids, stack_rows(rows), None if one_chain else parents) if ids else DraftTokens.empty()
     return MergedTree(proposal, nodes)
-
-
-def _stack_rows(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> SparseDist:
-    """Rows of several widths as one [n, m] SparseDist, padded with probability 0."""
-    width = max(len(row_ids) for row_ids, _ in rows)
-    q_ids = torch.zeros(len(rows), width, dtype=torch.long)
-    q_probs = torch.zeros(len(rows), width)
-    for i, (row_ids, row_probs) in enumerate(rows):
-        q_ids[i, : len(row_ids)] = row_ids
-        q_probs[i, : len(row_probs)] = row_probs
-    return SparseDist(q_ids, q_probs)
 
 
 class TreeProposer(Proposer):

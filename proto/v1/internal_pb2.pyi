@@ -69,7 +69,7 @@ class Verdict(_message.Message):
     def __init__(self, num_accepted: _Optional[int] = ..., token: _Optional[int] = ..., path: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftStep(_message.Message):
-    __slots__ = ("keep", "append", "k", "min_confidence", "min_tokens", "aux", "drop_previous")
+    __slots__ = ("keep", "append", "k", "min_confidence", "min_tokens", "aux", "drop_previous", "guess")
     KEEP_FIELD_NUMBER: _ClassVar[int]
     APPEND_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class DraftStep(_message.Message):
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     AUX_FIELD_NUMBER: _ClassVar[int]
     DROP_PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    GUESS_FIELD_NUMBER: _ClassVar[int]
     keep: int
     append: _containers.RepeatedScalarFieldContainer[int]
     k: int
@@ -84,7 +85,8 @@ class DraftStep(_message.Message):
     min_tokens: int
     aux: HiddenStates
     drop_previous: bool
-    def __init__(self, keep: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., min_confidence: _Optional[float] = ..., min_tokens: _Optional[int] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ..., drop_previous: _Optional[bool] = ...) -> None: ...
+    guess: bool
+    def __init__(self, keep: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., min_confidence: _Optional[float] = ..., min_tokens: _Optional[int] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ..., drop_previous: _Optional[bool] = ..., guess: _Optional[bool] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("open", "step")

@@ -24,6 +24,7 @@ from ..config import BatchingConfig
 from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
 from ..grpc_host import Device
 from ..proposing import AUX_HIDDEN, NO_EXTRAS, HiddenRows, Proposer, ProposerGone, StepRecorder
+from ..seeds import DraftDraws
 from .eagle3 import Eagle3Head, HeadCache
 
 
@@ -36,12 +37,12 @@ class HeadState:
     A proposal is possible when features reach position n-2: each fed position i needs x_{i+1}.
     """
 
-    def __init__(self, head: Eagle3Head, capacity: int, sampling: SamplingParams, generator: torch.Generator,
+    def __init__(self, head: Eagle3Head, capacity: int, sampling: SamplingParams, draws: DraftDraws,
                  max_support: int = DRAFT_MAX_SUPPORT) -> None:
         self.head = head
         self.cache = HeadCache(head.config, capacity, head.fc.weight.dtype, head.fc.weight.device)
         self.sampling = sampling
-        self.generator = generator
+        self.draws = draws  # by position (workers/seeds.py)
         self.max_support = max_support
         self.committed: list[int] = []
         self.fed = 0
@@ -165,7 +166,8 @@ class HeadRun:
             state.fed += len(self.planned.ids)
             if state.fed < self.first + len(self.aux):  # more of the target's positions to feed
                 return False
-        token, q = draw(state.head.to_target(logits[-1:]), state.sampling, state.generator, state.max_support)
+        u = state.draws.uniform(len(state.committed) + len(self.tokens))
+        token, q = draw(state.head.to_target(logits[-1:]), state.sampling, u, state.max_support)
         self.tokens.append(token)
         self.rows.append(q)
         self.hidden = hidden
