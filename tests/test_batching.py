@@ -8,6 +8,7 @@ Greedy steps run in a batch give the tokens they give alone; sampled steps give 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -202,7 +203,7 @@ def test_an_abandoned_draft_stops_at_the_next_pass_and_keeps_what_it_drafted(dra
     async def scenario():
         scheduler = Scheduler(draft, pool, Device(1), BatchingConfig())
         runs = [asyncio.create_task(scheduler.run(step)) for step in (stale, other)]
-        while scheduler.counts.passes < 3:  # the prefill and two drafted tokens
+        while len(stale.ids) < 2:  # two drafted tokens (its passes run back to back on the device thread)
             await asyncio.sleep(0)
         scheduler.abandon(stale)
         return scheduler, await asyncio.gather(*runs)
@@ -355,3 +356,69 @@ def test_a_proposal_drafted_ahead_is_the_one_drafted_afresh_after_the_verdict(dr
     assert torch.equal(ahead.q.ids[1:], fresh.q.ids) and torch.allclose(ahead.q.probs[1:], fresh.q.probs)
     guess_pool, guess_sequence = private_sequence(draft, prompt + proposal.ids, 256)
     assert ahead.ids[0] == run_alone(draft, guess_pool, DraftSession(guess_sequence, GREEDY, draws).step(1)).ids[0]
+
+
+class GatedScheduler(Scheduler):
+    """Records each pass's sessions and each call to the device; the pass numbered ``hold_at``
+    waits, once it ran, until the test lets it go."""
+
+    def __init__(self, *args, hold_at: int = -1) -> None:
+        super().__init__(*args)
+        self.hold_at = hold_at
+        self.held, self.go = threading.Event(), threading.Event()
+        self.sessions_per_pass: list[int] = []
+        self.device_calls = 0
+
+    def _run_passes(self, members):
+        self.device_calls += 1
+        return super()._run_passes(members)
+
+    def _run(self, members):
+        outcomes = super()._run(members)
+        self.sessions_per_pass.append(len(members))
+        if len(self.sessions_per_pass) == self.hold_at + 1:
+            self.held.set()
+            self.go.wait(10)
+        return outcomes
+
+
+@pytest.mark.parametrize("back_to_back", [True, False])
+def test_a_drafts_passes_run_back_to_back_on_the_device_with_the_same_result(draft, back_to_back):
+    """A draft step's k passes follow one another on the device thread without a hop to the event
+    loop (one device call) when nothing else happens; the result is the same either way."""
+    prompt = prompts(1, seed=4)[0]
+    pool, sequence = private_sequence(draft, prompt, 256)
+    alone = run_alone(draft, pool, DraftSession(sequence, SAMPLED, DraftDraws(3, "draft")).step(6)).ids
+    pool = KVPool(KVShape.of(draft), Budget(2**28))
+    step = DraftSession(PooledSequence(pool.take(256), prompt), SAMPLED, DraftDraws(3, "draft")).step(6)
+    scheduler = GatedScheduler(draft, pool, Device(1), BatchingConfig(back_to_back=back_to_back))
+    done = asyncio.run(scheduler.run(step))
+    assert done.result.ids == alone and scheduler.counts.passes == 6
+    assert scheduler.device_calls == (1 if back_to_back else 6)
+
+
+def test_a_step_arriving_during_passes_back_to_back_joins_at_the_next_pass(draft):
+    """Back to back or not, sessions join between passes: a step submitted while the device runs
+    the third pass of another shares the fourth, and both get what they get alone."""
+    first, second = prompts(2, seed=6)
+    alone = []
+    for prompt, k in ((first, 8), (second, 3)):
+        pool, sequence = private_sequence(draft, prompt, 256)
+        alone.append(run_alone(draft, pool, DraftSession(sequence, GREEDY, DraftDraws(0, "draft")).step(k)).ids)
+    pool = KVPool(KVShape.of(draft), Budget(2**28))
+    steps = [DraftSession(PooledSequence(pool.take(256), p), GREEDY, DraftDraws(0, "draft")).step(k)
+             for p, k in ((first, 8), (second, 3))]
+    scheduler = GatedScheduler(draft, pool, Device(1), BatchingConfig(), hold_at=2)
+
+    async def scenario():
+        running = asyncio.create_task(scheduler.run(steps[0]))
+        await asyncio.get_running_loop().run_in_executor(None, scheduler.held.wait, 10)
+        joining = asyncio.create_task(scheduler.run(steps[1]))
+        await asyncio.sleep(0)  # it is submitted: the run of passes stops after the one under way
+        scheduler.go.set()
+        return await asyncio.gather(running, joining)
+
+    results = asyncio.run(scenario())
+    assert [r.result.ids for r in results] == alone
+    assert scheduler.sessions_per_pass == [1, 1, 1, 2, 2, 2, 1, 1]
+    assert scheduler.device_calls == 3  # passes 0-2; 3-5, the joiner's three; then 6-7 alone

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -112,6 +113,9 @@ class Scheduler:
         on_cuda = pool is not None and pool.shape.device.type == "cuda"
         self.graphs = DecodeGraphs(model, pool) if config.cuda_graphs and on_cuda else None
         self._to_release: list[Region] = []
+        # Set (on the event loop) when a step arrives or is abandoned: a run of passes back to back
+        # on the device thread stops at the next boundary, so the pass after takes it into account.
+        self._news = threading.Event()
 
     async def run(self, step: Step, task: str = "", on_pass: PassCallback | None = None) -> StepResult:
         """Run ``step`` in as many passes as it needs, sharing them with other sessions' steps.
@@ -121,6 +125,7 @@ class Scheduler:
             return StepResult(step.result, 0.0, 0, 0, 0.0)
         ticket = Ticket(step, task, asyncio.get_running_loop().create_future(), on_pass)
         self.waiting.append(ticket)
+        self._news.set()
         if self._driver is None or self._driver.done():
             self._driver = asyncio.create_task(self._drive())
         await ticket.future
@@ -134,6 +139,7 @@ class Scheduler:
         for ticket in (*self.waiting, *self.active):
             if ticket.step is step:
                 ticket.abandoned = True
+                self._news.set()
 
     @property
     def passing(self) -> bool:
@@ -161,17 +167,53 @@ class Scheduler:
                 continue
             self._in_flight = {id(segment.region) for _, segment in members}
             started = time.monotonic()
+            self._news.clear()
             try:
-                outcomes, seconds = await self.device.run_timed(self._run, members)
-            except Exception as exc:  # the whole pass failed: every step in it fails, the scheduler goes on
-                log.exception("a batched pass of %d sessions failed", len(members))
-                outcomes, seconds = [exc] * len(members), 0.0
+                passes = await self.device.run(self._run_passes, members)
             finally:
                 self._in_flight = set()
                 for region in self._to_release:
                     self.pool.give_back(region)
                 self._to_release.clear()
-            self._settle(members, outcomes, seconds, started)
+            for ran, outcomes, seconds in passes:
+                self._settle(ran, outcomes, seconds, started)
+
+    def _run_passes(self, members: list[tuple[Ticket, Segment]]) -> list[tuple[list, list, float]]:
+        """On the device thread: a pass, then (``back_to_back``) the next of the same steps at once,
+        while every one of them needs another and nothing new has happened on the event loop. Each
+        pass as (members, outcomes, device seconds); a pass that fails fails its steps and ends the run."""
+        passes = []
+        while True:
+            start = time.perf_counter()
+            try:
+                outcomes = self._run(members)
+            except Exception as exc:  # the whole pass failed: every step in it fails, the scheduler goes on
+                log.exception("a batched pass of %d sessions failed", len(members))
+                passes.append((members, [exc] * len(members), 0.0))
+                return passes
+            passes.append((members, outcomes, time.perf_counter() - start))
+            members = self._next_pass(members, outcomes)
+            if not members:
+                return passes
+
+    def _next_pass(self, members: list[tuple[Ticket, Segment]], outcomes: list) -> list[tuple[Ticket, Segment]]:
+        """The same steps' next pass, if it may follow at once: none finished or failed, none
+        answers per pass (on_pass runs on the event loop), no step arrived or was abandoned, and
+        every one plans its next segment within the pass's room (planning is bookkeeping)."""
+        if (not self.config.back_to_back or self._news.is_set() or any(isinstance(outcome, Exception) or outcome for outcome in outcomes)
+                or any(ticket.on_pass is not None or ticket.abandoned or ticket.dropped for ticket, _ in members)):
+            return []
+        room, following = self.config.max_tokens_per_pass, []
+        for ticket, _ in members:
+            try:
+                segment = ticket.step.plan(room)
+            except ValueError:  # fails where the event loop plans it, alone
+                return []
+            if segment is None or id(segment.region) not in self._in_flight:
+                return []
+            following.append((ticket, segment))
+            room -= len(segment.tokens)
+        return following
 
     def _run(self, members: list[tuple[Ticket, Segment]]) -> list:
         """On the device thread: the pass (a graph's replay where one fits), then each step's advance."""
