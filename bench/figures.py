@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from specserve.router.cost_model import expected_speedup
+from specserve.router.cost_model import expected_speedup, overlapped_bound
 from specserve.workers import stats
 
 from .load_figures import derive_load
@@ -61,6 +61,12 @@ def tokens_per_pass(samples: list[Sample]) -> float | None:
     """Output tokens per target pass (each pass's accepted tokens and the target's own)."""
     passes = sum(s.target_passes for s in samples)
     return sum(s.tokens for s in samples) / passes if passes else None
+
+
+def hit_rate(samples: list[Sample]) -> float | None:
+    """The share of lookaheads whose assumed verdict came (their proposal used as drafted)."""
+    lookaheads = sum(s.lookaheads for s in samples)
+    return sum(s.lookahead_hits for s in samples) / lookaheads if lookaheads else None
 
 
 def cost_ratio(drafted: list[Sample], target_only: list[Sample]) -> float | None:
@@ -141,10 +147,14 @@ def _greedy_task(task: str, samples: list[Sample], k: int) -> dict:
         "c": c,
         "c_service": cost_ratio(paths[TASK], paths[OFF]),  # the same, on the workers through the service
         "wasted": wasted_share(paths[TASK]),
+        "lookahead_hits": hit_rate(paths[TASK]),
         "speedup": speedup,
         "w": w,
         "bound": bound,
         "of_bound": speedup["median"] / bound if speedup and bound else None,
+        "bound_overlapped": overlapped_bound(a, c, k) if bound is not None else None,
+        "of_bound_overlapped": (speedup["median"] / overlapped_bound(a, c, k)
+                                if speedup and bound is not None else None),
         "bound_with_w": bound_w,
         "of_bound_with_w": speedup["median"] / bound_w if speedup and bound_w else None,
         "adaptive_speedup": ratios(TASK_ADAPTIVE, OFF),
@@ -197,6 +207,8 @@ def _sampling(samples: list[Sample], tasks: list[str]) -> dict[str, dict[str, di
         out[task][f"{temperature:g}"] = {
             "alpha": alpha(drafted),
             "tokens_per_pass": tokens_per_pass(drafted),
+            "lookahead_hits": hit_rate(drafted),
+            "wasted": wasted_share(drafted),
             "speedup": spread([ratio(r.get(TASK), r.get(OFF)) for r in by_run(group)]),
         }
     return dict(out)

@@ -45,6 +45,8 @@ class Sample:
     proposed: int = 0
     drafted: int = 0  # tokens the draft computed: proposed, lookaheads' guesses, and wasted
     wasted: int = 0  # drafted ahead by lookaheads that missed
+    lookaheads: int = 0  # proposals drafted ahead while the target verified
+    lookahead_hits: int = 0  # of those, the verdict they assumed came: used as they were
     accepted: int = 0
     rejections: int = 0
     target_passes: int = 0

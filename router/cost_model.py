@@ -135,6 +135,13 @@ def expected_speedup(alpha: float, c: float, k: int, w: float = 0.0, saturated: 
     return speedup_at(alpha, c, k, Load(w=w, saturated=saturated))
 
 
+def overlapped_bound(alpha: float, c: float, k: int, w: float = 0.0) -> float:
+    """The bound with drafting hidden behind verification (the draft on its own device, every
+    lookahead a hit, nothing on the wire): a step costs the longer of its verify pass (1 + k w) and
+    its drafting (k c), not their sum; E / max(1, k c) where w = 0."""
+    return expected_tokens_per_pass(alpha, k) / max(1 + k * w, k * c)
+
+
 def best_k(alpha: float, c: float, k_min: int, k_max: int, load: Load = UNLOADED,
            coverage: float = 1.0) -> tuple[int, float]:
     """The k in [k_min, k_max] with the highest expected speedup at `load`, and that speedup (ties:
