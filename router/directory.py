@@ -92,6 +92,16 @@ class WorkerDirectory:
         caps = [e.pass_sessions for e in self.endpoints if e.kind == "target" and e.pass_sessions]
         return min(caps, default=0)
 
+    def target_pass_times(self) -> tuple[tuple[int, float], ...]:
+        """(tokens, seconds) of a pass per width as the target replicas timed them at start-up (the
+        slowest replica's at each width: a step waits for the replica it is on); () if none said."""
+        slowest: dict[int, float] = {}
+        for e in self.endpoints:
+            if e.kind == "target":
+                for tokens, seconds in e.pass_times:
+                    slowest[tokens] = max(seconds, slowest.get(tokens, 0.0))
+        return tuple(sorted(slowest.items()))
+
     def channel(self, endpoint: Endpoint) -> grpc.aio.Channel:
         """One persistent channel (HTTP/2 connection) per worker; each session is a stream on it."""
         if endpoint.address not in self.channels:

@@ -11,7 +11,7 @@ Glossary
     r           what a verify step waits beyond its pass (round trip, the pass under way), relative
                 to a target-only step, which comes in a decode run and waits for its passes alone
     load        N, the sessions sharing a target pass, and s(t), the fitted device time of a pass of t
-                tokens: a step of k is priced as s(N (k + 1)) / s(N) + r target-only steps plus its
+                tokens (from the replicas' start-up timings until real passes are timed): a step of k is priced as s(N (k + 1)) / s(N) + r target-only steps plus its
                 drafting (router/cost_model.py), so under load k falls and speculation stops
     realized    decode tokens/s that each proposer's and target-only requests really got, by load level:
                 a proposer whose requests ran slower at this load is passed over whatever the
@@ -34,6 +34,7 @@ cause is `target_saturated` when the same arms would pay unloaded (N = 1), else 
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field, fields
 
@@ -41,7 +42,7 @@ from specserve.workers.lookup import DRAFT_FREE
 from specserve.workers.stats import alpha as alpha_of
 
 from .config import PolicyConfig
-from .cost_model import Load, PassFit, best_k
+from .cost_model import MIN_WIDTH_PASSES, Load, PassFit, best_k
 from .load_check import LoadCheck
 
 SPECULATE, FALLBACK = "speculate", "fallback"
@@ -253,6 +254,16 @@ class Policy:
                     if name not in passed_over), key=lambda view: view.expected_speedup)
 
     # --- learning ---------------------------------------------------------------------------------
+
+    def seed_passes(self, timed: tuple[tuple[int, float], ...]) -> None:
+        """Start the pass-time curve from the target replicas' own start-up timings ((tokens,
+        seconds) per width, workers/calibration.py), once, so the first burst of requests is priced
+        at its load; real passes fold in over them and, faded by ``pass_half_life_steps``, take over."""
+        if self.passes.weight or not timed:
+            return
+        for tokens, seconds in timed:
+            for _ in range(math.ceil(MIN_WIDTH_PASSES)):  # each width counts on the curve from the start
+                self.passes.add(tokens, seconds, 1)
 
     def observe(self, task: str, draft: str | None, obs: Observation) -> None:
         """Fold in a finished request, then revisit the task's decision."""

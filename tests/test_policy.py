@@ -394,3 +394,43 @@ def test_a_proposer_is_priced_by_how_often_it_proposes():
     assert arms["ngram"].alpha == pytest.approx(0.9, abs=0.1)  # its prior (0, 64 trials) fades
     assert p._tasks["t"].arms["ngram"].coverage == pytest.approx(0.4, abs=0.05)
     assert p.view("t").best.draft == "ngram"
+
+
+def test_the_replicas_start_up_timings_price_the_first_burst_at_its_load():
+    """Before any request has run, the pass curve comes from the target replicas' start-up timings
+    (workers/calibration.py, through their registrations), so a burst's first requests get the k
+    of their load; timings of real passes fold in over them, and a second seeding is ignored."""
+    timed = tuple((t, CPU_PASS.seconds(t)) for t in (1, 2, 4, 8, 16, 32, 64, 128))
+    p = policy(drafts=("a",), explore=False, min_trials=0)
+    p.observe("t", None, plain())
+    p.observe("t", "a", observation(alpha=0.8, c=0.05, steps=500))  # requests that timed no pass
+    assert p.route("t", pressure=16).load == ""  # no pass timed: the load changes nothing
+    p.seed_passes(timed)
+    ks = [p.route("t", pressure=n).k for n in (1, 4, 16)]
+    assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1], ks
+    assert p.passes.curve().seconds(40) == pytest.approx(CPU_PASS.seconds(40))
+    weight = p.passes.weight
+    p.seed_passes(tuple((t, 10 * s) for t, s in timed))
+    assert p.passes.weight == weight
+
+
+def test_a_replica_times_a_pass_of_each_width_at_start_up(tiny_engine):
+    from specserve.workers.batching import Scheduler
+    from specserve.workers.calibration import WIDTHS, time_pass_widths
+    from specserve.workers.config import BatchingConfig
+    from specserve.workers.grpc_host import Device
+    from specserve.workers.kv_pool import Budget, KVPool, KVShape
+
+    pool = KVPool(KVShape.of(tiny_engine.target), Budget(2**26))
+    scheduler = Scheduler(tiny_engine.target, pool, Device(1), BatchingConfig(max_tokens_per_pass=64))
+    timed = time_pass_widths(scheduler)
+    assert [t for t, _ in timed] == [w for w in WIDTHS if w <= 64] and all(s > 0 for _, s in timed)
+    assert pool.in_use == 0  # its region went back
+
+
+def test_the_directory_gives_the_slowest_replicas_timing_per_width():
+    directory = WorkerDirectory(registry=None, failed_cooldown=1.0)
+    directory.endpoints = [Endpoint("target", "t0", "a:1", pass_times=((1, 0.01), (2, 0.02))),
+                           Endpoint("target", "t1", "a:2", pass_times=((1, 0.03),)), Endpoint("target", "t2", "a:3"),
+                           Endpoint("draft", "d0", "a:4", pass_times=((1, 9.0),))]
+    assert directory.target_pass_times() == ((1, 0.03), (2, 0.02))

@@ -345,3 +345,16 @@ def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, 
         assert hits, "no sampled lookahead hit: the overlapped path went untested"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_target_replica_registers_its_pass_times_timed_at_start_up(service):
+    """workers/calibration.py: the router prices the first burst's load with these (router/policy.py seed_passes)."""
+    import ray
+
+    from specserve.workers.calibration import WIDTHS
+    from specserve.workers.registry import REGISTRY_NAME
+
+    registry = ray.get_actor(REGISTRY_NAME)  # in the cluster's namespace, which this process joined
+    targets = [e for e in ray.get(registry.endpoints.remote("target"))]
+    assert targets and all([t for t, _ in e.pass_times] == list(WIDTHS) and all(s > 0 for _, s in e.pass_times)
+                           for e in targets)

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 from specserve.proto.v1 import internal_pb2 as pb
 
 from .batching import Scheduler
+from .calibration import time_pass_widths
 from .config import WorkerConfig
 from .grpc_host import BackgroundServer, Device, advertised_host
 from .kv_cache import session_capacity
@@ -82,8 +83,10 @@ class ModelHost:
 
     def __init__(self, kind: str, worker_id: str, models: dict[str, PreTrainedModel], config: WorkerConfig,
                  registration: Registration, add_servicer: Callable[[grpc.aio.Server], None],
-                 extra: tuple[str, ...] = ()) -> None:
-        """``extra``: what it also serves, outside the batch schedulers (a draft worker's EAGLE-3 heads)."""
+                 extra: tuple[str, ...] = (), time_passes: bool = False) -> None:
+        """``extra``: what it also serves, outside the batch schedulers (a draft worker's EAGLE-3 heads);
+        ``time_passes``: time a pass of each width before registering (a target replica: the router
+        prices load with them until it has timed real passes, workers/calibration.py)."""
         self.kind = kind
         self.worker_id = worker_id
         self.models = (*models, *extra)
@@ -96,6 +99,13 @@ class ModelHost:
                                     device)  # shared by the pools of all its models
         self.schedulers = {name: Scheduler(use_pooled_attention(model), self._pool(model, len(models)), self.device,
                                            config.batching) for name, model in models.items()}
+        self.pass_times: tuple[tuple[int, float], ...] = ()
+        if time_passes and self.schedulers:
+            scheduler = next(iter(self.schedulers.values()))
+            self.pass_times = self.device.executor.submit(time_pass_widths, scheduler).result()
+            log.info("%s %s: a pass of %s tokens takes %s ms (timed at start-up)", kind, worker_id,
+                     "/".join(str(t) for t, _ in self.pass_times),
+                     "/".join(f"{s * 1e3:.1f}" for _, s in self.pass_times))
         security = SecuritySettings.from_env()  # the router is the only caller: mTLS and the internal token
         self.server = BackgroundServer(add_servicer, name=f"{kind}-grpc",
                                        credentials=security.internal_server_credentials(),
@@ -113,7 +123,7 @@ class ModelHost:
 
     def endpoint(self) -> Endpoint:
         return Endpoint(self.kind, self.worker_id, self.address, self.models, self.slots.live, self.node_id,
-                        pass_sessions=self.pass_sessions)
+                        pass_sessions=self.pass_sessions, pass_times=self.pass_times)
 
     @contextlib.contextmanager
     def session(self, model: str, opened: pb.SessionOpen,

@@ -40,7 +40,8 @@ class TargetReplica:
         cfg = TargetConfig.model_validate(config)  # plain data across Serve, checked again here
         servicer = VerifierServicer(self)
         self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", {"target": load_model(target)}, cfg,
-                              registration, lambda server: rpc.add_VerifierServicer_to_server(servicer, server))
+                              registration, lambda server: rpc.add_VerifierServicer_to_server(servicer, server),
+                              time_passes=True)
 
     def check_health(self) -> None:
         """Serve restarts a replica whose stream server has died."""

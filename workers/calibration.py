@@ -1,0 +1,47 @@
+"""A target replica's pass time by width, timed once at start-up.
+
+The router prices a step under load by what a pass of that many tokens costs on the replica
+(router/cost_model.py). Until requests have run, it has timed no pass, so the first burst of traffic
+was priced as if the replica were idle: every request of a burst of 64 got the k of a single one.
+The replica times a pass of each width here, once, before it registers (a fraction of a second on
+the demo zoo; the widest pass dominates), and says so in its registration; the router starts from
+these and its own timings of real passes take over as they come.
+
+A pass here is one session's prompt of that width; under load the same width is spread over
+several sessions, which on a CPU costs a little more (attention runs per session), so these are a
+floor the real passes correct, not a substitute for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from .batching import Scheduler
+from .ragged_pass import Segment, run_pass
+
+log = logging.getLogger("specserve.workers")
+WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per pass: up to 8 sessions of k = 15, or 32 of k = 3
+TIMED = 2  # passes timed per width; the fastest is kept (the others met the machine's noise)
+
+
+def time_pass_widths(scheduler: Scheduler) -> tuple[tuple[int, float], ...]:
+    """(tokens, seconds) of a pass of each width that fits the scheduler's passes. On the device thread."""
+    widths = [w for w in WIDTHS if w <= scheduler.config.max_tokens_per_pass]
+    region = scheduler.pool.take(max(widths))
+    cuda = scheduler.pool.shape.device.type == "cuda"
+
+    def one(width: int) -> float:
+        start = time.perf_counter()
+        run_pass(scheduler.model, scheduler.pool, [Segment(region, 0, [0] * width, 1)])
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    try:
+        one(widths[-1])  # first-call costs (allocations, kernel choice) stay out of the timings
+        return tuple((width, min(one(width) for _ in range(TIMED))) for width in widths)
+    finally:
+        scheduler.pool.give_back(region)
