@@ -136,6 +136,7 @@ def _greedy_task(task: str, samples: list[Sample], k: int) -> dict:
     speedup = ratios(TASK, OFF)
     bound = expected_speedup(a, c, k) if a is not None and c is not None else None
     bound_w = expected_speedup(a, c, k, w) if bound is not None and w is not None else None
+    overlapped = overlapped_bound(a, c, k, w or 0.0) if bound is not None else None  # with this machine's w
     routed = paths[ROUTED]
     peer = paths[HF_ASSISTED]
     return {
@@ -152,9 +153,8 @@ def _greedy_task(task: str, samples: list[Sample], k: int) -> dict:
         "w": w,
         "bound": bound,
         "of_bound": speedup["median"] / bound if speedup and bound else None,
-        "bound_overlapped": overlapped_bound(a, c, k) if bound is not None else None,
-        "of_bound_overlapped": (speedup["median"] / overlapped_bound(a, c, k)
-                                if speedup and bound is not None else None),
+        "bound_overlapped": overlapped,
+        "of_bound_overlapped": speedup["median"] / overlapped if speedup and overlapped else None,
         "bound_with_w": bound_w,
         "of_bound_with_w": speedup["median"] / bound_w if speedup and bound_w else None,
         "adaptive_speedup": ratios(TASK_ADAPTIVE, OFF),

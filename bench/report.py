@@ -94,7 +94,8 @@ def render_report(results: dict, plots: list[str]) -> str:
         "al.'s (1 − αᵏ⁺¹) / ((1 − α)(kc + 1)) from this run's alpha, c and k, which assumes w = 0; `with w` "
         "divides by (1 + kc + kw) instead, the bound for this machine. The service drafts the next proposal "
         "while the target verifies (`hits`: the share of those lookaheads whose assumed verdict came), so it can "
-        "beat either; `overlapped` is the bound with drafting wholly hidden, (1 − αᵏ⁺¹) / ((1 − α) max(1, kc)).",
+        "beat either; `overlapped` is the bound with drafting wholly hidden behind verification on this machine, "
+        "(1 − αᵏ⁺¹) / ((1 − α) max(1 + kw, kc)).",
         "",
         *table(["task", "draft", "alpha", "tokens/pass", "c", "c served", "wasted", "hits", "w", "speedup (task draft)",
                 "bound", "achieved/bound", "bound overlapped", "achieved/overlapped", "bound with w",
