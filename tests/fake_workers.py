@@ -213,6 +213,9 @@ class FakeDirectory:
     def target_pass_cap(self) -> int:
         return 0
 
+    def target_pass_times(self) -> tuple[tuple[int, float], ...]:
+        return ()  # fake replicas time no pass at start-up
+
     def stream(self, worker: Endpoint, step_timeout: float, first_step_timeout: float | None = None) -> FakeStream:
         stream = FakeStream(self.workers[worker.worker_id])
         self.workers[worker.worker_id].streams.append(stream)
