@@ -118,8 +118,13 @@ class RouterConfig(FrozenConfig):
     max_concurrent_requests: int = Field(32, ge=1)  # run at once; beyond it, requests queue
     max_queued_requests: int = Field(32, ge=0)  # wait for a turn; beyond it: RESOURCE_EXHAUSTED
     default_task: str = GENERAL_TASK  # for requests that name no task
-    # Greedy requests: draft the next proposal while the target verifies this one (router/remote_draft.py).
+    # Draft the next proposal while the target verifies this one (router/remote_draft.py), greedy and
+    # sampled requests alike.
     lookahead: bool = True
+    # ...except for a (task, draft, greedy or sampled) whose lookaheads hit less often than this: they
+    # would be draft-device time thrown away (router/lookahead_budget.py; one request in 8 still
+    # drafts ahead, to see a recovery). 0: every request drafts ahead.
+    lookahead_min_hit_rate: float = Field(0.1, ge=0.0, le=1.0)
     # A request decoding target-only asks its replica for up to this many tokens ahead, answered one
     # by one, so it stays in every batched pass instead of sitting out a round trip per token; at
     # most this many minus one are drawn in vain past a stop. 1: one round trip per token.

@@ -41,6 +41,13 @@ tokens_per_pass =
 wasted_share =
     sum by (task, draft) (rate(ray_specserve_wasted_draft_tokens_total{task=~"$task"}[$__rate_interval]))
     / sum by (task, draft) (rate(ray_specserve_drafted_tokens_total{task=~"$task"}[$__rate_interval]))
+# The share of proposals drafted ahead (while the target verified the one before) that the verdict
+# they assumed came and were used as drafted, by task, draft and sampling (greedy or sampled); 0
+# where every one missed. A lookahead that missed costs draft-device time (wasted_share), not a wait.
+lookahead_hit_rate =
+    (sum by (task, draft, sampling) (rate(ray_specserve_lookaheads_total{task=~"$task", outcome="hit"}[$__rate_interval]))
+      or 0 * sum by (task, draft, sampling) (rate(ray_specserve_lookaheads_total{task=~"$task"}[$__rate_interval])))
+    / sum by (task, draft, sampling) (rate(ray_specserve_lookaheads_total{task=~"$task"}[$__rate_interval]))
 # The draft's device seconds per token it computed (proposed or not), by task and draft: c's
 # numerator (workers/stats.py cost_ratio divides it by a target-only pass's time).
 draft_seconds_per_token =
@@ -161,6 +168,9 @@ class RouterMetrics:
                                               "guesses drafted ahead, and wasted)", tag_keys=ARM)
         self.wasted_draft_tokens = metrics.Counter("specserve_wasted_draft_tokens", "Drafted tokens no proposal "
                                                    "used (lookaheads that missed the verdict)", tag_keys=ARM)
+        self.lookaheads = metrics.Counter("specserve_lookaheads", "Proposals drafted ahead while the target "
+                                          "verified, by outcome: hit (the verdict they assumed came) or miss",
+                                          tag_keys=(*ARM, "sampling", "outcome"))
         self.draft_seconds = metrics.Counter("specserve_draft_seconds", "The draft's device time for the tokens "
                                              "it computed", tag_keys=ARM)
         self.accepted_tokens = metrics.Counter("specserve_accepted_tokens", "Draft tokens the target accepted",
@@ -249,6 +259,9 @@ class RouterMetrics:
         _add(self.accepted_tokens, s.accepted, arm)
         _add(self.drafted_tokens, s.drafted, arm)
         _add(self.wasted_draft_tokens, s.wasted, arm)
+        sampling = "greedy" if request.params.sampling.greedy else "sampled"
+        _add(self.lookaheads, s.lookahead_hits, arm | {"sampling": sampling, "outcome": "hit"})
+        _add(self.lookaheads, s.lookaheads - s.lookahead_hits, arm | {"sampling": sampling, "outcome": "miss"})
         _add(self.draft_seconds, s.draft_seconds, arm)
         for position, accepted in enumerate(s.accepted_per_position):
             _add(self.accepted_per_position, accepted, arm | {"position": str(position)})

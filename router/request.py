@@ -52,7 +52,7 @@ class Workers:
     directory: WorkerDirectory
     timeouts: TimeoutsConfig
     proposers: ProposerFactory
-    lookahead: bool = False  # drafts draft ahead while the target verifies (greedy and sampled requests)
+    lookahead: bool = False  # drafts draft ahead while the target verifies (router.lookahead)
     decode_run: int = 1  # target-only tokens granted ahead (router config decode_run_tokens)
 
 
@@ -64,6 +64,7 @@ class Routing:
     route: Route  # its proposer (``route.draft``; None: target-only) and k
     length: DraftLength  # k per step
     pressure: float = 0.0  # sessions per target replica when it was routed
+    lookahead: bool = True  # it may draft ahead, where the service does (router/lookahead_budget.py)
 
 
 class Request:
@@ -78,7 +79,7 @@ class Request:
         self.decoding = Decoding(workers.tokenizer, valid.prompt_ids, valid.params, valid.params.resolved_seed())
         self.recorder = RequestRecorder(self.decoding.stats)
         context = RequestContext(self.request_id, routing.task.task, valid.params, self.decoding, workers.directory,
-                                 workers.timeouts, deadline, workers.lookahead,
+                                 workers.timeouts, deadline, workers.lookahead and routing.lookahead,
                                  workers.decode_run)
         self.proposed_by = self._proposer(workers.proposers, context, routing.length)  # for its counts, once gone
         self.target = TargetLink(context, self.recorder, self.proposed_by.aux_layers if self.proposed_by else ())

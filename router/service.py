@@ -27,6 +27,7 @@ from specserve.workers.stopping import Chunk
 
 from .admission import Admission, Overloaded
 from .directory import NoWorker, WorkerDirectory
+from .lookahead_budget import LookaheadBudget
 from .metrics import RouterMetrics
 from .passes import PassWindow
 from .policy import Policy
@@ -84,6 +85,7 @@ class SpecServeService:
         self.resolver = resolver
         rng = rng or random.Random()
         self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {})
+        self.lookahead_budget = LookaheadBudget(config.lookahead_min_hit_rate)
         self.draft_free = DraftFree(config.ngram, config.suffix)
         proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {})
         self.workers = Workers(tokenizer, directory, config.timeouts, proposers, config.lookahead,
@@ -177,7 +179,8 @@ class SpecServeService:
         policy = self.config.policy
         schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
         length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
-        return Request(request, Routing(task, route, length, pressure), self.workers, deadline)
+        ahead = self.lookahead_budget.allows(task.task, route.draft, request.params.sampling.greedy)
+        return Request(request, Routing(task, route, length, pressure, ahead), self.workers, deadline)
 
     def _learn(self, request: Request) -> None:
         """A finished request: into the totals and the policy; scored by the other proposers (the
@@ -187,6 +190,9 @@ class SpecServeService:
         self.passes["draft"].add(request.times.draft_passes)
         task = request.task.task
         self.policy.observe(task, request.route.draft, request.observation())
+        stats = request.decoding.stats
+        self.lookahead_budget.observe(task, request.route.draft, request.params.sampling.greedy, stats.lookaheads,
+                                      stats.lookahead_hits)
         if request.params.sampling.greedy:  # scoring compares greedy choices
             self.scorer.offer(task, request.route.draft, request.valid.prompt_ids, request.decoding.committed)
         self.draft_free.learn(task, request.decoding.committed)  # after scoring: no proposer sees its own answer

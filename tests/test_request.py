@@ -52,12 +52,13 @@ def target_only(tiny_engine) -> list[int]:
 def make_session(models, directory: FakeDirectory, *, lookahead: bool, sampling: SamplingParams = SamplingParams(),
                  schedule: str = "fixed", seed: int = 7, route: Route = Route(DRAFT, K, "requested"),
                  decode_run: int = 1, draft_free: DraftFree | None = None,
-                 timeouts: TimeoutsConfig = TimeoutsConfig()) -> Request:
+                 timeouts: TimeoutsConfig = TimeoutsConfig(), ahead: bool = True) -> Request:
     target, tokenizer = models
     params = GenerationParams(max_tokens=MAX_TOKENS, sampling=sampling, k=K, seed=seed)
     request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", route.draft, route.k, "on")
     proposers = ProposerFactory(draft_free or DraftFree(), {"code": (DRAFT, "ngram", "suffix")})
-    return Request(request, Routing(ResolvedTask("code", "request", 1.0), route, DraftLength(schedule, route.k, 8)),
+    return Request(request, Routing(ResolvedTask("code", "request", 1.0), route, DraftLength(schedule, route.k, 8),
+                                    lookahead=ahead),
                    Workers(tokenizer, directory, timeouts, proposers, lookahead, decode_run))
 
 
@@ -81,6 +82,16 @@ def test_lookahead_hits_and_misses(models, target_only):
     stats = session.decoding.stats
     assert 0 < stats.lookahead_hits < stats.lookaheads, (stats.lookahead_hits, stats.lookaheads)
     assert draft.streams[0].closed and target.streams[0].closed
+
+
+def test_a_request_the_lookahead_budget_holds_back_drafts_in_turn(models, target_only):
+    """Routing.lookahead False (router/lookahead_budget.py: its arm's lookaheads rarely hit): no
+    lookahead, the same output."""
+    target = FakeWorker("target", "t0", models[0])
+    draft = FakeWorker("draft", "d0", models[0])
+    session = make_session(models, FakeDirectory(target, draft), lookahead=True, ahead=False)
+    assert run(session) == target_only
+    assert session.decoding.stats.lookaheads == 0 and session.decoding.stats.proposed > 0
 
 
 def test_a_rejection_at_every_position(models, target_only):
