@@ -36,6 +36,10 @@ class RequestContext:
     # Target-only, the target decodes in runs of up to this many tokens granted ahead, so the request
     # stays in every batched pass of its replica rather than sitting out a round trip per token.
     decode_run: int = 1
+    # With ``lookahead``, a remote draft drafts ahead unless the lookahead budget holds this request
+    # back (router/lookahead_budget.py); its first step is target-only either way, so a seed gives
+    # one output whatever the budget decided.
+    ahead: bool = True
 
     def opening(self, model: str = "", replaced: int = 0, aux_layers: tuple[int, ...] = ()) -> pb.SessionOpen:
         """The open message of a worker's session holding every committed token: the target's

@@ -29,7 +29,9 @@ class ProposerFactory:
         if name in DRAFT_FREE:
             return self.draft_free.proposer(name, context.task, recorder)
         if name == TREE:
-            members = self.trees.get(context.task) or ()
+            # Each member once: two of one draft would draw the same tokens (a draft's draws are keyed
+            # by its name and position, workers/seeds.py), and a tree's siblings must be independent.
+            members = tuple(dict.fromkeys(self.trees.get(context.task) or ()))
             if len(members) < 2:
                 raise ProposerGone(f"task {context.task!r} has no tree of proposers (its members: {members})")
             return TreeProposer([self.make(m, context, length, recorder) for m in members], self.tree_max_tokens)

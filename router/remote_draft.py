@@ -212,7 +212,8 @@ class RemoteDraft(Proposer):
         proposed = len(proposal.ids)
         after_all_accepted = self.context.history.remaining - proposed - 1
         k = min(self.length.next_k(proposed, proposed), after_all_accepted - 1) + 1  # one more: its guess
-        if not (self.context.lookahead and self.stream and (proposed or not self.verdicts) and k >= 2):
+        if not (self.context.lookahead and self.context.ahead and self.stream and (proposed or not self.verdicts)
+                and k >= 2):
             return
         if self.aux_layers:  # a head drafts from the verify pass's hidden states: nothing to draft ahead from
             return

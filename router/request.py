@@ -79,8 +79,8 @@ class Request:
         self.decoding = Decoding(workers.tokenizer, valid.prompt_ids, valid.params, valid.params.resolved_seed())
         self.recorder = RequestRecorder(self.decoding.stats)
         context = RequestContext(self.request_id, routing.task.task, valid.params, self.decoding, workers.directory,
-                                 workers.timeouts, deadline, workers.lookahead and routing.lookahead,
-                                 workers.decode_run)
+                                 workers.timeouts, deadline, workers.lookahead, workers.decode_run,
+                                 ahead=routing.lookahead)
         self.proposed_by = self._proposer(workers.proposers, context, routing.length)  # for its counts, once gone
         self.target = TargetLink(context, self.recorder, self.proposed_by.aux_layers if self.proposed_by else ())
         self.loop = SpeculativeLoop(self.decoding, self.target, self.proposed_by, routing.length, self.recorder,

@@ -422,3 +422,33 @@ def test_a_step_arriving_during_passes_back_to_back_joins_at_the_next_pass(draft
     assert [r.result.ids for r in results] == alone
     assert scheduler.sessions_per_pass == [1, 1, 1, 2, 2, 2, 1, 1]
     assert scheduler.device_calls == 3  # passes 0-2; 3-5, the joiner's three; then 6-7 alone
+
+
+def test_a_run_of_passes_back_to_back_yields_to_another_models_call_on_the_same_device(draft):
+    """A draft worker's models share one device thread: a call another scheduler submits while one
+    runs passes back to back goes next, as it would between passes."""
+    first, second = prompts(2, seed=7)
+    device, order = Device(1), []
+
+    class Logged(GatedScheduler):
+        def _run(self, members):
+            order.append(self.name)
+            return super()._run(members)
+
+    pool = KVPool(KVShape.of(draft), Budget(2**28))
+    a, b = Logged(draft, pool, device, BatchingConfig(), hold_at=2), Logged(draft, pool, device, BatchingConfig())
+    a.name, b.name = "a", "b"
+    steps = [DraftSession(PooledSequence(pool.take(256), p), GREEDY, DraftDraws(0, "draft")).step(k)
+             for p, k in ((first, 6), (second, 1))]
+
+    async def scenario():
+        running = asyncio.create_task(a.run(steps[0]))
+        await asyncio.get_running_loop().run_in_executor(None, a.held.wait, 10)
+        other = asyncio.create_task(b.run(steps[1]))
+        while not device.waiting:  # b's pass is submitted to the device
+            await asyncio.sleep(0.001)
+        a.go.set()
+        await asyncio.gather(running, other)
+
+    asyncio.run(scenario())
+    assert order == ["a", "a", "a", "b", "a", "a", "a"]

@@ -112,3 +112,14 @@ def test_an_unknown_proposer_or_tree_is_refused(tiny_engine, prompt):
         tiny_engine.generate(prompt, GenerationParams(max_tokens=8), draft="nope")
     with pytest.raises(ValueError, match="a tree needs two or more"):
         tiny_engine.generate(prompt, GenerationParams(max_tokens=8), draft="tree", tree=("ngram",))
+
+
+
+def test_a_tree_of_one_draft_twice_is_refused(tiny_engine):
+    """Two members of one draft would draw the same tokens (draws are keyed by draft and position),
+    and a tree's siblings must be independent."""
+    from specserve.workers.request import GenerationParams
+
+    draft = next(iter(tiny_engine.drafts))
+    with pytest.raises(ValueError, match="different"):
+        tiny_engine.generate("SELECT", GenerationParams(max_tokens=4), draft="tree", tree=[draft, draft])

@@ -94,6 +94,17 @@ def test_a_request_the_lookahead_budget_holds_back_drafts_in_turn(models, target
     assert session.decoding.stats.lookaheads == 0 and session.decoding.stats.proposed > 0
 
 
+def test_a_sampled_requests_output_does_not_depend_on_the_lookahead_budget(models):
+    """Held back or not, the first step is target-only and a draft's draws are keyed by position:
+    one seed, one output."""
+    target = FakeWorker("target", "t0", models[0])
+    draft = FakeWorker("draft", "d0", models[0])
+    sampled = SamplingParams(temperature=1.0)
+    outputs = [run(make_session(models, FakeDirectory(target, draft), lookahead=True, sampling=sampled, ahead=ahead))
+               for ahead in (True, False)]
+    assert outputs[0] == outputs[1]
+
+
 def test_a_rejection_at_every_position(models, target_only):
     # Step n corrupts position n % (K + 1): K + 1 means none, so every outcome 0..K occurs.
     target = FakeWorker("target", "t0", models[0])

@@ -116,6 +116,7 @@ class Scheduler:
         # Set (on the event loop) when a step arrives or is abandoned: a run of passes back to back
         # on the device thread stops at the next boundary, so the pass after takes it into account.
         self._news = threading.Event()
+        self._left_out = False  # the running pass left a pending step out (limits, a task's wait)
 
     async def run(self, step: Step, task: str = "", on_pass: PassCallback | None = None) -> StepResult:
         """Run ``step`` in as many passes as it needs, sharing them with other sessions' steps.
@@ -168,6 +169,8 @@ class Scheduler:
             self._in_flight = {id(segment.region) for _, segment in members}
             started = time.monotonic()
             self._news.clear()
+            in_pass = {id(ticket) for ticket, _ in members}  # a step this pass left out ends a run back to back
+            self._left_out = any(id(t) not in in_pass for t in (*self.waiting, *self.active))
             try:
                 passes = await self.device.run(self._run_passes, members)
             finally:
@@ -198,16 +201,18 @@ class Scheduler:
 
     def _next_pass(self, members: list[tuple[Ticket, Segment]], outcomes: list) -> list[tuple[Ticket, Segment]]:
         """The same steps' next pass, if it may follow at once: none finished or failed, none
-        answers per pass (on_pass runs on the event loop), no step arrived or was abandoned, and
-        every one plans its next segment within the pass's room (planning is bookkeeping)."""
-        if (not self.config.back_to_back or self._news.is_set() or any(isinstance(outcome, Exception) or outcome for outcome in outcomes)
+        answers per pass (on_pass runs on the event loop), no step arrived, was abandoned or was
+        left out of the pass, no other call waits for the device (another model's scheduler on
+        it, a Score), and every one plans its next segment within the pass's room (bookkeeping)."""
+        if (not self.config.back_to_back or self._news.is_set() or self._left_out or self.device.waiting
+                or any(isinstance(outcome, Exception) or outcome for outcome in outcomes)
                 or any(ticket.on_pass is not None or ticket.abandoned or ticket.dropped for ticket, _ in members)):
             return []
         room, following = self.config.max_tokens_per_pass, []
         for ticket, _ in members:
             try:
                 segment = ticket.step.plan(room)
-            except ValueError:  # fails where the event loop plans it, alone
+            except Exception:  # fails where the event loop plans it, alone
                 return []
             if segment is None or id(segment.region) not in self._in_flight:
                 return []

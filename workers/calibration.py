@@ -7,9 +7,11 @@ The replica times a pass of each width here, once, before it registers (a fracti
 the demo zoo; the widest pass dominates), and says so in its registration; the router starts from
 these and its own timings of real passes take over as they come.
 
-A pass here is one session's prompt of that width; under load the same width is spread over
-several sessions, which on a CPU costs a little more (attention runs per session), so these are a
-floor the real passes correct, not a substitute for them.
+A pass here is one session's tokens of that width, each with its logits (as a verify or decode
+pass wants them: the output head is a large share of a small model's pass); under load the same
+width is spread over several sessions, which on a CPU costs a little more (attention runs per
+session), and on CUDA decode passes replay graphs (workers/graphs.py), which these eager passes do
+not: a prior the real passes correct, not a substitute for them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def time_pass_widths(scheduler: Scheduler) -> tuple[tuple[int, float], ...]:
 
     def one(width: int) -> float:
         start = time.perf_counter()
-        run_pass(scheduler.model, scheduler.pool, [Segment(region, 0, [0] * width, 1)])
+        run_pass(scheduler.model, scheduler.pool, [Segment(region, 0, [0] * width, width)])
         if cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - start

@@ -151,11 +151,11 @@ def stack_rows(rows: list[SparseDist]) -> SparseDist:
     if not rows:
         return DraftTokens.empty().q
     width = max(row.ids.shape[-1] for row in rows)
-    if all(row.ids.shape[-1] == width for row in rows):
-        return SparseDist(torch.cat([r.ids for r in rows]), torch.cat([r.probs for r in rows]))
+    if all(row.ids.shape[-1] == width for row in rows):  # on the CPU: a tree's rows come from several devices
+        return SparseDist(torch.cat([r.ids.cpu() for r in rows]), torch.cat([r.probs.cpu() for r in rows]))
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     probs = torch.zeros(len(rows), width, dtype=rows[0].probs.dtype)
     for i, row in enumerate(rows):
-        ids[i, : row.ids.shape[-1]] = row.ids[0]
-        probs[i, : row.probs.shape[-1]] = row.probs[0]
+        ids[i, : row.ids.shape[-1]] = row.ids[0].cpu()
+        probs[i, : row.probs.shape[-1]] = row.probs[0].cpu()
     return SparseDist(ids, probs)

@@ -93,8 +93,8 @@ class SpecEngine:
     def _check_proposer(self, name: str | None, tree: Sequence[str]) -> None:
         known = (*sorted(self.drafts), *sorted(self.heads), *DRAFT_FREE)
         if name == TREE:
-            if len(tree) < 2 or not set(tree) <= set(known):
-                raise ValueError(f"a tree needs two or more of {', '.join(known)}; got {list(tree)}")
+            if len(tree) < 2 or not set(tree) <= set(known) or len(set(tree)) < len(tree):
+                raise ValueError(f"a tree needs two or more different ones of {', '.join(known)}; got {list(tree)}")
         elif name not in known:
             raise ValueError(f"unknown draft {name!r}; available: {', '.join(known)}, or {TREE}")
 

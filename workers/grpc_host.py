@@ -46,6 +46,9 @@ class Device:
     def __init__(self, threads: int, cpus: tuple[int, ...] = ()) -> None:
         self.cpus = usable_cpus(cpus)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="device", initializer=self._setup, initargs=(threads,))
+        # Calls submitted (counted on the event loop) and started (on the device thread): one thread
+        # writes each, so their difference, the calls waiting, needs no lock.
+        self._submitted = self._started = 0
 
     def _setup(self, threads: int) -> None:
         if self.cpus:
@@ -53,7 +56,17 @@ class Device:
         torch.set_num_threads(threads)
 
     async def run(self, fn: Callable[..., T], *args) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        def started() -> T:
+            self._started += 1
+            return fn(*args)
+        self._submitted += 1
+        return await asyncio.get_running_loop().run_in_executor(self.executor, started)
+
+    @property
+    def waiting(self) -> bool:
+        """Calls wait for the device thread (another model's pass, a Score): a run of passes back
+        to back (workers/batching.py) yields to them."""
+        return self._submitted > self._started
 
     async def run_timed(self, fn: Callable[..., T], *args) -> tuple[T, float]:
         """As ``run``, with the seconds ``fn`` itself took on the device. Timed on the device
