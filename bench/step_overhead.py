@@ -38,6 +38,8 @@ from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.seeds import DraftDraws
 from specserve.workers.zoo.zoo import Zoo
 
+from .memory import component_of
+
 DRAFT_CORE = 1  # as deploy/serve_config.yaml pins the draft workers
 
 
@@ -76,23 +78,22 @@ def report_draft(zoo: Zoo, k: int, steps: int) -> None:
               f"rest {statistics.median(rest) * 1e3:.2f} ms", flush=True)
 
 
-def service_processes() -> dict[int, str]:
-    """The service's processes on this machine: pid -> what it is."""
-    kinds = {"router": "router", "target": "target replica", "draftworker": "draft worker"}
+def service_processes() -> dict[int, tuple[psutil.Process, str]]:
+    """The embedded service's processes (this process's descendants): pid -> (process, component)."""
     found = {}
-    for process in psutil.process_iter(["cmdline"]):
-        command = " ".join(process.info["cmdline"] or [])
-        if command.startswith("ray::"):
-            kind = next((name for key, name in kinds.items() if key in command.lower()), None)
-            if kind:
-                found[process.pid] = kind
+    for process in psutil.Process().children(recursive=True):
+        try:
+            component = component_of(" ".join(process.cmdline()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if component:
+            found[process.pid] = (process, component)
     return found
 
 
 def cpu_under_load(client: SpecServeClient, prompts: list[str], clients: int, mode: int) -> None:
-    processes = {pid: psutil.Process(pid) for pid in service_processes()}
-    kinds = service_processes()
-    before = {pid: sum(p.cpu_times()[:2]) for pid, p in processes.items()}
+    processes = service_processes()
+    before = {pid: sum(process.cpu_times()[:2]) for pid, (process, _) in processes.items()}
     start = time.perf_counter()
 
     def one(i: int) -> int:
@@ -104,10 +105,10 @@ def cpu_under_load(client: SpecServeClient, prompts: list[str], clients: int, mo
     wall = time.perf_counter() - start
     name = "OFF" if mode == pb.SPECULATION_OFF else "AUTO"
     print(f"{clients} clients, {name}: {tokens / wall:.0f} tokens/s over {wall:.1f} s; each process's CPU over that time:")
-    for pid, process in sorted(processes.items(), key=lambda item: kinds[item[0]]):
+    for pid, (process, component) in sorted(processes.items(), key=lambda item: item[1][1]):
         used = sum(process.cpu_times()[:2]) - before[pid]
-        pinned = "" if kinds[pid] == "router" else "; its device thread pinned apart"
-        print(f"  {kinds[pid]:15s} {used:6.2f} s = {used / wall:4.0%} of a core  (may run on cores "
+        pinned = "" if component == "router" else "; its device thread pinned apart"
+        print(f"  {component:15s} {used:6.2f} s = {used / wall:4.0%} of a core  (may run on cores "
               f"{sorted(process.cpu_affinity())}{pinned})", flush=True)
 
 

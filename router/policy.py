@@ -11,7 +11,8 @@ Glossary
     r           what a verify step waits beyond its pass (round trip, the pass under way), relative
                 to a target-only step, which comes in a decode run and waits for its passes alone
     load        N, the sessions sharing a target pass, and s(t), the fitted device time of a pass of t
-                tokens (from the replicas' start-up timings until real passes are timed): a step of k is priced as s(N (k + 1)) / s(N) + r target-only steps plus its
+                tokens (the replicas' start-up timings until real passes are timed): a step of k
+                is priced as s(N (k + 1)) / s(N) + r target-only steps plus its
                 drafting (router/cost_model.py), so under load k falls and speculation stops
     realized    decode tokens/s that each proposer's and target-only requests really got, by load level:
                 a proposer whose requests ran slower at this load is passed over whatever the
@@ -255,11 +256,16 @@ class Policy:
 
     # --- learning ---------------------------------------------------------------------------------
 
+    @property
+    def passes_timed(self) -> bool:
+        """The pass-time curve has data (seeded, or from real passes): no seeding wanted."""
+        return bool(self.passes.weight)
+
     def seed_passes(self, timed: tuple[tuple[int, float], ...]) -> None:
         """Start the pass-time curve from the target replicas' own start-up timings ((tokens,
         seconds) per width, workers/calibration.py), once, so the first burst of requests is priced
         at its load; real passes fold in over them and, faded by ``pass_half_life_steps``, take over."""
-        if self.passes.weight or not timed:
+        if self.passes_timed or not timed:
             return
         for tokens, seconds in timed:
             for _ in range(math.ceil(MIN_WIDTH_PASSES)):  # each width counts on the curve from the start

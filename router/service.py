@@ -173,7 +173,8 @@ class SpecServeService:
     def _start(self, request: ValidRequest, prompt: str, deadline: float | None) -> Request:
         task = self.resolver.resolve(request.task, prompt)
         self.policy.pass_cap = self.directory.target_pass_cap()
-        self.policy.seed_passes(self.directory.target_pass_times())  # once: until real passes are timed
+        if not self.policy.passes_timed:
+            self.policy.seed_passes(self.directory.target_pass_times())  # once: until real passes are timed
         pressure = self.directory.target_pressure()
         route = self.policy.route(task.task, request.mode, request.draft, request.k, pressure)
         policy = self.config.policy
@@ -203,7 +204,8 @@ class SpecServeService:
                    for e in await self.directory.refresh(force=True) if e.kind != "router"]
         self.policy.pressure = self.directory.target_pressure()  # judged on the targets as they are now
         self.policy.pass_cap = self.directory.target_pass_cap()
-        self.policy.seed_passes(self.directory.target_pass_times())
+        if not self.policy.passes_timed:
+            self.policy.seed_passes(self.directory.target_pass_times())
         return pb.ServiceStats(tasks=self._task_rows(), workers=workers, requests_in_flight=self.admission.running,
                                requests_rejected=self.admission.refused, requests_queued=self.admission.waiting,
                                passes=self._pass_rows(), load=self._load_pricing())
