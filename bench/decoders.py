@@ -45,7 +45,7 @@ def service_request(path: str, prompt: str, task: str, draft: str, k: int, max_t
 def fill_stats(sample: Sample, stats: pb.GenerateStats) -> Sample:
     sample.proposed, sample.accepted, sample.rejections = stats.proposed_tokens, stats.accepted_tokens, stats.rejections
     sample.drafted, sample.wasted = stats.drafted_tokens, stats.wasted_draft_tokens
-    sample.lookaheads, sample.lookahead_hits = stats.lookaheads, stats.lookahead_hits
+    sample.lookaheads, sample.lookahead_hits, sample.branch_hits = stats.lookaheads, stats.lookahead_hits, stats.branch_hits
     sample.target_passes, sample.k, sample.draft = stats.target_passes, stats.k, stats.draft
     sample.draft_seconds, sample.verify_seconds = stats.draft_seconds, stats.verify_seconds
     sample.resolved_task = stats.task

@@ -93,15 +93,18 @@ def render_report(results: dict, plots: list[str]) -> str:
         "to a target pass, from the replica's device times (about 0 on a GPU, not on a CPU). bound = Leviathan et "
         "al.'s (1 − αᵏ⁺¹) / ((1 − α)(kc + 1)) from this run's alpha, c and k, which assumes w = 0; `with w` "
         "divides by (1 + kc + kw) instead, the bound for this machine. The service drafts the next proposal "
-        "while the target verifies (`hits`: the share of those lookaheads whose assumed verdict came), so it can "
+        "while the target verifies (`hits`: the share of those lookaheads whose assumed verdict came; `by branch`: "
+        "of those, through the branch drafted beside the lookahead for the likeliest rejection), so it can "
         "beat either; `overlapped` is the bound with drafting wholly hidden behind verification on this machine, "
         "(1 − αᵏ⁺¹) / ((1 − α) max(1 + kw, kc)).",
         "",
-        *table(["task", "draft", "alpha", "tokens/pass", "c", "c served", "wasted", "hits", "w", "speedup (task draft)",
+        *table(["task", "draft", "alpha", "tokens/pass", "c", "c served", "wasted", "hits", "by branch", "w",
+                "speedup (task draft)",
                 "bound", "achieved/bound", "bound overlapped", "achieved/overlapped", "bound with w",
                 "achieved/bound with w", "speedup (adaptive)", "speedup (routed)", "identical"],
                [[t, r["draft"], num(r["alpha"]), num(r["tokens_per_pass"]), num(r["c"], 3),
-                 num(r.get("c_service"), 3), pct(r.get("wasted")), pct(r.get("lookahead_hits")), num(r["w"], 3),
+                 num(r.get("c_service"), 3), pct(r.get("wasted")), pct(r.get("lookahead_hits")),
+                 pct(r.get("branch_hits")), num(r["w"], 3),
                  sx(r["speedup"]), x(r["bound"]), pct(r["of_bound"]), x(r.get("bound_overlapped")),
                  pct(r.get("of_bound_overlapped")), x(r["bound_with_w"]), pct(r["of_bound_with_w"]),
                  sx(r["adaptive_speedup"]), sx(r["routed"]["speedup"]), _identical(r)]
@@ -169,10 +172,12 @@ def render_report(results: dict, plots: list[str]) -> str:
         "temperature, the same seed on both. Sampled outputs follow the target's distribution (the lossless "
         "sampling tests check it); they are not token-identical to a target-only run, so only speed is compared. "
         "Sampled requests draft ahead too (their draft's draws are keyed by position, so a lookahead's proposal is "
-        "the one drafted afresh): `hits` is the share of lookaheads used, `wasted` the drafted tokens no proposal used.",
+        "the one drafted afresh): `hits` is the share of lookaheads used (`by branch`: through the branch beside it), "
+        "`wasted` the drafted tokens no proposal used.",
         "",
-        *table(["task", "temperature", "alpha", "tokens/pass", "hits", "wasted", "speedup"],
+        *table(["task", "temperature", "alpha", "tokens/pass", "hits", "by branch", "wasted", "speedup"],
                [[t, temp, num(m["alpha"]), num(m["tokens_per_pass"]), pct(m.get("lookahead_hits")),
+                 pct(m.get("branch_hits")),
                  pct(m.get("wasted")), sx(m["speedup"])]
                 for t, temps in f["sampling"].items() for temp, m in temps.items()]),
         "",

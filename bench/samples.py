@@ -47,6 +47,7 @@ class Sample:
     wasted: int = 0  # drafted ahead by lookaheads that missed
     lookaheads: int = 0  # proposals drafted ahead while the target verified
     lookahead_hits: int = 0  # of those, the verdict they assumed came: used as they were
+    branch_hits: int = 0  # of those, by the branch beside the lookahead (the rejection it assumed came)
     accepted: int = 0
     rejections: int = 0
     target_passes: int = 0

@@ -82,20 +82,30 @@ class Goal:
 
 @dataclass(frozen=True)
 class Goals:
-    """The targets the report measures itself against (issues 5 and 16)."""
+    """The targets the report measures itself against (issues 5, 16 and 29)."""
 
     speedup: dict[str, float] = field(default_factory=lambda: {"sql": 2.5, "math": 2.5, "code": 2.0, "prose": 1.3})
     speedup_floor: float = 0.97  # on any task (issue 17: from the first request)
     of_bound: float = 0.90  # achieved / Leviathan bound
-    over_peer: float = 1.3  # faster than HF assisted generation, same models
+    # Issue 29: drafting on a device of its own pays. Where the draft pays in one process (the
+    # engine's speedup above 1), the service beats HF assisted generation with the same pair and
+    # reaches most of the bound with drafting hidden behind verification; a speculative step through
+    # the service takes no longer than in process; sampling (at sampled_temperature) keeps most of
+    # greedy's speedup on sampled_tasks.
+    over_peer: float = 1.15  # faster than HF assisted generation, same models
+    of_overlapped: float = 0.90  # achieved / the bound with drafting overlapped
+    step_over_engine: float = 1.0  # a speculative step's wall time, service over in-process engine
+    sampled_of_greedy: float = 0.90  # the task draft's sampled speedup over its greedy one
+    sampled_tasks: tuple[str, ...] = ("sql", "math")
+    sampled_temperature: float = 0.7
     # Load (issue 16): at `load_level` clients OFF keeps up with transformers' static batch and scales
     # over one client; AUTO never costs throughput or tail latency; batching costs one client nothing;
     # memory stays flat through the most clients.
     load_level: int = 16
     off_over_peer: float = 0.8  # OFF tokens/s over the static-batch peer at batch load_level
     off_scaling: float = 3.0  # OFF tokens/s at load_level over OFF at 1 client
-    auto_over_off: float = 0.95  # AUTO tokens/s over OFF's, at every level
-    auto_p99_over_off: float = 1.05  # AUTO p99 over OFF's, at every level
+    auto_over_off: float = 1.0  # AUTO tokens/s over OFF's, at every level
+    auto_p99_over_off: float = 1.10  # AUTO p99 over OFF's, at every level
     unbatched_latency: float = 1.05  # 1 client: OFF p50 latency with batching over without
     rss_growth: float = 1.05  # a worker's RSS after the most-clients level, less its KV pools' new arenas, over before
     kv_pool_of_budget: float = 1.0  # a worker's KV pool never above its kv_cache_mib

@@ -79,4 +79,5 @@ def stats_from_message(msg: pb.GenerateStats) -> SpecStats:
     return SpecStats(proposed=msg.proposed_tokens, accepted=msg.accepted_tokens, target_passes=msg.target_passes,
                      rejections=msg.rejections, drafted=msg.drafted_tokens, wasted=msg.wasted_draft_tokens,
                      draft_seconds=msg.draft_seconds, verify_seconds=msg.verify_seconds,
-                     lookaheads=msg.lookaheads, lookahead_hits=msg.lookahead_hits, seed=msg.seed)
+                     lookaheads=msg.lookaheads, lookahead_hits=msg.lookahead_hits, seed=msg.seed,
+                     branch_hits=msg.branch_hits)

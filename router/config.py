@@ -125,6 +125,13 @@ class RouterConfig(FrozenConfig):
     # would be draft-device time thrown away (router/lookahead_budget.py; one request in 8 still
     # drafts ahead, to see a recovery). 0: every request drafts ahead.
     lookahead_min_hit_rate: float = Field(0.1, ge=0.0, le=1.0)
+    # A lookahead also drafts, in the same passes, the proposal for the verdict likeliest after all
+    # accepted: a rejection, with the draft's runner-up as the target's token there (SSD)...
+    lookahead_branch: bool = True
+    # ...where the draft's own odds of that verdict reach this (below, the branch's draft work would
+    # almost always be thrown away): the product of its probabilities of the tokens before the
+    # rejection and of its runner-up there.
+    lookahead_branch_min_odds: float = Field(0.05, ge=0.0, le=1.0)
     # A request decoding target-only asks its replica for up to this many tokens ahead, answered one
     # by one, so it stays in every batched pass instead of sitting out a round trip per token; at
     # most this many minus one are drawn in vain past a stop. 1: one round trip per token.

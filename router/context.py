@@ -40,6 +40,9 @@ class RequestContext:
     # back (router/lookahead_budget.py); its first step is target-only either way, so a seed gives
     # one output whatever the budget decided.
     ahead: bool = True
+    # A lookahead drafts beside it for the likeliest rejection, where the draft gives it these odds
+    # (router.lookahead_branch_min_odds); None: no branches.
+    branch_odds: float | None = None
 
     def opening(self, model: str = "", replaced: int = 0, aux_layers: tuple[int, ...] = ()) -> pb.SessionOpen:
         """The open message of a worker's session holding every committed token: the target's

@@ -26,6 +26,7 @@ class DraftMirror:
     def reopen(self, committed: int) -> None:
         """A session (re)opened holding ``committed`` tokens, all of them committed."""
         self.committed, self.offset, self.pending = committed, 0, []
+        self.adopt = False  # the next step says the session adopts its last branch
 
     def verdict(self, num_accepted: int, appended: Sequence[int]) -> None:
         """The request committed a verdict: the accepted prefix of the proposal, then ``appended``
@@ -38,15 +39,25 @@ class DraftMirror:
 
     def step(self, k: int, min_confidence: float) -> pb.DraftStep:
         """Bring the session up to what is committed, and draft ``k`` tokens from there."""
-        step = pb.DraftStep(keep=self.committed, append=self.pending, k=k, min_confidence=min_confidence)
+        step = pb.DraftStep(keep=self.committed, append=self.pending, k=k, min_confidence=min_confidence,
+                            adopt=self.adopt)
         self.committed, self.offset, self.pending = self.committed + len(self.pending), 0, []
+        self.adopt = False
         return step
 
     def ahead(self, proposed: int, k: int, min_confidence: float) -> pb.DraftStep:
         """Draft past a proposal of ``proposed`` tokens under verification, as if all will be
         accepted: first a guess of the target's token, then at least one token after it."""
         keep = self.committed + self.offset + proposed
-        return pb.DraftStep(keep=keep, k=k, min_confidence=min_confidence, min_tokens=2, guess=True)
+        step = pb.DraftStep(keep=keep, k=k, min_confidence=min_confidence, min_tokens=2, guess=True, adopt=self.adopt)
+        self.adopt = False
+        return step
+
+    def branch_hit(self) -> None:
+        """The verdict rejected the proposal where the lookahead's branch forked, and the target's
+        token there was the one the branch assumed: the session adopts the branch (the next step
+        says so), whose first token is that one, now committed, and its proposal after it the next."""
+        self.pending, self.offset, self.adopt = [], 1, True
 
     def lookahead_hit(self) -> None:
         """The verdict accepted every token the lookahead assumed, and its guess was the target's

@@ -42,10 +42,11 @@ wasted_share =
     sum by (task, draft) (rate(ray_specserve_wasted_draft_tokens_total{task=~"$task"}[$__rate_interval]))
     / sum by (task, draft) (rate(ray_specserve_drafted_tokens_total{task=~"$task"}[$__rate_interval]))
 # The share of proposals drafted ahead (while the target verified the one before) that the verdict
-# they assumed came and were used as drafted, by task, draft and sampling (greedy or sampled); 0
-# where every one missed. A lookahead that missed costs draft-device time (wasted_share), not a wait.
+# they assumed came and were used as drafted (outcome hit, or branch_hit: the branch beside it,
+# drafted for a rejection), by task, draft and sampling (greedy or sampled); 0 where every one
+# missed. A lookahead that missed costs draft-device time (wasted_share), not a wait.
 lookahead_hit_rate =
-    (sum by (task, draft, sampling) (rate(ray_specserve_lookaheads_total{task=~"$task", outcome="hit"}[$__rate_interval]))
+    (sum by (task, draft, sampling) (rate(ray_specserve_lookaheads_total{task=~"$task", outcome=~"hit|branch_hit"}[$__rate_interval]))
       or 0 * sum by (task, draft, sampling) (rate(ray_specserve_lookaheads_total{task=~"$task"}[$__rate_interval])))
     / sum by (task, draft, sampling) (rate(ray_specserve_lookaheads_total{task=~"$task"}[$__rate_interval]))
 # The draft's device seconds per token it computed (proposed or not), by task and draft: c's
@@ -169,7 +170,8 @@ class RouterMetrics:
         self.wasted_draft_tokens = metrics.Counter("specserve_wasted_draft_tokens", "Drafted tokens no proposal "
                                                    "used (lookaheads that missed the verdict)", tag_keys=ARM)
         self.lookaheads = metrics.Counter("specserve_lookaheads", "Proposals drafted ahead while the target "
-                                          "verified, by outcome: hit (the verdict they assumed came) or miss",
+                                          "verified, by outcome: hit (the verdict they assumed came), branch_hit "
+                                          "(the rejection their branch assumed came) or miss",
                                           tag_keys=(*ARM, "sampling", "outcome"))
         self.draft_seconds = metrics.Counter("specserve_draft_seconds", "The draft's device time for the tokens "
                                              "it computed", tag_keys=ARM)
@@ -260,7 +262,8 @@ class RouterMetrics:
         _add(self.drafted_tokens, s.drafted, arm)
         _add(self.wasted_draft_tokens, s.wasted, arm)
         sampling = "greedy" if request.params.sampling.greedy else "sampled"
-        _add(self.lookaheads, s.lookahead_hits, arm | {"sampling": sampling, "outcome": "hit"})
+        _add(self.lookaheads, s.lookahead_hits - s.branch_hits, arm | {"sampling": sampling, "outcome": "hit"})
+        _add(self.lookaheads, s.branch_hits, arm | {"sampling": sampling, "outcome": "branch_hit"})
         _add(self.lookaheads, s.lookaheads - s.lookahead_hits, arm | {"sampling": sampling, "outcome": "miss"})
         _add(self.draft_seconds, s.draft_seconds, arm)
         for position, accepted in enumerate(s.accepted_per_position):

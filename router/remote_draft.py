@@ -6,9 +6,14 @@ round trip. With ``lookahead``, the draft drafts the next proposal while the tar
 one, as if all of it will be accepted, one token further (its guess of the target's own token: its
 likeliest, sampled requests too). When the verdict agrees, the next proposal is ready at once; when
 it does not, the router asks for a fresh proposal at once (the draft rewound by a length), and the
-worker stops the stale lookahead at its next pass. Either way the proposal is the one the draft
-would draft afresh: greedy, by argmax; sampled, because a draft's uniforms are keyed by position
-(workers/seeds.py). So the lookahead changes speed only, never the output or its distribution.
+worker stops the stale lookahead at its next pass. With ``branch`` (SSD), a lookahead also drafts
+for the likeliest rejection, in the same passes: the proposal rejected at the token where the
+draft's own odds of that rejection and of its runner-up being the target's correction are best,
+and that runner-up there (``fork_for``); a verdict that rejects there with that token uses the
+branch, and the worker adopts it (its cache moved, nothing drafted again). Either way the proposal
+is the one the draft would draft afresh: greedy, by argmax; sampled, because a draft's uniforms are
+keyed by position (workers/seeds.py). So the lookahead changes speed only, never the output or its
+distribution.
 
 A worker that fails mid-request is replaced by another, opened holding every committed token (the
 router holds the truth), up to ``MAX_DRAFT_REOPENS`` times; then the request goes on target-only.
@@ -65,6 +70,9 @@ class RemoteDraft(Proposer):
         # The target's token after a verdict that accepted all of the last proposal (what a
         # lookahead has guessed if it was right); None after any other verdict.
         self.after_all: int | None = None
+        # After a verdict that rejected the last proposal: (tokens accepted, the target's token).
+        self.rejected: tuple[int, int] | None = None
+        self.fork: tuple[int, int] | None = None  # the pending lookahead's branch: (at, token), as rejected reads
 
     async def open(self, committed: Sequence[int] = ()) -> None:
         """A draft session on a worker serving this draft (a second worker if the first fails),
@@ -126,6 +134,7 @@ class RemoteDraft(Proposer):
             self.hidden = join_hidden(self.hidden, hidden)
         whole = accepted == len(self.proposed) and len(appended) == 1
         self.after_all = appended[0] if whole else None
+        self.rejected = (accepted, appended[0]) if not whole and len(appended) == 1 else None
         self.verdicts += 1
 
     async def close(self) -> None:
@@ -141,33 +150,34 @@ class RemoteDraft(Proposer):
             self.stream.cancel()
 
     async def _draft(self, k: int, ahead: asyncio.Task | None, timed: bool = True) -> pb.Proposal:
-        """The lookahead's proposal when it guessed the verdict, else a fresh draft.
+        """The lookahead's proposal (or its branch's) when it guessed the verdict, else a fresh draft.
 
         Drafting ahead, the first step proposes nothing: the target's prefill answers the first
         token alone, as fast as target-only decoding would, while the draft prefills and drafts
         ahead of it; otherwise the first token would wait for the draft's prefill and k tokens.
         """
+        fork, self.fork = self.fork, None
         if not self.verdicts and (self.context.lookahead or self.aux_layers):  # (a head has no hidden states yet)
             return pb.Proposal()
         waited = time.perf_counter()
-        if ahead is not None and self.after_all is None and k >= 1:
+        branch_hit = fork is not None and self.rejected == fork
+        if ahead is not None and self.after_all is None and not branch_hit and k >= 1:
             return await self._redraft(k, ahead, waited)
         drafted = await ahead if ahead is not None else None
-        hit = drafted is not None and k >= 1 and self._guessed(drafted)
+        used = None if drafted is None or k < 1 else self._used(drafted, branch_hit)
         if drafted is not None:
             self._count(drafted)
-            if not hit:
-                self.recorder.lookahead_missed(len(drafted.ids))
+            self.recorder.lookahead_missed(_drawn(drafted) - _used_drawn(drafted, used, k))
         if k < 1:
             return pb.Proposal()
-        if hit:
-            self.recorder.lookahead_hit()
-            self.mirror.lookahead_hit()
+        if used is not None:
+            self.recorder.lookahead_hit(branch=used is not drafted)
+            if used is not drafted:
+                self.mirror.branch_hit()
+            else:
+                self.mirror.lookahead_hit()
             self.recorder.waited(time.perf_counter() - waited)
-            unused = len(drafted.ids) - 1 - k  # its guess is the target's token; past k, k shrank since
-            if unused > 0:
-                self.recorder.lookahead_missed(unused)
-            return pb.Proposal(ids=drafted.ids[1 : k + 1], q=drafted.q[1 : k + 1])
+            return _after_guess(used, k)  # its first token is the target's; past k, k shrank since
         proposal = await self.stream.ask(pb.DraftRequest(step=self._step(k)))
         if timed:
             self.recorder.waited(time.perf_counter() - waited)
@@ -184,7 +194,7 @@ class RemoteDraft(Proposer):
         await self.stream.send(pb.DraftRequest(step=step))
         stale = await ahead
         self._count(stale)
-        self.recorder.lookahead_missed(len(stale.ids))
+        self.recorder.lookahead_missed(_drawn(stale))
         proposal = await self.stream.receive()
         self.recorder.waited(time.perf_counter() - waited)
         self._count(proposal)
@@ -200,12 +210,18 @@ class RemoteDraft(Proposer):
 
     def _count(self, drafted: pb.Proposal) -> None:
         """A proposal the worker drafted (used or not: a lookahead that missed cost its time too)."""
-        self.recorder.drafted(len(drafted.ids), drafted.seconds, drafted.pass_info)
+        self.recorder.drafted(_drawn(drafted), drafted.seconds, drafted.pass_info)
 
-    def _guessed(self, drafted: pb.Proposal) -> bool:
-        """Did the lookahead assume the verdict: all of the last proposal accepted, and its first
-        token the target's own? (It then holds at least one more token, the next proposal.)"""
-        return len(drafted.ids) > 1 and self.after_all is not None and drafted.ids[0] == self.after_all
+    def _used(self, drafted: pb.Proposal, branch_hit: bool) -> pb.Proposal | None:
+        """What of the lookahead the verdict lets the request use: itself, where it assumed the
+        verdict (all of the last proposal accepted, its first token the target's own), or its
+        branch, where the verdict rejected at the branch's fork with the branch's token; either
+        holds at least one more token, the next proposal. None: neither."""
+        if len(drafted.ids) > 1 and self.after_all is not None and drafted.ids[0] == self.after_all:
+            return drafted
+        if branch_hit and len(drafted.branch.ids) > 1:
+            return drafted.branch
+        return None
 
     def draft_ahead(self, proposal: DraftTokens) -> None:
         """Ask the draft for the proposal after this one, assuming all of this one is accepted."""
@@ -219,6 +235,15 @@ class RemoteDraft(Proposer):
             return
         self.recorder.looked_ahead()
         step = self.mirror.ahead(proposed, k, self.length.min_confidence)
+        odds = self.context.branch_odds
+        if odds is not None and (fork := fork_for(proposal.wire, proposed, odds)) is not None:
+            # The k the request will ask for after that verdict (the schedule moves k by it, and a
+            # branch shorter than that is no fresh draft), and its first token.
+            at = fork[0]
+            branch_k = min(self.length.next_k(proposed, at), self.context.history.remaining - at - 2) + 1
+            if branch_k >= 2:
+                self.fork = fork
+                step.fork.CopyFrom(pb.Fork(keep=step.keep - proposed + at, token=fork[1], k=branch_k))
         self.ahead = asyncio.create_task(self.stream.ask(pb.DraftRequest(step=step)))
         # A lookahead may fail unawaited (the request ends first); mark its error as seen, or asyncio
         # logs "exception never retrieved". One that is awaited raises there as usual.
@@ -237,3 +262,45 @@ class RemoteDraft(Proposer):
             self.refused_by.add(failure.worker.worker_id)
         if failure.broken:
             self.context.directory.mark_failed(failure.worker)
+
+
+def fork_for(proposal: pb.Proposal | None, proposed: int, min_odds: float) -> tuple[int, int] | None:
+    """Where a branch beside the lookahead past ``proposal`` forks: (tokens accepted, the target's
+    token there), the rejection and correction the draft itself gives the best odds, the product of
+    its probabilities of the tokens before and of its runner-up there (the runner-up stands for
+    the target's correction, which no one knows before the verdict). None: no proposal from a
+    draft (or none with its alternatives), or no outcome with at least ``min_odds``."""
+    if proposal is None or len(proposal.runner_up) != proposed:
+        return None
+    best, odds, before = None, min_odds, 1.0
+    for at in range(proposed):
+        if proposal.runner_up[at] >= 0 and before * proposal.runner_up_p[at] >= odds:
+            best, odds = (at, proposal.runner_up[at]), before * proposal.runner_up_p[at]
+        before *= proposal.token_p[at]
+    return best
+
+
+def _drawn(drafted: pb.Proposal) -> int:
+    """Tokens the worker drew for a reply: its own (a lookahead's guess among them) and its branch's
+    after the branch's first (assumed, not drawn)."""
+    return len(drafted.ids) + max(len(drafted.branch.ids) - 1, 0)
+
+
+def _used_drawn(drafted: pb.Proposal, used: pb.Proposal | None, k: int) -> int:
+    """Of the tokens drawn for a lookahead's reply, those the request used: the proposal after its
+    first token (at most k), and that first token where it is the lookahead's guess, drawn and now
+    the target's (a branch's first token was assumed, never drawn)."""
+    if used is None:
+        return 0
+    return min(len(used.ids) - 1, k) + (used is drafted)
+
+
+def _after_guess(drafted: pb.Proposal, k: int) -> pb.Proposal:
+    """A lookahead's (or a branch's) proposal: its tokens after the first, at most k, with their q
+    and alternatives."""
+    tail = pb.Proposal(ids=drafted.ids[1 : k + 1], q=drafted.q[1 : k + 1])
+    if len(drafted.runner_up) == len(drafted.ids):
+        tail.runner_up.extend(drafted.runner_up[1 : k + 1])
+        tail.token_p.extend(drafted.token_p[1 : k + 1])
+        tail.runner_up_p.extend(drafted.runner_up_p[1 : k + 1])
+    return tail

@@ -54,6 +54,7 @@ class Workers:
     proposers: ProposerFactory
     lookahead: bool = False  # drafts draft ahead while the target verifies (router.lookahead)
     decode_run: int = 1  # target-only tokens granted ahead (router config decode_run_tokens)
+    branch_odds: float | None = None  # lookaheads' branches (router.lookahead_branch_min_odds); None: none
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Request:
         self.recorder = RequestRecorder(self.decoding.stats)
         context = RequestContext(self.request_id, routing.task.task, valid.params, self.decoding, workers.directory,
                                  workers.timeouts, deadline, workers.lookahead, workers.decode_run,
-                                 ahead=routing.lookahead)
+                                 ahead=routing.lookahead, branch_odds=workers.branch_odds)
         self.proposed_by = self._proposer(workers.proposers, context, routing.length)  # for its counts, once gone
         self.target = TargetLink(context, self.recorder, self.proposed_by.aux_layers if self.proposed_by else ())
         self.loop = SpeculativeLoop(self.decoding, self.target, self.proposed_by, routing.length, self.recorder,

@@ -89,7 +89,8 @@ class SpecServeService:
         self.draft_free = DraftFree(config.ngram, config.suffix)
         proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {})
         self.workers = Workers(tokenizer, directory, config.timeouts, proposers, config.lookahead,
-                               config.decode_run_tokens)
+                               config.decode_run_tokens,
+                               config.lookahead_branch_min_odds if config.lookahead_branch else None)
         self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free,
                                          frozenset(heads or {}))
         self.metrics = RouterMetrics()
@@ -255,6 +256,7 @@ def stats_message(request: Request) -> pb.GenerateStats:
                             draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,
                             total_seconds=request.elapsed(), first_token_seconds=request.first_token_seconds,
                             lookaheads=s.lookaheads, lookahead_hits=s.lookahead_hits, drafted_tokens=s.drafted,
+                            branch_hits=s.branch_hits,
                             wasted_draft_tokens=s.wasted,
                             task_source=request.task.source, task_confidence=request.task.confidence,
                             route=request.route.reason, k=request.route.k, target_resumes=request.target_resumes,

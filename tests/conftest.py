@@ -117,6 +117,9 @@ def service(tiny_zoo, metrics_port):
               # requests would soon draft in turn, and the tests of the overlapped path (and the fault
               # tests' timing of a request that drafts ahead) would no longer run through it.
               "lookahead_min_hit_rate": 0.0,
+              # Their distributions are flat too (top probabilities ~0.02): every lookahead drafts a
+              # branch beside it, so the service's tests run through the branches and their adoption.
+              "lookahead_branch_min_odds": 0.0,
               "timeouts": SERVICE_TIMEOUTS}
     # Draft sessions outlast the target waits (a config that lets them not is refused).
     target = {"session_idle_seconds": SESSION_IDLE_SECONDS, "max_sessions": TARGET_SESSIONS}

@@ -13,7 +13,7 @@ import grpc
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.router.directory import NoWorker
 from specserve.router.streams import WorkerFailed
-from specserve.workers.batching import Scheduler
+from specserve.workers.batching import Scheduler, StepResult
 from specserve.workers.draft_worker import DraftStream
 from specserve.workers.kv_pool import PoolFull
 from specserve.workers.model_host import reserved_length
@@ -21,10 +21,13 @@ from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.registry import Endpoint
 from specserve.workers.steps import private_sequence, run_alone
 from specserve.workers.target_replica import target_session
-from specserve.workers.wire import proposal_from, proposal_message, verdict_message
+from specserve.workers.wire import proposal_from, verdict_message
 
 DRAFT = "echo"  # a draft that is the target model itself: it proposes the target's own greedy tokens
-# Corruptions: a draft reply's token at this position is replaced by another token.
+# Corruptions: a draft reply's token at this position is replaced by another token (``swap``: by
+# the draft's runner-up there, the token becoming the runner-up, and no runner-up elsewhere: the
+# target's correction is then the one a branch forked there assumes, and branches fork there. A
+# lookahead's position counts from its first proposed token, after its guess).
 Corrupt = Callable[[int], int | None]  # (the worker's step number) -> position to corrupt, or None
 
 
@@ -33,10 +36,11 @@ class FakeWorker:
 
     def __init__(self, kind: str, name: str, model, corrupt: Corrupt = lambda step: None,
                  fail_at_step: int | None = None, scheduler: Scheduler | None = None,
-                 fail_at_token: int | None = None, max_sessions: int | None = None) -> None:
+                 fail_at_token: int | None = None, max_sessions: int | None = None, swap: bool = False) -> None:
         self.endpoint = Endpoint(kind, name, f"fake:{name}", (DRAFT,) if kind == "draft" else ("target",))
         self.model = model
         self.corrupt = corrupt
+        self.swap = swap
         self.fail_at_step = fail_at_step  # its n-th step (over all its sessions) fails: UNAVAILABLE
         self.fail_at_token = fail_at_token  # so does the n-th decode-run reply the router reads
         self.tokens_read = 0
@@ -88,10 +92,23 @@ class FakeWorker:
             verdict = await self.run(session.step(proposal_from(request.step)))
             self.verdicts.append(verdict.num_accepted)
             return pb.VerifyReply(verdict=verdict_message(verdict))
-        reply = proposal_message(await self.run(session.step(request.step)), session.greedy)
+        run = session.step(request.step)
+        await self.run(run)
+        if session.branch is not None:  # on a worker, in the same passes; here after the lookahead
+            await self.run(session.branch)
+        reply = session.reply(run, StepResult(run.result, 0.0, 0, 0, 0.0))
         position = self.corrupt(self.steps)
+        if self.swap and position is not None and request.step.guess:
+            position += 1
         if position is not None and position < len(reply.ids):
-            reply.ids[position] = (reply.ids[position] + 1) % self.model.config.vocab_size
+            if self.swap:
+                ids, runner_up, token_p = list(reply.ids), list(reply.runner_up), list(reply.token_p)
+                ids[position], runner_up[position] = runner_up[position], ids[position]
+                token_p[position] = reply.runner_up_p[position]
+                reply.runner_up_p[:] = [reply.token_p[position] if i == position else 0.0 for i in range(len(ids))]
+                reply.ids[:], reply.runner_up[:], reply.token_p[:] = ids, runner_up, token_p
+            else:
+                reply.ids[position] = (reply.ids[position] + 1) % self.model.config.vocab_size
         return reply
 
 

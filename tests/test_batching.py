@@ -16,7 +16,7 @@ import torch
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.batching import Scheduler, Ticket, candidates
 from specserve.workers.config import BatchingConfig
-from specserve.workers.drafting import DraftSession, DraftTokens
+from specserve.workers.drafting import BranchRun, DraftSession, DraftTokens
 from specserve.workers.grpc_host import Device
 from specserve.workers.kv_cache import CachedLM
 from specserve.workers.kv_pool import Budget, KVPool, KVShape, PoolFull
@@ -452,3 +452,45 @@ def test_a_run_of_passes_back_to_back_yields_to_another_models_call_on_the_same_
 
     asyncio.run(scenario())
     assert order == ["a", "a", "a", "b", "a", "a", "a"]
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_branch_beside_a_lookahead_is_the_draft_after_its_rejection_and_adopts_in_place(draft, sampling):
+    """A lookahead's branch (SSD) drafts, in the same passes, for a rejection at one token of the
+    proposal under verification and the runner-up there as the target's token: its proposal must be
+    token for token (and q for q) what the draft drafts afresh after that prefix. Adopted, its
+    keys and values move into place: the next proposal is the fresh draft's too."""
+    prompt, k, at = prompts(1, seed=6)[0], 4, 1
+    draws = DraftDraws(13, "draft")
+    pool, sequence = private_sequence(draft, prompt, 256)
+    session = DraftSession(sequence, sampling, draws)
+    first = session.step(k)
+    proposal = run_alone(draft, pool, first)
+    token = first.alternatives[at].runner_up
+    assert token >= 0 and token != proposal.ids[at]
+    session.resync(proposal, len(prompt) + k, [])  # the lookahead's step: all of it accepted
+    ahead = session.step(k + 1, min_tokens=2, guess=True)
+    branch = BranchRun(session, len(prompt) + at, token, k + 1, 0.0, 2)
+    scheduler = Scheduler(draft, pool, Device(1), BatchingConfig())
+
+    async def both():
+        return await asyncio.gather(scheduler.run(ahead), scheduler.run(branch))
+
+    asyncio.run(both())
+    assert scheduler.counts.sessions / scheduler.counts.passes > 1  # they shared passes
+
+    def fresh(prefix: list[int], n: int) -> DraftTokens:
+        fresh_pool, fresh_sequence = private_sequence(draft, prefix, 256)
+        return run_alone(draft, fresh_pool, DraftSession(fresh_sequence, sampling, draws).step(n))
+
+    prefix = prompt + proposal.ids[:at] + [token]
+    expected = fresh(prefix, k)
+    assert branch.result.ids == [token, *expected.ids]
+    assert torch.equal(branch.result.q.ids[1:], expected.q.ids)
+    assert torch.allclose(branch.result.q.probs[1:], expected.q.probs)
+
+    held = branch.adopt()  # the verdict: rejected at `at`, the target's token `token`
+    correction = 7  # then: all of the branch's proposal accepted but its last, and the target's own token
+    session.resync(held, len(prefix) + k - 1, [correction])
+    following = run_alone(draft, pool, session.step(k))
+    assert following.ids == fresh(prefix + expected.ids[:-1] + [correction], k).ids

@@ -1,6 +1,6 @@
 """The gathered attention (a pass's sessions in a few batched SDPA calls, the CUDA default) against
 the per-session loop (the CPU default), in float64 so that only a real difference shows: the same
-logits and the same cache for chains, prefill chunks, decode rows, verify steps and token trees,
+logits and the same cache for chains, prefill chunks, decode rows, verify steps, token trees and branches,
 sessions spread over several arenas, with grouped-query attention."""
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def passes(model, pool: KVPool) -> list[list[torch.Tensor]]:
         Segment(regions[4], 3, [9, 8, 7, 6], 4, parents=[-1, 0, 0, 1]),  # a token tree
         Segment(regions[5], 20, list(range(3, 30)), 2),  # a prefill chunk riding along
     ])
-    third = run_pass(model, pool, [Segment(regions[0], 13, [4], 1), Segment(regions[3], 55, [7], 1)])
+    third = run_pass(model, pool, [Segment(regions[0], 13, [4], 1), Segment(regions[3], 55, [7], 1),
+                                   Segment(regions[1], 50, [3, 4], 2, fork=(20, 50))])  # a draft's branch
     return [first, second, third]
 
 
@@ -85,3 +86,19 @@ def test_a_pass_refuses_a_model_without_the_pooled_attention():
     pool = KVPool(KVShape.of(model), Budget(2**20))
     with pytest.raises(ValueError, match="use_pooled_attention"):
         run_pass(model, pool, [Segment(pool.take(8), 0, [1, 2], 1)])
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["loop", "gathered"])
+def test_a_branch_written_apart_gives_the_logits_of_the_chain_it_forks_into(which):
+    """A segment with ``fork`` (a draft's branch, written past the sequence) attends to the slots
+    before its fork and its own tokens only, at the positions of the chain it continues."""
+    model = pair()[which]
+    pool = KVPool(KVShape.of(model), Budget(2**24), arena_positions=ARENA)
+    prompt = torch.randint(3, 97, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+    region, chain = pool.take(60), pool.take(60)
+    run_pass(model, pool, [Segment(region, 0, prompt, 1), Segment(chain, 0, prompt[:20] + [5], 1)])
+    first = run_pass(model, pool, [Segment(region, 45, [5], 1, fork=(20, 45))])[0]
+    second = run_pass(model, pool, [Segment(region, 46, [6, 7], 2, fork=(20, 45))])[0]
+    expected = run_pass(model, pool, [Segment(chain, 21, [6, 7], 2)])[0]
+    assert torch.allclose(first, run_pass(model, pool, [Segment(chain, 20, [5], 1)])[0], rtol=0, atol=1e-10)
+    assert torch.allclose(second, expected, rtol=0, atol=1e-10)

@@ -52,14 +52,15 @@ def target_only(tiny_engine) -> list[int]:
 def make_session(models, directory: FakeDirectory, *, lookahead: bool, sampling: SamplingParams = SamplingParams(),
                  schedule: str = "fixed", seed: int = 7, route: Route = Route(DRAFT, K, "requested"),
                  decode_run: int = 1, draft_free: DraftFree | None = None,
-                 timeouts: TimeoutsConfig = TimeoutsConfig(), ahead: bool = True) -> Request:
+                 timeouts: TimeoutsConfig = TimeoutsConfig(), ahead: bool = True,
+                 branch_odds: float | None = 0.0) -> Request:
     target, tokenizer = models
     params = GenerationParams(max_tokens=MAX_TOKENS, sampling=sampling, k=K, seed=seed)
     request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", route.draft, route.k, "on")
     proposers = ProposerFactory(draft_free or DraftFree(), {"code": (DRAFT, "ngram", "suffix")})
     return Request(request, Routing(ResolvedTask("code", "request", 1.0), route, DraftLength(schedule, route.k, 8),
                                     lookahead=ahead),
-                   Workers(tokenizer, directory, timeouts, proposers, lookahead, decode_run))
+                   Workers(tokenizer, directory, timeouts, proposers, lookahead, decode_run, branch_odds))
 
 
 async def drain(session: Request) -> list[int]:
@@ -82,6 +83,26 @@ def test_lookahead_hits_and_misses(models, target_only):
     stats = session.decoding.stats
     assert 0 < stats.lookahead_hits < stats.lookaheads, (stats.lookahead_hits, stats.lookaheads)
     assert draft.streams[0].closed and target.streams[0].closed
+
+
+def test_a_lookaheads_branch_is_used_where_the_verdict_rejects_as_it_assumed(models, target_only):
+    """The draft's second token is swapped with its runner-up in every reply, so every verdict
+    rejects there and corrects with the draft's own choice: what a branch forked there assumes.
+    Lookaheads beside their branches then hit on the branch, the worker adopts it (its cache moved
+    into place), and the output is the target's. (Greedy: with the draft the target itself, a
+    sampled verdict never rejects; a sampled branch is the fresh draft q for q, test_batching.)"""
+    target = FakeWorker("target", "t0", models[0])
+    draft = FakeWorker("draft", "d0", models[0], corrupt=lambda step: 1, swap=True)
+    session = make_session(models, FakeDirectory(target, draft), lookahead=True)
+    assert run(session) == target_only
+    stats = session.decoding.stats
+    assert 0 < stats.branch_hits <= stats.lookahead_hits <= stats.lookaheads, stats
+    # A verdict on a swapped proposal accepts its first token; on a branch's (which the fake does
+    # not swap), all of it: the draft is the target, so with its cache moved into place its tokens
+    # are the target's own (a cache moved wrongly would draft others).
+    verdicts = list(zip(target.proposals, target.verdicts, strict=True))
+    assert all(accepted in (1, len(proposal.ids)) for proposal, accepted in verdicts if len(proposal.ids) >= 2)
+    assert sum(accepted >= 2 for _, accepted in verdicts) >= stats.branch_hits, target.verdicts
 
 
 def test_a_request_the_lookahead_budget_holds_back_drafts_in_turn(models, target_only):

@@ -319,7 +319,8 @@ def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, 
     output shows the service carries q and the verdicts exactly (a wrong q row changes the
     acceptances), and, for the EAGLE-3 head, the target's hidden states from the replica to the
     draft worker. The service drafts ahead (sampled requests too) and the engine does not: equal
-    output, with lookaheads that hit, shows a proposal drafted ahead is the one drafted afresh."""
+    output, with lookaheads that hit, shows a proposal drafted ahead is the one drafted afresh; with
+    branches that hit (tests/conftest.py: every lookahead drafts one), that a branch, adopted, is too."""
     import torch
 
     from specserve.workers.acceptance import SamplingParams
@@ -328,7 +329,7 @@ def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the workers run: the same kernels, the same rounding
     try:
-        hits = 0
+        hits = branch_hits = 0
         # The tiny zoo's drafts guess the target's token rarely: at low temperature with k = 1 sql's lookaheads hit.
         cases = [("prose", 0.9, "prose", 3, 0, 77), ("code", 1.0, "code", 3, 0, 77), ("math", 1.0, "eagle3", 3, 0, 77)]
         cases += [("sql", temperature, "sql", k, i, seed) for i in range(3)  # 4 hits in the first 3 requests here
@@ -340,10 +341,12 @@ def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, 
             local = tiny_engine.generate(prompt, params, draft=draft, first_alone=True).complete()
             remote = client.generate(request(prompt, task=task, temperature=temperature, top_p=0.95, seed=seed,
                                              max_tokens=32, k=k, draft=draft, speculation=pb.SPECULATION_ON))
-            assert list(remote.token_ids) == local.token_ids
+            assert list(remote.token_ids) == local.token_ids, (task, temperature, k, which, seed, remote.stats)
             assert remote.stats.proposed_tokens == local.stats.proposed and remote.stats.accepted_tokens == local.stats.accepted
             hits += remote.stats.lookahead_hits
+            branch_hits += remote.stats.branch_hits
         assert hits, "no sampled lookahead hit: the overlapped path went untested"
+        assert branch_hits, "no sampled branch hit: a branch's adoption went untested"
     finally:
         torch.set_num_threads(threads)
 

@@ -19,7 +19,7 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .batching import Scheduler, StepResult
 from .config import DraftPoolConfig
-from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftRun, DraftTokens, score_continuation
+from .drafting import DRAFT_MAX_SUPPORT, BranchRun, DraftSession, DraftRun, DraftTokens, score_continuation
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
 from .heads.proposer import HeadRun, HeadScheduler, HeadState
@@ -30,7 +30,7 @@ from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import DraftDraws
 from .proposing import ProposerGone
-from .wire import hidden_from, pass_info, proposal_message, sampling_from
+from .wire import alternatives_message, hidden_from, pass_info, proposal_message, sampling_from
 
 
 class DraftWorker:
@@ -67,12 +67,36 @@ class DraftStream:
         self.greedy = sampling.greedy
         self.session = DraftSession(sequence, sampling, DraftDraws(opened.sampling.seed, opened.model), DRAFT_MAX_SUPPORT)
         self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
+        self.held: DraftTokens | None = None  # that proposal: the last run's result, or an adopted branch's
+        self.branch: BranchRun | None = None  # drafted beside the last run, for another verdict
 
     def step(self, step: pb.DraftStep) -> DraftRun:
-        """The drafting this step asks for, after moving the session to what stands (bookkeeping)."""
-        self.session.resync(self.last.result if self.last else None, step.keep, list(step.append))
-        self.last = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1), step.guess)
+        """The drafting this step asks for, after moving the session to what stands (bookkeeping):
+        the last run's branch first if the router used it, then ``keep`` and ``append``."""
+        if step.adopt:
+            if self.branch is None:
+                raise ValueError("adopt: the last step drafted no branch")
+            self.held = self.branch.adopt()
+        elif self.last is not None:
+            self.held = self.last.result
+        self.session.resync(self.held, step.keep, list(step.append))
+        self.last, self.branch = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1), step.guess), None
+        # A fork past what the cache holds (the router cannot see the worker's length) drafts no
+        # branch: the verdict it assumed then finds none in the reply, a plain miss.
+        if step.HasField("fork") and step.guess and step.fork.keep <= self.session.sequence.length:
+            self.branch = BranchRun(self.session, step.fork.keep, step.fork.token, step.fork.k, step.min_confidence,
+                                    max(step.min_tokens, 1))
         return self.last  # a step that failed has no result: nothing to rewind
+
+    def reply(self, run: DraftRun, done: StepResult) -> pb.Proposal:
+        """The run's proposal as it stands (stopped early: what it drafted), with the draft's
+        alternatives at each token, and the branch beside it, if one was drafted."""
+        message = proposal_message(run.so_far(), self.greedy, done.device_seconds, pass_info(done))
+        alternatives_message(message, run.alternatives)
+        if self.branch is not None:
+            message.branch.CopyFrom(proposal_message(self.branch.so_far(), self.greedy))
+            alternatives_message(message.branch, self.branch.alternatives)
+        return message
 
 
 class HeadStream:
@@ -117,12 +141,14 @@ async def _runs(scheduler: Scheduler, stream: DraftStream, requests: AsyncIterat
         request = await anext(requests, None)
         while request is not None:
             run = stream.step(request.step)
-            work = asyncio.ensure_future(scheduler.run(run, task))
+            work = asyncio.ensure_future(_with_branch(scheduler, run, stream.branch, task))
             following = asyncio.ensure_future(anext(requests, None))
             try:
                 await asyncio.wait((work, following), return_when=asyncio.FIRST_COMPLETED)
                 if not work.done() and _drops_previous(following):
                     scheduler.abandon(run)
+                    if stream.branch is not None:
+                        scheduler.abandon(stream.branch)
                 done = await work
             except BaseException:  # the session ends (cancelled, a bad step): so does its step
                 work.cancel()
@@ -134,6 +160,14 @@ async def _runs(scheduler: Scheduler, stream: DraftStream, requests: AsyncIterat
             following.cancel()
             if following.done() and not following.cancelled():
                 following.exception()
+
+
+async def _with_branch(scheduler: Scheduler, run: DraftRun, branch: BranchRun | None, task: str) -> StepResult:
+    """The run, and its branch in the same passes (two steps of one session: the branch writes apart)."""
+    if branch is None:
+        return await scheduler.run(run, task)
+    done, _ = await asyncio.gather(scheduler.run(run, task), scheduler.run(branch, task))
+    return done
 
 
 def _drops_previous(following: asyncio.Future) -> bool:
@@ -164,7 +198,7 @@ class DrafterServicer(rpc.DrafterServicer):
             with host.session(opened.model, opened, context) as (scheduler, sequence):
                 stream = DraftStream(sequence, opened)
                 async for run, done in _runs(scheduler, stream, host.steps(requests), opened.task):
-                    yield proposal_message(run.so_far(), stream.greedy, done.device_seconds, pass_info(done))
+                    yield stream.reply(run, done)
         except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)
             yield pb.Proposal(refused=str(exc))
             await host.refuse(requests)

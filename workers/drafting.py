@@ -9,6 +9,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .acceptance import SamplingParams, SparseDist, Outcome, one_hot, sample_sparse, sparsify, warp
+from .kv_cache import BRANCH_ROOM
 from .ragged_pass import PooledSequence, Segment
 from .seeds import DraftDraws
 
@@ -17,6 +18,20 @@ from .seeds import DraftDraws
 # the mass beyond the top 32 of a small draft is negligible for acceptance.
 DRAFT_MAX_SUPPORT = 32
 GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """What the draft gave besides a token it drew: the probability of that token, and its likeliest
+    other token and that one's probability (where the target rejects the token, its likeliest
+    correction, as far as the draft knows: where a branch forks, router/remote_draft.py)."""
+
+    token_p: float = 1.0
+    runner_up: int = -1  # -1: none (a guess, or a distribution with one token)
+    runner_up_p: float = 0.0
+
+
+NO_ALTERNATIVE = Alternative()
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,29 @@ class DraftSession:
     def draw(self, logits: torch.Tensor, position: int) -> tuple[int, SparseDist]:
         return draw(logits, self.sampling, self.draws.uniform(position), self.max_support)
 
+    def stops(self, logits: torch.Tensor, token: int, q: SparseDist, drawn: int, k: int, min_confidence: float,
+              min_tokens: int) -> bool:
+        """After its ``drawn``-th token, does a run of at most k tokens stop? At k, or (past
+        ``min_tokens``) after a token the draft gave less than ``min_confidence``: the rule looks
+        at the draft's own draws only, so the verified output keeps the target's distribution."""
+        confident = (not min_confidence or drawn < min_tokens
+                     or self.confidence(logits, token, q) >= min_confidence)
+        return drawn >= k or not confident
+
+    def alternative(self, logits: torch.Tensor, token: int, q: SparseDist) -> Alternative:
+        """The draft's likeliest token other than ``token``: of its plain softmax under greedy, of
+        the distribution it sampled from otherwise."""
+        if self.sampling.greedy:
+            top = torch.softmax(logits[0].float(), dim=-1).topk(2)
+            return Alternative(float(top.values[0]), int(top.indices[1]), float(top.values[1]))
+        probs, ids = q.probs[0], q.ids[0]
+        token_p = float(probs[ids == token].sum())
+        others = probs.masked_fill(ids == token, -1.0)
+        best = int(others.argmax())
+        if float(others[best]) <= 0.0:
+            return Alternative(token_p)
+        return Alternative(token_p, int(ids[best]), float(others[best]))
+
     def confidence(self, logits: torch.Tensor, token: int, q: SparseDist) -> float:
         """The probability the draft gave its token: of its plain softmax under greedy (where q is
         one-hot), of the distribution it sampled from otherwise."""
@@ -92,6 +130,7 @@ class DraftRun:
         self.guess = guess
         self.ids: list[int] = []
         self.rows: list[SparseDist] = []
+        self.alternatives: list[Alternative] = []  # one per token of ids
         self.planned: Segment | None = None
         self.result: DraftTokens | None = DraftTokens.empty() if k < 1 else None
 
@@ -110,16 +149,71 @@ class DraftRun:
             return False
         if self.guess and not self.ids:  # the likeliest target token: a hit is likelier than on a sample
             token, q = draw(logits, GREEDY, 0.0, session.max_support)
+            self.alternatives.append(NO_ALTERNATIVE)  # never proposed: nothing to fork at
         else:
             token, q = session.draw(logits, len(session.sequence.committed) + len(self.ids))
+            self.alternatives.append(session.alternative(logits, token, q))
         self.ids.append(token)
         self.rows.append(q)
-        confident = (not self.min_confidence or len(self.ids) < self.min_tokens
-                     or session.confidence(logits, token, q) >= self.min_confidence)
-        if len(self.ids) < self.k and confident:
+        if not session.stops(logits, token, q, len(self.ids), self.k, self.min_confidence, self.min_tokens):
             return False
         self.result = DraftTokens(self.ids, stack_rows(self.rows))
         return True
+
+
+class BranchRun:
+    """Drafting a branch beside a lookahead (SSD): the proposal the draft would draft afresh had the
+    verdict committed the session's first ``fork`` tokens and then ``token`` (a rejection there,
+    and the correction the router expects). Its tokens are ``token`` (never proposed, as a
+    lookahead's guess) then up to k - 1 drawn, each at its own position's uniform, so a branch the
+    router uses is token for token and q for q the fresh draft. They are written apart, in the last
+    BRANCH_ROOM slots of the session's region (``Segment.fork``), in the same passes as the
+    lookahead; adopting the branch moves them into place (``PooledSequence.adopt``)."""
+
+    def __init__(self, session: DraftSession, fork: int, token: int, k: int, min_confidence: float,
+                 min_tokens: int) -> None:
+        sequence = session.sequence
+        if not 1 <= fork <= sequence.length or k > BRANCH_ROOM:
+            raise ValueError(f"a branch forks within the cache's {sequence.length} written positions and drafts "
+                             f"at most {BRANCH_ROOM} tokens: fork {fork}, k {k}")
+        self.session = session
+        self.fork = fork
+        self.base = sequence.region.capacity - BRANCH_ROOM  # where its tokens are written
+        self.k = k
+        self.min_confidence = min_confidence
+        self.min_tokens = min_tokens
+        self.ids = [token]
+        self.rows = [one_hot(torch.tensor([token]))]
+        self.alternatives = [NO_ALTERNATIVE]
+        self.written = 0  # of its tokens, in the region from ``base``
+        self.result: DraftTokens | None = None if k >= 2 else self.so_far()
+
+    def so_far(self) -> DraftTokens:
+        return self.result if self.result is not None else DraftTokens(list(self.ids), stack_rows(self.rows))
+
+    def plan(self, room: int) -> Segment | None:
+        if room < 1:
+            return None
+        start = self.base + self.written
+        return Segment(self.session.sequence.region, start, self.ids[-1:], 1, fork=(self.fork, self.base))
+
+    def advance(self, logits: torch.Tensor) -> bool:
+        session = self.session
+        self.written += 1
+        token, q = session.draw(logits, self.fork + len(self.ids))
+        self.alternatives.append(session.alternative(logits, token, q))
+        self.ids.append(token)
+        self.rows.append(q)
+        if not session.stops(logits, token, q, len(self.ids), self.k, self.min_confidence, self.min_tokens):
+            return False
+        self.result = DraftTokens(self.ids, stack_rows(self.rows))
+        return True
+
+    def adopt(self) -> DraftTokens:
+        """The router used this branch: the session holds its fork's tokens, then the branch (its
+        written tokens' keys and values moved into place). Its tokens, as the session's last proposal."""
+        self.session.sequence.adopt(self.fork, self.base, self.written)
+        return self.so_far()
 
 
 def draw(logits: torch.Tensor, sampling: SamplingParams, u: float, max_support: int) -> tuple[int, SparseDist]:

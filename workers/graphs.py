@@ -100,7 +100,7 @@ class DecodeGraphs:
         """The bucket a pass runs at, or None when it must run eagerly."""
         if self.disabled is not None or not segments:
             return None
-        if not all(len(s.tokens) == 1 and s.logits == 1 and s.parents is None and not s.aux_layers
+        if not all(len(s.tokens) == 1 and s.logits == 1 and s.parents is None and s.fork is None and not s.aux_layers
                    and s.region.arena == 0 for s in segments):
             return None
         sessions = bucket(len(segments), SESSION_BUCKETS)

@@ -79,8 +79,9 @@ class StepRecorder(Protocol):
     def looked_ahead(self) -> None:
         """A proposal is being drafted while the target verifies the previous one."""
 
-    def lookahead_hit(self) -> None:
-        """A proposal drafted ahead guessed the verdict and is used."""
+    def lookahead_hit(self, branch: bool = False) -> None:
+        """A proposal drafted ahead guessed the verdict and is used (``branch``: the one drafted for
+        a rejection, beside the one for all accepted)."""
 
     def lookahead_missed(self, tokens: int) -> None:
         """A proposal drafted ahead did not guess the verdict: its ``tokens`` (counted as drafted

@@ -40,7 +40,13 @@ class Segment:
     candidates per position): node i's parent is node ``parents[i]``, or -1 for the token before
     the tree. Each node sits at its depth's position and attends to what precedes the tree and to
     its own ancestors only, so one pass gives every node the logits a chain along its path would.
-    The nodes take consecutive slots of the region in tree order whatever their positions."""
+    The nodes take consecutive slots of the region in tree order whatever their positions.
+
+    With ``fork`` = (seen, base), the segment continues a branch written apart from the sequence
+    (a draft's pre-drafted alternative to its proposal under verification, workers/drafting.py): the
+    branch forks after the region's first ``seen`` slots, its tokens take slots from ``base`` on
+    (past anything the sequence itself may write), and each row attends to those ``seen`` slots
+    and to the branch up to itself, at position ``seen`` + its place in the branch."""
 
     region: Region
     start: int
@@ -51,8 +57,12 @@ class Segment:
     # ``hidden_states``); the pass leaves them in ``aux``, [rows, layers * H] in the model's dtype.
     aux_layers: tuple[int, ...] = ()
     aux: torch.Tensor | None = None
+    fork: tuple[int, int] | None = None
 
     def positions(self) -> list[int]:
+        if self.fork is not None:
+            seen, base = self.fork
+            return list(range(seen + self.start - base, seen + self.start - base + len(self.tokens)))
         if self.parents is None:
             return list(range(self.start, self.start + len(self.tokens)))
         base = self.start + len(self.tokens) - len(self.parents)  # where the tree's first level sits
@@ -176,6 +186,12 @@ def _mask(segment: Segment) -> torch.Tensor | None:
     its ancestors' and its own."""
     queries = len(segment.tokens)
     keys = segment.start + queries
+    if segment.fork is not None:  # the slots before the fork, then the branch's own (causal)
+        seen, base = segment.fork
+        mask = torch.zeros(queries, keys, dtype=torch.bool)
+        mask[:, :seen] = True
+        mask[:, base:] = torch.ones(queries, keys - base, dtype=torch.bool).tril(keys - base - queries)
+        return mask
     if queries == 1:
         return None
     mask = torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries)
@@ -323,6 +339,22 @@ class PooledSequence:
             self.pool.move(self.region, moves)
         self.length = base + len(path)
         self.committed += [tree[node] for node in path] + [token]
+
+    def adopt(self, fork: int, base: int, written: int) -> None:
+        """Take a branch the passes wrote apart (``Segment.fork``): the sequence becomes its first
+        ``fork`` committed tokens, with the branch's ``written`` slots from ``base`` moved to follow
+        them (a copy of at most k positions per layer). The branch's tokens themselves are the
+        caller's (the session's last proposal, which a following ``resync`` keeps or drops)."""
+        if (not 1 <= fork <= min(len(self.committed), self.length) or fork + written > base
+                or base + written > self.region.capacity):
+            raise ValueError(f"a branch forks within the {min(len(self.committed), self.length)} tokens cached: "
+                             f"fork {fork}, {written} written from slot {base}")
+        if written:
+            if self.pool is None:
+                raise ValueError("a branch needs the sequence's pool to move")
+            self.pool.move(self.region, [(base + j, fork + j) for j in range(written)])
+        self.committed = self.committed[:fork]
+        self.length = fork + written
 
     def resync(self, proposed: Sequence[int], keep: int, append: Sequence[int]) -> None:
         """Committed becomes the first ``keep`` tokens of committed + proposed, then ``append``.

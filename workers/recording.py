@@ -30,8 +30,9 @@ class StatsRecorder:
     def looked_ahead(self) -> None:
         self.stats.lookaheads += 1
 
-    def lookahead_hit(self) -> None:
+    def lookahead_hit(self, branch: bool = False) -> None:
         self.stats.lookahead_hits += 1
+        self.stats.branch_hits += branch
 
     def lookahead_missed(self, tokens: int) -> None:
         self.stats.wasted += tokens

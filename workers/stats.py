@@ -72,7 +72,8 @@ class SpecStats:
     draft_seconds: float = 0.0  # the draft's device time for all of them
     verify_seconds: float = 0.0
     lookaheads: int = 0  # proposals drafted while the target verified the previous one (service, greedy)
-    lookahead_hits: int = 0  # of those, used: the verdict accepted everything and matched the guess
+    lookahead_hits: int = 0  # of those, used: the verdict accepted everything and matched the guess...
+    branch_hits: int = 0  # ...or rejected where its branch forked, with the token the branch assumed
     seed: int | None = None
 
     def record_step(self, k: int, num_accepted: int) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from specserve.proto.v1 import internal_pb2 as pb
 
 from .batching import StepResult
 from .acceptance import SamplingParams, SparseDist, Outcome, one_hot
-from .drafting import DraftTokens
+from .drafting import Alternative, DraftTokens
 from .proposing import HiddenRows
 
 
@@ -31,6 +33,13 @@ def proposal_message(proposal: DraftTokens, greedy: bool, seconds: float = 0.0,
         for ids, probs in zip(proposal.q.ids.tolist(), proposal.q.probs.tolist(), strict=True):
             msg.q.add(ids=ids, probs=probs)
     return msg
+
+
+def alternatives_message(msg: pb.Proposal, alternatives: Sequence[Alternative]) -> None:
+    """Each token's alternative (workers/drafting.py) into ``msg``'s runner-up fields."""
+    msg.runner_up.extend(a.runner_up for a in alternatives)
+    msg.token_p.extend(a.token_p for a in alternatives)
+    msg.runner_up_p.extend(a.runner_up_p for a in alternatives)
 
 
 def proposal_from(msg: pb.Proposal) -> DraftTokens:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!specserve/proto/v1/internal.proto\x12\x15specserve.v1.internal\"K\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\'\n\tSparseRow\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"\xb1\x01\n\x0bSessionOpen\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12\x31\n\x08sampling\x18\x03 \x01(\x0b\x32\x1f.specserve.v1.internal.Sampling\x12\r\n\x05model\x18\x04 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\x12\n\naux_layers\x18\x07 \x03(\r\"W\n\x0cHiddenStates\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\r\n\x05width\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"<\n\x07Verdict\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\x05\x12\x0c\n\x04path\x18\x03 \x03(\r\"\xb8\x01\n\tDraftStep\x12\x0c\n\x04keep\x18\x01 \x01(\r\x12\x0e\n\x06\x61ppend\x18\x02 \x03(\x05\x12\t\n\x01k\x18\x03 \x01(\r\x12\x16\n\x0emin_confidence\x18\x04 \x01(\x02\x12\x12\n\nmin_tokens\x18\x05 \x01(\r\x12\x30\n\x03\x61ux\x18\x06 \x01(\x0b\x32#.specserve.v1.internal.HiddenStates\x12\x15\n\rdrop_previous\x18\x07 \x01(\x08\x12\r\n\x05guess\x18\x08 \x01(\x08\"|\n\x0c\x44raftRequest\x12\x32\n\x04open\x18\x01 \x01(\x0b\x32\".specserve.v1.internal.SessionOpenH\x00\x12\x30\n\x04step\x18\x02 \x01(\x0b\x32 .specserve.v1.internal.DraftStepH\x00\x42\x06\n\x04kind\"\xab\x01\n\x08Proposal\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12+\n\x01q\x18\x02 \x03(\x0b\x32 .specserve.v1.internal.SparseRow\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x32\n\tpass_info\x18\x04 \x01(\x0b\x32\x1f.specserve.v1.internal.PassInfo\x12\x0f\n\x07parents\x18\x05 \x03(\x05\x12\x0f\n\x07refused\x18\x06 \x01(\t\"\x8e\x01\n\rVerifyRequest\x12\x32\n\x04open\x18\x01 \x01(\x0b\x32\".specserve.v1.internal.SessionOpenH\x00\x12/\n\x04step\x18\x02 \x01(\x0b\x32\x1f.specserve.v1.internal.ProposalH\x00\x12\x10\n\x06\x64\x65\x63ode\x18\x03 \x01(\rH\x00\x42\x06\n\x04kind\"C\n\x08PassInfo\x12\x0e\n\x06tokens\x18\x01 \x01(\r\x12\x10\n\x08sessions\x18\x02 \x01(\r\x12\x15\n\rqueue_seconds\x18\x03 \x01(\x01\"\xc6\x01\n\x0bVerifyReply\x12/\n\x07verdict\x18\x01 \x01(\x0b\x32\x1e.specserve.v1.internal.Verdict\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x32\n\tpass_info\x18\x03 \x01(\x0b\x32\x1f.specserve.v1.internal.PassInfo\x12\x0f\n\x07refused\x18\x04 \x01(\t\x12\x30\n\x03\x61ux\x18\x05 \x01(\x0b\x32#.specserve.v1.internal.HiddenStates\"\x10\n\x0eInspectRequest\"\xee\x02\n\x0bWorkerState\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06models\x18\x02 \x03(\t\x12\x15\n\rlive_sessions\x18\x03 \x01(\r\x12\x44\n\tresources\x18\x04 \x03(\x0b\x32\x31.specserve.v1.internal.WorkerState.ResourcesEntry\x12\x0b\n\x03pid\x18\x05 \x01(\r\x12\x19\n\x11kv_reserved_bytes\x18\x06 \x01(\x04\x12\x17\n\x0fkv_budget_bytes\x18\x07 \x01(\x04\x12\x15\n\rkv_pool_bytes\x18\x08 \x01(\x04\x12\x0e\n\x06passes\x18\t \x01(\x04\x12\x13\n\x0bpass_tokens\x18\n \x01(\x04\x12\x15\n\rpass_sessions\x18\x0b \x01(\x04\x12\x19\n\x11max_pass_sessions\x18\x0c \x01(\r\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"9\n\x0cScoreRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x05\x12\r\n\x05start\x18\x03 \x01(\r\"A\n\nScoreReply\x12\x11\n\tpositions\x18\x01 \x01(\r\x12\x0f\n\x07matches\x18\x02 \x01(\r\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x32\x83\x02\n\x07\x44rafter\x12Q\n\x05\x44raft\x12#.specserve.v1.internal.DraftRequest\x1a\x1f.specserve.v1.internal.Proposal(\x01\x30\x01\x12O\n\x05Score\x12#.specserve.v1.internal.ScoreRequest\x1a!.specserve.v1.internal.ScoreReply\x12T\n\x07Inspect\x12%.specserve.v1.internal.InspectRequest\x1a\".specserve.v1.internal.WorkerState2\xb8\x01\n\x08Verifier\x12V\n\x06Verify\x12$.specserve.v1.internal.VerifyRequest\x1a\".specserve.v1.internal.VerifyReply(\x01\x30\x01\x12T\n\x07Inspect\x12%.specserve.v1.internal.InspectRequest\x1a\".specserve.v1.internal.WorkerStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!specserve/proto/v1/internal.proto\x12\x15specserve.v1.internal\"K\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\'\n\tSparseRow\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"\xb1\x01\n\x0bSessionOpen\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12\x31\n\x08sampling\x18\x03 \x01(\x0b\x32\x1f.specserve.v1.internal.Sampling\x12\r\n\x05model\x18\x04 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\x12\n\naux_layers\x18\x07 \x03(\r\"W\n\x0cHiddenStates\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\r\n\x05width\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"<\n\x07Verdict\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\x05\x12\x0c\n\x04path\x18\x03 \x03(\r\"\xf2\x01\n\tDraftStep\x12\x0c\n\x04keep\x18\x01 \x01(\r\x12\x0e\n\x06\x61ppend\x18\x02 \x03(\x05\x12\t\n\x01k\x18\x03 \x01(\r\x12\x16\n\x0emin_confidence\x18\x04 \x01(\x02\x12\x12\n\nmin_tokens\x18\x05 \x01(\r\x12\x30\n\x03\x61ux\x18\x06 \x01(\x0b\x32#.specserve.v1.internal.HiddenStates\x12\x15\n\rdrop_previous\x18\x07 \x01(\x08\x12\r\n\x05guess\x18\x08 \x01(\x08\x12)\n\x04\x66ork\x18\t \x01(\x0b\x32\x1b.specserve.v1.internal.Fork\x12\r\n\x05\x61\x64opt\x18\n \x01(\x08\".\n\x04\x46ork\x12\x0c\n\x04keep\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\x05\x12\t\n\x01k\x18\x03 \x01(\r\"|\n\x0c\x44raftRequest\x12\x32\n\x04open\x18\x01 \x01(\x0b\x32\".specserve.v1.internal.SessionOpenH\x00\x12\x30\n\x04step\x18\x02 \x01(\x0b\x32 .specserve.v1.internal.DraftStepH\x00\x42\x06\n\x04kind\"\x95\x02\n\x08Proposal\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12+\n\x01q\x18\x02 \x03(\x0b\x32 .specserve.v1.internal.SparseRow\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x32\n\tpass_info\x18\x04 \x01(\x0b\x32\x1f.specserve.v1.internal.PassInfo\x12\x0f\n\x07parents\x18\x05 \x03(\x05\x12\x0f\n\x07refused\x18\x06 \x01(\t\x12\x11\n\trunner_up\x18\x07 \x03(\x05\x12\x0f\n\x07token_p\x18\x08 \x03(\x02\x12\x13\n\x0brunner_up_p\x18\t \x03(\x02\x12/\n\x06\x62ranch\x18\n \x01(\x0b\x32\x1f.specserve.v1.internal.Proposal\"\x8e\x01\n\rVerifyRequest\x12\x32\n\x04open\x18\x01 \x01(\x0b\x32\".specserve.v1.internal.SessionOpenH\x00\x12/\n\x04step\x18\x02 \x01(\x0b\x32\x1f.specserve.v1.internal.ProposalH\x00\x12\x10\n\x06\x64\x65\x63ode\x18\x03 \x01(\rH\x00\x42\x06\n\x04kind\"C\n\x08PassInfo\x12\x0e\n\x06tokens\x18\x01 \x01(\r\x12\x10\n\x08sessions\x18\x02 \x01(\r\x12\x15\n\rqueue_seconds\x18\x03 \x01(\x01\"\xc6\x01\n\x0bVerifyReply\x12/\n\x07verdict\x18\x01 \x01(\x0b\x32\x1e.specserve.v1.internal.Verdict\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x32\n\tpass_info\x18\x03 \x01(\x0b\x32\x1f.specserve.v1.internal.PassInfo\x12\x0f\n\x07refused\x18\x04 \x01(\t\x12\x30\n\x03\x61ux\x18\x05 \x01(\x0b\x32#.specserve.v1.internal.HiddenStates\"\x10\n\x0eInspectRequest\"\xee\x02\n\x0bWorkerState\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06models\x18\x02 \x03(\t\x12\x15\n\rlive_sessions\x18\x03 \x01(\r\x12\x44\n\tresources\x18\x04 \x03(\x0b\x32\x31.specserve.v1.internal.WorkerState.ResourcesEntry\x12\x0b\n\x03pid\x18\x05 \x01(\r\x12\x19\n\x11kv_reserved_bytes\x18\x06 \x01(\x04\x12\x17\n\x0fkv_budget_bytes\x18\x07 \x01(\x04\x12\x15\n\rkv_pool_bytes\x18\x08 \x01(\x04\x12\x0e\n\x06passes\x18\t \x01(\x04\x12\x13\n\x0bpass_tokens\x18\n \x01(\x04\x12\x15\n\rpass_sessions\x18\x0b \x01(\x04\x12\x19\n\x11max_pass_sessions\x18\x0c \x01(\r\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"9\n\x0cScoreRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x05\x12\r\n\x05start\x18\x03 \x01(\r\"A\n\nScoreReply\x12\x11\n\tpositions\x18\x01 \x01(\r\x12\x0f\n\x07matches\x18\x02 \x01(\r\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x32\x83\x02\n\x07\x44rafter\x12Q\n\x05\x44raft\x12#.specserve.v1.internal.DraftRequest\x1a\x1f.specserve.v1.internal.Proposal(\x01\x30\x01\x12O\n\x05Score\x12#.specserve.v1.internal.ScoreRequest\x1a!.specserve.v1.internal.ScoreReply\x12T\n\x07Inspect\x12%.specserve.v1.internal.InspectRequest\x1a\".specserve.v1.internal.WorkerState2\xb8\x01\n\x08Verifier\x12V\n\x06Verify\x12$.specserve.v1.internal.VerifyRequest\x1a\".specserve.v1.internal.VerifyReply(\x01\x30\x01\x12T\n\x07Inspect\x12%.specserve.v1.internal.InspectRequest\x1a\".specserve.v1.internal.WorkerStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,29 +44,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERDICT']._serialized_start=447
   _globals['_VERDICT']._serialized_end=507
   _globals['_DRAFTSTEP']._serialized_start=510
-  _globals['_DRAFTSTEP']._serialized_end=694
-  _globals['_DRAFTREQUEST']._serialized_start=696
-  _globals['_DRAFTREQUEST']._serialized_end=820
-  _globals['_PROPOSAL']._serialized_start=823
-  _globals['_PROPOSAL']._serialized_end=994
-  _globals['_VERIFYREQUEST']._serialized_start=997
-  _globals['_VERIFYREQUEST']._serialized_end=1139
-  _globals['_PASSINFO']._serialized_start=1141
-  _globals['_PASSINFO']._serialized_end=1208
-  _globals['_VERIFYREPLY']._serialized_start=1211
-  _globals['_VERIFYREPLY']._serialized_end=1409
-  _globals['_INSPECTREQUEST']._serialized_start=1411
-  _globals['_INSPECTREQUEST']._serialized_end=1427
-  _globals['_WORKERSTATE']._serialized_start=1430
-  _globals['_WORKERSTATE']._serialized_end=1796
-  _globals['_WORKERSTATE_RESOURCESENTRY']._serialized_start=1748
-  _globals['_WORKERSTATE_RESOURCESENTRY']._serialized_end=1796
-  _globals['_SCOREREQUEST']._serialized_start=1798
-  _globals['_SCOREREQUEST']._serialized_end=1855
-  _globals['_SCOREREPLY']._serialized_start=1857
-  _globals['_SCOREREPLY']._serialized_end=1922
-  _globals['_DRAFTER']._serialized_start=1925
-  _globals['_DRAFTER']._serialized_end=2184
-  _globals['_VERIFIER']._serialized_start=2187
-  _globals['_VERIFIER']._serialized_end=2371
+  _globals['_DRAFTSTEP']._serialized_end=752
+  _globals['_FORK']._serialized_start=754
+  _globals['_FORK']._serialized_end=800
+  _globals['_DRAFTREQUEST']._serialized_start=802
+  _globals['_DRAFTREQUEST']._serialized_end=926
+  _globals['_PROPOSAL']._serialized_start=929
+  _globals['_PROPOSAL']._serialized_end=1206
+  _globals['_VERIFYREQUEST']._serialized_start=1209
+  _globals['_VERIFYREQUEST']._serialized_end=1351
+  _globals['_PASSINFO']._serialized_start=1353
+  _globals['_PASSINFO']._serialized_end=1420
+  _globals['_VERIFYREPLY']._serialized_start=1423
+  _globals['_VERIFYREPLY']._serialized_end=1621
+  _globals['_INSPECTREQUEST']._serialized_start=1623
+  _globals['_INSPECTREQUEST']._serialized_end=1639
+  _globals['_WORKERSTATE']._serialized_start=1642
+  _globals['_WORKERSTATE']._serialized_end=2008
+  _globals['_WORKERSTATE_RESOURCESENTRY']._serialized_start=1960
+  _globals['_WORKERSTATE_RESOURCESENTRY']._serialized_end=2008
+  _globals['_SCOREREQUEST']._serialized_start=2010
+  _globals['_SCOREREQUEST']._serialized_end=2067
+  _globals['_SCOREREPLY']._serialized_start=2069
+  _globals['_SCOREREPLY']._serialized_end=2134
+  _globals['_DRAFTER']._serialized_start=2137
+  _globals['_DRAFTER']._serialized_end=2396
+  _globals['_VERIFIER']._serialized_start=2399
+  _globals['_VERIFIER']._serialized_end=2583
 # @@protoc_insertion_point(module_scope)

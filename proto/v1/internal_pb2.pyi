@@ -69,7 +69,7 @@ class Verdict(_message.Message):
     def __init__(self, num_accepted: _Optional[int] = ..., token: _Optional[int] = ..., path: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftStep(_message.Message):
-    __slots__ = ("keep", "append", "k", "min_confidence", "min_tokens", "aux", "drop_previous", "guess")
+    __slots__ = ("keep", "append", "k", "min_confidence", "min_tokens", "aux", "drop_previous", "guess", "fork", "adopt")
     KEEP_FIELD_NUMBER: _ClassVar[int]
     APPEND_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,8 @@ class DraftStep(_message.Message):
     AUX_FIELD_NUMBER: _ClassVar[int]
     DROP_PREVIOUS_FIELD_NUMBER: _ClassVar[int]
     GUESS_FIELD_NUMBER: _ClassVar[int]
+    FORK_FIELD_NUMBER: _ClassVar[int]
+    ADOPT_FIELD_NUMBER: _ClassVar[int]
     keep: int
     append: _containers.RepeatedScalarFieldContainer[int]
     k: int
@@ -86,7 +88,19 @@ class DraftStep(_message.Message):
     aux: HiddenStates
     drop_previous: bool
     guess: bool
-    def __init__(self, keep: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., min_confidence: _Optional[float] = ..., min_tokens: _Optional[int] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ..., drop_previous: _Optional[bool] = ..., guess: _Optional[bool] = ...) -> None: ...
+    fork: Fork
+    adopt: bool
+    def __init__(self, keep: _Optional[int] = ..., append: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., min_confidence: _Optional[float] = ..., min_tokens: _Optional[int] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ..., drop_previous: _Optional[bool] = ..., guess: _Optional[bool] = ..., fork: _Optional[_Union[Fork, _Mapping]] = ..., adopt: _Optional[bool] = ...) -> None: ...
+
+class Fork(_message.Message):
+    __slots__ = ("keep", "token", "k")
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    keep: int
+    token: int
+    k: int
+    def __init__(self, keep: _Optional[int] = ..., token: _Optional[int] = ..., k: _Optional[int] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("open", "step")
@@ -97,20 +111,28 @@ class DraftRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[SessionOpen, _Mapping]] = ..., step: _Optional[_Union[DraftStep, _Mapping]] = ...) -> None: ...
 
 class Proposal(_message.Message):
-    __slots__ = ("ids", "q", "seconds", "pass_info", "parents", "refused")
+    __slots__ = ("ids", "q", "seconds", "pass_info", "parents", "refused", "runner_up", "token_p", "runner_up_p", "branch")
     IDS_FIELD_NUMBER: _ClassVar[int]
     Q_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     PASS_INFO_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    RUNNER_UP_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_P_FIELD_NUMBER: _ClassVar[int]
+    RUNNER_UP_P_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     q: _containers.RepeatedCompositeFieldContainer[SparseRow]
     seconds: float
     pass_info: PassInfo
     parents: _containers.RepeatedScalarFieldContainer[int]
     refused: str
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseRow, _Mapping]]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ..., parents: _Optional[_Iterable[int]] = ..., refused: _Optional[str] = ...) -> None: ...
+    runner_up: _containers.RepeatedScalarFieldContainer[int]
+    token_p: _containers.RepeatedScalarFieldContainer[float]
+    runner_up_p: _containers.RepeatedScalarFieldContainer[float]
+    branch: Proposal
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseRow, _Mapping]]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ..., parents: _Optional[_Iterable[int]] = ..., refused: _Optional[str] = ..., runner_up: _Optional[_Iterable[int]] = ..., token_p: _Optional[_Iterable[float]] = ..., runner_up_p: _Optional[_Iterable[float]] = ..., branch: _Optional[_Union[Proposal, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("open", "step", "decode")
