@@ -223,8 +223,9 @@ class RemoteDraft(Proposer):
             return drafted.branch
         return None
 
-    def draft_ahead(self, proposal: DraftTokens) -> None:
-        """Ask the draft for the proposal after this one, assuming all of this one is accepted."""
+    def draft_ahead(self, proposal: DraftTokens, branch: bool = True) -> None:
+        """Ask the draft for the proposal after this one, assuming all of this one is accepted (and,
+        with ``branch``, the one after its likeliest rejection)."""
         proposed = len(proposal.ids)
         after_all_accepted = self.context.history.remaining - proposed - 1
         k = min(self.length.next_k(proposed, proposed), after_all_accepted - 1) + 1  # one more: its guess
@@ -235,7 +236,7 @@ class RemoteDraft(Proposer):
             return
         self.recorder.looked_ahead()
         step = self.mirror.ahead(proposed, k, self.length.min_confidence)
-        odds = self.context.branch_odds
+        odds = self.context.branch_odds if branch else None
         if odds is not None and (fork := fork_for(proposal.wire, proposed, odds)) is not None:
             # The k the request will ask for after that verdict (the schedule moves k by it, and a
             # branch shorter than that is no fresh draft), and its first token.

@@ -470,7 +470,7 @@ def test_a_branch_beside_a_lookahead_is_the_draft_after_its_rejection_and_adopts
     assert token >= 0 and token != proposal.ids[at]
     session.resync(proposal, len(prompt) + k, [])  # the lookahead's step: all of it accepted
     ahead = session.step(k + 1, min_tokens=2, guess=True)
-    branch = BranchRun(session, len(prompt) + at, token, k + 1, 0.0, 2)
+    branch = BranchRun(session, len(prompt) + at, token, k + 1, 0.0, 2, reach=len(session.sequence.committed) + k + 1)
     scheduler = Scheduler(draft, pool, Device(1), BatchingConfig())
 
     async def both():
@@ -494,3 +494,38 @@ def test_a_branch_beside_a_lookahead_is_the_draft_after_its_rejection_and_adopts
     session.resync(held, len(prefix) + k - 1, [correction])
     following = run_alone(draft, pool, session.step(k))
     assert following.ids == fresh(prefix + expected.ids[:-1] + [correction], k).ids
+
+
+def test_a_failing_branch_leaves_the_step_and_a_failing_step_takes_its_branch_along(draft):
+    """workers/draft_worker.py: a branch that fails is dropped from the reply and the session goes
+    on; a run that fails leaves no branch of its in the scheduler (it would write into a region
+    given back)."""
+    from specserve.proto.v1 import internal_pb2 as pb
+    from specserve.workers.draft_worker import DraftStream, _with_branch
+
+    prompt = prompts(1, seed=8)[0]
+    pool = KVPool(KVShape.of(draft), Budget(2**28))
+    scheduler = Scheduler(draft, pool, Device(1), BatchingConfig())
+    stream = DraftStream(PooledSequence(pool.take(256), prompt, pool), pb.SessionOpen(model="draft", prompt_ids=prompt, sampling=pb.Sampling(top_p=1.0)))
+
+    async def step(fork_token: int, break_it: str):
+        stream.step(pb.DraftStep(keep=len(prompt), k=4))
+        first = await scheduler.run(stream.last)
+        ahead = pb.DraftStep(keep=len(prompt) + 4, k=5, min_tokens=2, guess=True,
+                             fork=pb.Fork(keep=len(prompt) + 1, token=fork_token, k=4))
+        run = stream.step(ahead)
+        assert stream.branch is not None and first.result is not None
+        broken = stream.branch if break_it == "branch" else run
+        broken.advance = lambda logits: (_ for _ in ()).throw(ValueError("broken by the test"))
+        return run, await _with_branch(scheduler, run, stream, "")
+
+    run, done = asyncio.run(step(5, "branch"))
+    assert done.result is run.result and len(run.result.ids) == 5 and stream.branch is None
+
+    async def failing():
+        with pytest.raises(ValueError, match="broken by the test"):
+            await step(6, "run")
+        await asyncio.sleep(0.05)  # the scheduler's next round drops what was cancelled
+        return scheduler.waiting + scheduler.active
+
+    assert asyncio.run(failing()) == []  # the branch left with its run

@@ -10,6 +10,7 @@ verdict that did not come): that one stops at the next pass boundary.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -31,6 +32,8 @@ from .registry import Registration
 from .seeds import DraftDraws
 from .proposing import ProposerGone
 from .wire import alternatives_message, hidden_from, pass_info, proposal_message, sampling_from
+
+log = logging.getLogger("specserve.workers")
 
 
 class DraftWorker:
@@ -69,23 +72,31 @@ class DraftStream:
         self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
         self.held: DraftTokens | None = None  # that proposal: the last run's result, or an adopted branch's
         self.branch: BranchRun | None = None  # drafted beside the last run, for another verdict
+        self.adopted = False  # the branch was adopted for the coming step already (``adopt``)
+
+    def adopt(self) -> None:
+        """The router used the last run's branch: the session holds it from now on (its keys and
+        values moved into place: on a worker, on the device thread, between passes)."""
+        if self.branch is None:
+            raise ValueError("adopt: the last step drafted no branch")
+        self.held, self.branch, self.adopted = self.branch.adopt(), None, True
 
     def step(self, step: pb.DraftStep) -> DraftRun:
         """The drafting this step asks for, after moving the session to what stands (bookkeeping):
         the last run's branch first if the router used it, then ``keep`` and ``append``."""
-        if step.adopt:
-            if self.branch is None:
-                raise ValueError("adopt: the last step drafted no branch")
-            self.held = self.branch.adopt()
-        elif self.last is not None:
+        if step.adopt and not self.adopted:
+            self.adopt()
+        elif not step.adopt and self.last is not None:
             self.held = self.last.result
+        self.adopted = False
         self.session.resync(self.held, step.keep, list(step.append))
+        reach = len(self.session.sequence.committed) + step.k  # what this run may write up to
         self.last, self.branch = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1), step.guess), None
         # A fork past what the cache holds (the router cannot see the worker's length) drafts no
         # branch: the verdict it assumed then finds none in the reply, a plain miss.
         if step.HasField("fork") and step.guess and step.fork.keep <= self.session.sequence.length:
             self.branch = BranchRun(self.session, step.fork.keep, step.fork.token, step.fork.k, step.min_confidence,
-                                    max(step.min_tokens, 1))
+                                    max(step.min_tokens, 1), reach)
         return self.last  # a step that failed has no result: nothing to rewind
 
     def reply(self, run: DraftRun, done: StepResult) -> pb.Proposal:
@@ -140,8 +151,10 @@ async def _runs(scheduler: Scheduler, stream: DraftStream, requests: AsyncIterat
     try:
         request = await anext(requests, None)
         while request is not None:
+            if request.step.adopt:  # a copy in the device's memory: on its thread, between passes
+                await scheduler.device.run(stream.adopt)
             run = stream.step(request.step)
-            work = asyncio.ensure_future(_with_branch(scheduler, run, stream.branch, task))
+            work = asyncio.ensure_future(_with_branch(scheduler, run, stream, task))
             following = asyncio.ensure_future(anext(requests, None))
             try:
                 await asyncio.wait((work, following), return_when=asyncio.FIRST_COMPLETED)
@@ -162,12 +175,26 @@ async def _runs(scheduler: Scheduler, stream: DraftStream, requests: AsyncIterat
                 following.exception()
 
 
-async def _with_branch(scheduler: Scheduler, run: DraftRun, branch: BranchRun | None, task: str) -> StepResult:
-    """The run, and its branch in the same passes (two steps of one session: the branch writes apart)."""
-    if branch is None:
+async def _with_branch(scheduler: Scheduler, run: DraftRun, stream: DraftStream, task: str) -> StepResult:
+    """The run, and its branch in the same passes (two steps of one session: the branch writes
+    apart). A branch that fails is left out of the reply (a plain miss for the router), and the
+    session goes on; a run that fails (or is cancelled) takes its branch out of the scheduler with it."""
+    if stream.branch is None:
         return await scheduler.run(run, task)
-    done, _ = await asyncio.gather(scheduler.run(run, task), scheduler.run(branch, task))
-    return done
+    main = asyncio.ensure_future(scheduler.run(run, task))
+    side = asyncio.ensure_future(scheduler.run(stream.branch, task))
+    try:
+        done = await main
+        try:
+            await side
+        except Exception:
+            log.exception("a draft's branch failed; the session goes on without it")
+            stream.branch = None
+        return done
+    finally:
+        for work in (main, side):
+            if not work.done():
+                work.cancel()
 
 
 def _drops_previous(following: asyncio.Future) -> bool:

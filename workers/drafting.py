@@ -166,19 +166,23 @@ class BranchRun:
     verdict committed the session's first ``fork`` tokens and then ``token`` (a rejection there,
     and the correction the router expects). Its tokens are ``token`` (never proposed, as a
     lookahead's guess) then up to k - 1 drawn, each at its own position's uniform, so a branch the
-    router uses is token for token and q for q the fresh draft. They are written apart, in the last
-    BRANCH_ROOM slots of the session's region (``Segment.fork``), in the same passes as the
-    lookahead; adopting the branch moves them into place (``PooledSequence.adopt``)."""
+    router uses is token for token and q for q the fresh draft. They are written apart, past what the
+    lookahead writes (``Segment.fork``; the region's STEP_ROOM holds them), in the same passes as
+    the lookahead; adopting the branch moves them into place (``PooledSequence.adopt``)."""
 
     def __init__(self, session: DraftSession, fork: int, token: int, k: int, min_confidence: float,
-                 min_tokens: int) -> None:
+                 min_tokens: int, reach: int) -> None:
         sequence = session.sequence
-        if not 1 <= fork <= sequence.length or k > BRANCH_ROOM:
+        # Its tokens go just past the lookahead's ``reach`` (the slots it may write): attention over
+        # a branch spans the slots up to it, so the nearer, the narrower (a gathered pass pads every
+        # row of its group to the widest). Moving into place, its slots never overlap their targets.
+        self.base = max(reach, fork + k)
+        if not 1 <= fork <= sequence.length or k > BRANCH_ROOM or self.base + k > sequence.region.capacity:
             raise ValueError(f"a branch forks within the cache's {sequence.length} written positions and drafts "
-                             f"at most {BRANCH_ROOM} tokens: fork {fork}, k {k}")
+                             f"at most {BRANCH_ROOM} tokens within the region's {sequence.region.capacity}: fork "
+                             f"{fork}, k {k} from slot {self.base}")
         self.session = session
         self.fork = fork
-        self.base = sequence.region.capacity - BRANCH_ROOM  # where its tokens are written
         self.k = k
         self.min_confidence = min_confidence
         self.min_tokens = min_tokens

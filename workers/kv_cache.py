@@ -26,9 +26,9 @@ from .request import MAX_K
 
 INITIAL_CAPACITY = 256  # positions per layer before the first doubling: most prompts + outputs fit
 # Beyond its committed tokens a cache holds the step in flight: a proposal under verification and,
-# on a draft, the lookahead drafted past it (k + 1 tokens each at most) and, in the last BRANCH_ROOM
-# positions of its region, a branch drafted for another verdict (workers/drafting.py BranchRun: its
-# first token and up to MAX_K - 1 drafted after it are written, the last one drafted never is).
+# on a draft, the lookahead drafted past it (k + 1 tokens each at most) and, past those, a branch
+# drafted for another verdict (workers/drafting.py BranchRun: its first token and up to MAX_K - 1
+# drafted after it are written, the last one drafted never is).
 BRANCH_ROOM = MAX_K + 1
 STEP_ROOM = 2 * (MAX_K + 1) + BRANCH_ROOM
 

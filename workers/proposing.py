@@ -111,8 +111,9 @@ class Proposer(ABC):
     async def propose(self, k: int) -> DraftTokens:
         """Up to ``k`` tokens after the committed ones, with their q (no ids: none this step)."""
 
-    def draft_ahead(self, proposal: DraftTokens) -> None:
-        """The target is verifying ``proposal``: start on the next one meanwhile, if this proposer can."""
+    def draft_ahead(self, proposal: DraftTokens, branch: bool = True) -> None:
+        """The target is verifying ``proposal``: start on the next one meanwhile, if this proposer can
+        (``branch``: and on the one for its likeliest rejection, where it can)."""
 
     def commit(self, proposal: DraftTokens, verdict: Outcome, extras: Mapping[str, object] = NO_EXTRAS) -> None:
         """The request committed ``verdict`` on ``proposal``, this proposer's last one; ``extras``

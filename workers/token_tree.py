@@ -111,9 +111,12 @@ class TreeProposer(Proposer):
         self.tree = merge([(chain, member.deterministic) for member, chain in chains], self.max_tokens)
         return self.tree.proposal
 
-    def draft_ahead(self, proposal: DraftTokens) -> None:
+    def draft_ahead(self, proposal: DraftTokens, branch: bool = True) -> None:
+        """Each member ahead of its own chain, without a branch: the k the loop asks after a verdict
+        follows the tree's depth and path, not a member's chain, so a member's branch would not be
+        the draft it drafts afresh."""
         for member in self.members:
-            member.draft_ahead(self.chains.get(id(member), DraftTokens.empty()))
+            member.draft_ahead(self.chains.get(id(member), DraftTokens.empty()), branch=False)
 
     def commit(self, proposal: DraftTokens, verdict: Outcome, extras: Mapping[str, object] = NO_EXTRAS) -> None:
         """Each member: the part of the accepted path that is its own chain, then the rest."""
