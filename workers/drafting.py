@@ -117,26 +117,46 @@ class DraftSession:
         return float(q.probs[q.ids == token].sum())
 
 
-class DraftRun:
+class Drafted:
+    """What a run of drafting holds (a proposal's tokens, their q, the draft's alternatives) and its
+    stopping rule, shared by a chain (DraftRun) and a branch (BranchRun)."""
+
+    def __init__(self, session: DraftSession, k: int, min_confidence: float, min_tokens: int) -> None:
+        self.session = session
+        self.k = k
+        self.min_confidence = min_confidence
+        self.min_tokens = min_tokens
+        self.ids: list[int] = []
+        self.rows: list[SparseDist] = []
+        self.alternatives: list[Alternative] = []  # one per token of ids
+        self.result: DraftTokens | None = None
+
+    def so_far(self) -> DraftTokens:
+        """Its proposal: the result, or the tokens drafted before it was stopped."""
+        return self.result if self.result is not None else DraftTokens(list(self.ids), stack_rows(self.rows))
+
+    def took(self, logits: torch.Tensor, token: int, q: SparseDist, alternative: Alternative) -> bool:
+        """Keep a token drawn from ``logits``; True (the result set) when the run stops after it."""
+        self.ids.append(token)
+        self.rows.append(q)
+        self.alternatives.append(alternative)
+        if not self.session.stops(logits, token, q, len(self.ids), self.k, self.min_confidence, self.min_tokens):
+            return False
+        self.result = DraftTokens(self.ids, stack_rows(self.rows))
+        return True
+
+
+class DraftRun(Drafted):
     """Drafting one proposal, one pass per token: the first runs what the cache lacks (the verdict's
     tokens, or the prompt, in chunks if long), each later one the token drawn last."""
 
     def __init__(self, session: DraftSession, k: int, min_confidence: float, min_tokens: int,
                  guess: bool = False) -> None:
-        self.session = session
-        self.k = k
-        self.min_confidence = min_confidence
-        self.min_tokens = min_tokens
+        super().__init__(session, k, min_confidence, min_tokens)
         self.guess = guess
-        self.ids: list[int] = []
-        self.rows: list[SparseDist] = []
-        self.alternatives: list[Alternative] = []  # one per token of ids
         self.planned: Segment | None = None
-        self.result: DraftTokens | None = DraftTokens.empty() if k < 1 else None
-
-    def so_far(self) -> DraftTokens:
-        """Its proposal: the result, or the tokens drafted before it was stopped."""
-        return self.result if self.result is not None else DraftTokens(list(self.ids), stack_rows(self.rows))
+        if k < 1:
+            self.result = DraftTokens.empty()
 
     def plan(self, room: int) -> Segment | None:
         self.planned = self.session.sequence.segment(self.ids[-1:], 1, room)
@@ -149,19 +169,12 @@ class DraftRun:
             return False
         if self.guess and not self.ids:  # the likeliest target token: a hit is likelier than on a sample
             token, q = draw(logits, GREEDY, 0.0, session.max_support)
-            self.alternatives.append(NO_ALTERNATIVE)  # never proposed: nothing to fork at
-        else:
-            token, q = session.draw(logits, len(session.sequence.committed) + len(self.ids))
-            self.alternatives.append(session.alternative(logits, token, q))
-        self.ids.append(token)
-        self.rows.append(q)
-        if not session.stops(logits, token, q, len(self.ids), self.k, self.min_confidence, self.min_tokens):
-            return False
-        self.result = DraftTokens(self.ids, stack_rows(self.rows))
-        return True
+            return self.took(logits, token, q, NO_ALTERNATIVE)  # never proposed: nothing to fork at
+        token, q = session.draw(logits, len(session.sequence.committed) + len(self.ids))
+        return self.took(logits, token, q, session.alternative(logits, token, q))
 
 
-class BranchRun:
+class BranchRun(Drafted):
     """Drafting a branch beside a lookahead (SSD): the proposal the draft would draft afresh had the
     verdict committed the session's first ``fork`` tokens and then ``token`` (a rejection there,
     and the correction the router expects). Its tokens are ``token`` (never proposed, as a
@@ -181,19 +194,12 @@ class BranchRun:
             raise ValueError(f"a branch forks within the cache's {sequence.length} written positions and drafts "
                              f"at most {BRANCH_ROOM} tokens within the region's {sequence.region.capacity}: fork "
                              f"{fork}, k {k} from slot {self.base}")
-        self.session = session
+        super().__init__(session, k, min_confidence, min_tokens)
         self.fork = fork
-        self.k = k
-        self.min_confidence = min_confidence
-        self.min_tokens = min_tokens
-        self.ids = [token]
-        self.rows = [one_hot(torch.tensor([token]))]
-        self.alternatives = [NO_ALTERNATIVE]
+        self.ids, self.rows, self.alternatives = [token], [one_hot(torch.tensor([token]))], [NO_ALTERNATIVE]
         self.written = 0  # of its tokens, in the region from ``base``
-        self.result: DraftTokens | None = None if k >= 2 else self.so_far()
-
-    def so_far(self) -> DraftTokens:
-        return self.result if self.result is not None else DraftTokens(list(self.ids), stack_rows(self.rows))
+        if k < 2:
+            self.result = self.so_far()
 
     def plan(self, room: int) -> Segment | None:
         if room < 1:
@@ -202,16 +208,9 @@ class BranchRun:
         return Segment(self.session.sequence.region, start, self.ids[-1:], 1, fork=(self.fork, self.base))
 
     def advance(self, logits: torch.Tensor) -> bool:
-        session = self.session
         self.written += 1
-        token, q = session.draw(logits, self.fork + len(self.ids))
-        self.alternatives.append(session.alternative(logits, token, q))
-        self.ids.append(token)
-        self.rows.append(q)
-        if not session.stops(logits, token, q, len(self.ids), self.k, self.min_confidence, self.min_tokens):
-            return False
-        self.result = DraftTokens(self.ids, stack_rows(self.rows))
-        return True
+        token, q = self.session.draw(logits, self.fork + len(self.ids))
+        return self.took(logits, token, q, self.session.alternative(logits, token, q))
 
     def adopt(self) -> DraftTokens:
         """The router used this branch: the session holds its fork's tokens, then the branch (its
