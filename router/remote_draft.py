@@ -138,9 +138,15 @@ class RemoteDraft(Proposer):
         self.verdicts += 1
 
     async def close(self) -> None:
-        if self.ahead is not None and not self.ahead.done():  # drafted past the end: drop it with the session
-            self.abandon()
-        elif self.stream is not None:
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:  # the request ended (a stop, the end of text) before its verdict
+            self.recorder.lookahead_unjudged()
+            if not ahead.done():  # drafted past the end: drop it with the session
+                ahead.cancel()
+                if self.stream is not None:
+                    self.stream.cancel()
+                return
+        if self.stream is not None:
             await self.stream.close()
 
     def abandon(self) -> None:

@@ -53,9 +53,9 @@ def make_session(models, directory: FakeDirectory, *, lookahead: bool, sampling:
                  schedule: str = "fixed", seed: int = 7, route: Route = Route(DRAFT, K, "requested"),
                  decode_run: int = 1, draft_free: DraftFree | None = None,
                  timeouts: TimeoutsConfig = TimeoutsConfig(), ahead: bool = True,
-                 branch_odds: float | None = 0.0) -> Request:
+                 branch_odds: float | None = 0.0, stop: tuple[str, ...] = ()) -> Request:
     target, tokenizer = models
-    params = GenerationParams(max_tokens=MAX_TOKENS, sampling=sampling, k=K, seed=seed)
+    params = GenerationParams(max_tokens=MAX_TOKENS, sampling=sampling, k=K, seed=seed, stop=stop)
     request = ValidRequest(encode_prompt(tokenizer, PROMPT), params, "code", route.draft, route.k, "on")
     proposers = ProposerFactory(draft_free or DraftFree(), {"code": (DRAFT, "ngram", "suffix")})
     return Request(request, Routing(ResolvedTask("code", "request", 1.0), route, DraftLength(schedule, route.k, 8),
@@ -103,6 +103,22 @@ def test_a_lookaheads_branch_is_used_where_the_verdict_rejects_as_it_assumed(mod
     verdicts = list(zip(target.proposals, target.verdicts, strict=True))
     assert all(accepted in (1, len(proposal.ids)) for proposal, accepted in verdicts if len(proposal.ids) >= 2)
     assert sum(accepted >= 2 for _, accepted in verdicts) >= stats.branch_hits, target.verdicts
+
+
+def test_a_lookahead_out_when_a_stop_ends_the_request_is_neither_hit_nor_miss(models, target_only):
+    """The draft is the target: every lookahead a verdict judges hits. One still out when a stop
+    sequence ends the request had no verdict: it must not count as a miss (the lookahead budget
+    would hold back drafts whose lookaheads all hit)."""
+    tokenizer = models[1]
+    text = tokenizer.decode(target_only)
+    stop = text[len(text) // 2 : len(text) // 2 + 4]
+    target = FakeWorker("target", "t0", models[0])
+    draft = FakeWorker("draft", "d0", models[0])
+    session = make_session(models, FakeDirectory(target, draft), lookahead=True, stop=(stop,))
+    run(session)
+    stats = session.decoding.stats
+    assert session.decoding.finished and len(session.decoding.committed) < MAX_TOKENS
+    assert 0 < stats.lookahead_hits == stats.lookaheads, stats
 
 
 def test_a_request_the_lookahead_budget_holds_back_drafts_in_turn(models, target_only):

@@ -83,6 +83,9 @@ class StepRecorder(Protocol):
         """A proposal drafted ahead guessed the verdict and is used (``branch``: the one drafted for
         a rejection, beside the one for all accepted)."""
 
+    def lookahead_unjudged(self) -> None:
+        """The request ended while a lookahead was out: no verdict judged it, neither hit nor miss."""
+
     def lookahead_missed(self, tokens: int) -> None:
         """A proposal drafted ahead did not guess the verdict: its ``tokens`` (counted as drafted
         already) are thrown away."""

@@ -34,6 +34,9 @@ class StatsRecorder:
         self.stats.lookahead_hits += 1
         self.stats.branch_hits += branch
 
+    def lookahead_unjudged(self) -> None:
+        self.stats.lookaheads -= 1  # no verdict came to judge it: not counted (a hit rate's denominator)
+
     def lookahead_missed(self, tokens: int) -> None:
         self.stats.wasted += tokens
 
