@@ -89,6 +89,7 @@ class RemoteDraft(Proposer):
                                            first_step_timeout=timeouts.draft_prefill_seconds)
             try:
                 opening = self.context.opening(self.name, self.reopens)
+                opening.alternatives = self.context.lookahead and self.context.branch_odds is not None
                 await self.stream.send(pb.DraftRequest(open=opening))
                 self.mirror.reopen(len(opening.prompt_ids))
                 return

@@ -463,7 +463,7 @@ def test_a_branch_beside_a_lookahead_is_the_draft_after_its_rejection_and_adopts
     prompt, k, at = prompts(1, seed=6)[0], 4, 1
     draws = DraftDraws(13, "draft")
     pool, sequence = private_sequence(draft, prompt, 256)
-    session = DraftSession(sequence, sampling, draws)
+    session = DraftSession(sequence, sampling, draws, alternatives=True)
     first = session.step(k)
     proposal = run_alone(draft, pool, first)
     token = first.alternatives[at].runner_up
@@ -506,7 +506,8 @@ def test_a_failing_branch_leaves_the_step_and_a_failing_step_takes_its_branch_al
     prompt = prompts(1, seed=8)[0]
     pool = KVPool(KVShape.of(draft), Budget(2**28))
     scheduler = Scheduler(draft, pool, Device(1), BatchingConfig())
-    stream = DraftStream(PooledSequence(pool.take(256), prompt, pool), pb.SessionOpen(model="draft", prompt_ids=prompt, sampling=pb.Sampling(top_p=1.0)))
+    stream = DraftStream(PooledSequence(pool.take(256), prompt, pool),
+                         pb.SessionOpen(model="draft", prompt_ids=prompt, sampling=pb.Sampling(top_p=1.0), alternatives=True))
 
     async def step(fork_token: int, break_it: str):
         stream.step(pb.DraftStep(keep=len(prompt), k=4))

@@ -68,7 +68,8 @@ class DraftStream:
     def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen) -> None:
         sampling = sampling_from(opened.sampling)
         self.greedy = sampling.greedy
-        self.session = DraftSession(sequence, sampling, DraftDraws(opened.sampling.seed, opened.model), DRAFT_MAX_SUPPORT)
+        self.session = DraftSession(sequence, sampling, DraftDraws(opened.sampling.seed, opened.model), DRAFT_MAX_SUPPORT,
+                                    opened.alternatives)
         self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
         self.held: DraftTokens | None = None  # that proposal: the last run's result, or an adopted branch's
         self.branch: BranchRun | None = None  # drafted beside the last run, for another verdict
@@ -103,7 +104,8 @@ class DraftStream:
         """The run's proposal as it stands (stopped early: what it drafted), with the draft's
         alternatives at each token, and the branch beside it, if one was drafted."""
         message = proposal_message(run.so_far(), self.greedy, done.device_seconds, pass_info(done))
-        alternatives_message(message, run.alternatives)
+        if self.session.alternatives:
+            alternatives_message(message, run.alternatives)
         if self.branch is not None:
             message.branch.CopyFrom(proposal_message(self.branch.so_far(), self.greedy))
             alternatives_message(message.branch, self.branch.alternatives)

@@ -61,11 +61,12 @@ class DraftSession:
     """Proposes continuations of one request's committed tokens with a draft model."""
 
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, draws: DraftDraws,
-                 max_support: int = DRAFT_MAX_SUPPORT) -> None:
+                 max_support: int = DRAFT_MAX_SUPPORT, alternatives: bool = False) -> None:
         self.sequence = sequence
         self.sampling = sampling
         self.draws = draws
         self.max_support = max_support
+        self.alternatives = alternatives  # (a softmax over the vocabulary per token: only where branches fork)
 
     def step(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1, guess: bool = False) -> DraftRun:
         """Up to k tokens; with `min_confidence`, stop after a token (past the first `min_tokens`)
@@ -97,7 +98,9 @@ class DraftSession:
 
     def alternative(self, logits: torch.Tensor, token: int, q: SparseDist) -> Alternative:
         """The draft's likeliest token other than ``token``: of its plain softmax under greedy, of
-        the distribution it sampled from otherwise."""
+        the distribution it sampled from otherwise (NO_ALTERNATIVE where the session reports none)."""
+        if not self.alternatives:
+            return NO_ALTERNATIVE
         if self.sampling.greedy:
             top = torch.softmax(logits[0].float(), dim=-1).topk(2)
             return Alternative(float(top.values[0]), int(top.indices[1]), float(top.values[1]))

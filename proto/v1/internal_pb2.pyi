@@ -27,7 +27,7 @@ class SparseRow(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers")
+    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers", "alternatives")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class SessionOpen(_message.Message):
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     AUX_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: Sampling
@@ -42,7 +43,8 @@ class SessionOpen(_message.Message):
     max_new_tokens: int
     task: str
     aux_layers: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ...) -> None: ...
+    alternatives: bool
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ..., alternatives: _Optional[bool] = ...) -> None: ...
 
 class HiddenStates(_message.Message):
     __slots__ = ("start", "rows", "width", "dtype", "data")
