@@ -191,12 +191,25 @@ def test_distill_command_writes_a_draft(tiny_zoo, tmp_path, capsys):
     assert facts["task"] == "notes" and (tmp_path / "d" / "config.json").exists()
     # It says what the draft is worth: held-out acceptance, cost, the speedup they predict, plainly.
     assert 0 <= facts["held_out_alpha"] <= 1 and facts["cost_ratio"] > 0 and facts["held_out_documents"] > 0
-    # The message rounds the speedup to 2 places, the JSON to 3: each from the unrounded value, so
-    # they may differ in the last printed place (0.99549: "1.00" beside 0.995).
+    # The message prints the JSON's 3-place figure to 2 places (0.995: "0.99" or "1.00" as Python rounds).
     said = re.search(r"expected (\d+\.\d\d)x at k=(\d+)", out.err)
     assert said and int(said[2]) == facts["expected_k"]
     assert abs(float(said[1]) - facts["expected_speedup"]) <= 0.0055
     assert ("does NOT beat target-only" in out.err) == (facts["expected_speedup"] <= 1)
+
+
+def test_distill_verdict_follows_the_figure_it_reports(monkeypatch, tmp_path, capsys):
+    # A draft measured at 1.0004x is reported as 1.0: the verdict must be the 1.0's (CI once saw "break-even"
+    # printed beside "expected_speedup": 1.0, acceptance 1.00 and cost 1.00).
+    from specserve.cluster.commands import distill
+
+    facts = {"task": "notes", "held_out_alpha": 1.0, "cost_ratio": 1.0, "held_out_documents": 1}
+    monkeypatch.setattr(distill, "_draft", lambda args: dict(facts))
+    monkeypatch.setattr(distill, "_speedup", lambda facts: (16, 1.0004))
+    assert main(["distill", "--target", str(tmp_path), "--task", "notes", "--corpus", str(tmp_path / "c.txt"),
+                 "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["expected_speedup"] == 1.0 and "does NOT beat target-only" in out.err
 
 
 def test_distill_command_refuses_a_missing_corpus(tiny_zoo, tmp_path, capsys):
