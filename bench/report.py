@@ -55,6 +55,18 @@ def _device_line(device: dict | None) -> str:
     return f"models on {device['device']} in {device['dtype']}{driver}"
 
 
+def _compiled_line(meta: dict) -> str:
+    """Which of the service's decode passes ran compiled: the engine's always run eagerly."""
+    compiled = meta.get("compiled")
+    if compiled is None:  # a run from before compiled passes
+        return "Every pass ran eagerly."
+    where = [who for who in ("target", "drafts") if compiled[who]]
+    if not where:
+        return "Every pass ran eagerly, in the service as in the engine."
+    return (f"The service's {' and '.join(where)} ran their decode passes compiled (`batching.compiled`); the "
+            f"engine's passes run eagerly, so part of a difference here is the compiler's.")
+
+
 def render_report(results: dict, plots: list[str]) -> str:
     meta, f = results["meta"], results["figures"]
     settings, tasks = meta["settings"], f["tasks"]
@@ -127,7 +139,7 @@ def render_report(results: dict, plots: list[str]) -> str:
         "## 2. Cost of distribution: the service against the in-process engine",
         "",
         "The in-process engine runs both models on one thread pinned to the target replica's core; the service "
-        "runs the draft on its own worker. Throughput ratios, same models, prompts and k.",
+        "runs the draft on its own worker. Throughput ratios, same models, prompts and k. " + _compiled_line(meta),
         "",
         *table(["task", "engine speedup", "service/engine, target-only", "service/engine, task draft"],
                [[t, sx(r["engine"]["speedup"]), sx(r["engine"]["service_over_engine_off"]),

@@ -1,9 +1,10 @@
 """What a worker adds to a step beyond its forward passes, and where the service's CPU goes under load.
 
-    .venv/bin/python -m specserve.bench.step_overhead draft [--zoo demo] [--k 5] [--steps 200]
+    .venv/bin/python -m specserve.bench.step_overhead draft [--zoo demo] [--k 5] [--steps 200] [--vary compiled]
         One draft step of k tokens at a time through a worker's scheduler (the device thread pinned
-        to core 1), with ``batching.back_to_back`` on and off, alternating twice: the step's wall
-        time, its device time, and the rest (the hops between the device thread and the event loop).
+        to core 1), with ``batching.back_to_back`` (or ``--vary compiled``: ``batching.compiled``) on
+        and off, alternating twice: the step's wall time, its device time, and the rest (the hops
+        between the device thread and the event loop).
 
     .venv/bin/python -m specserve.bench.step_overhead cpu [--zoo demo] [--clients 16]
         An embedded service under ``clients`` concurrent greedy requests (the prompt alone, tasks
@@ -43,7 +44,7 @@ from .memory import component_of
 DRAFT_CORE = 1  # as deploy/serve_config.yaml pins the draft workers
 
 
-def draft_steps(zoo: Zoo, k: int, steps: int, back_to_back: bool) -> tuple[list[float], list[float]]:
+def draft_steps(zoo: Zoo, k: int, steps: int, config: BatchingConfig) -> tuple[list[float], list[float]]:
     """Wall and device seconds of ``steps`` draft steps of k tokens, one at a time (the first 10% left out)."""
     task = zoo.tasks[0]
     engine = zoo_engine(zoo, [zoo.default_draft(task)])
@@ -52,7 +53,9 @@ def draft_steps(zoo: Zoo, k: int, steps: int, back_to_back: bool) -> tuple[list[
     pool = KVPool(KVShape.of(draft), Budget(2**28))
 
     async def run() -> tuple[list[float], list[float]]:
-        scheduler = Scheduler(draft, pool, Device(1, (DRAFT_CORE,)), BatchingConfig(back_to_back=back_to_back))
+        scheduler = Scheduler(draft, pool, Device(1, (DRAFT_CORE,)), config)
+        if scheduler.graphs is not None:  # compiled: as a draft worker does before it registers
+            await scheduler.device.run(scheduler.graphs.warm_up)
         walls, devices = [], []
         for _ in range(steps):
             sequence = PooledSequence(pool.take(len(prompt) + 4 * k), prompt)
@@ -69,11 +72,11 @@ def draft_steps(zoo: Zoo, k: int, steps: int, back_to_back: bool) -> tuple[list[
     return asyncio.run(run())
 
 
-def report_draft(zoo: Zoo, k: int, steps: int) -> None:
-    for back_to_back in (True, False, True, False):
-        walls, devices = draft_steps(zoo, k, steps, back_to_back)
+def report_draft(zoo: Zoo, k: int, steps: int, vary: str) -> None:
+    for on in (True, False, True, False):
+        walls, devices = draft_steps(zoo, k, steps, BatchingConfig(**{vary: on}))
         rest = [w - d for w, d in zip(walls, devices, strict=True)]
-        print(f"back_to_back {'on ' if back_to_back else 'off'}: a draft step of k={k}, medians over {len(walls)}: "
+        print(f"{vary} {'on ' if on else 'off'}: a draft step of k={k}, medians over {len(walls)}: "
               f"wall {statistics.median(walls) * 1e3:.2f} ms, device {statistics.median(devices) * 1e3:.2f} ms, "
               f"rest {statistics.median(rest) * 1e3:.2f} ms", flush=True)
 
@@ -131,10 +134,12 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5, help="draft tokens per step (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=200, help="draft steps per round (default: %(default)s)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent requests (default: %(default)s)")
+    parser.add_argument("--vary", choices=("back_to_back", "compiled"), default="back_to_back",
+                        help="draft: the batching setting turned on and off (default: %(default)s)")
     args = parser.parse_args()
     zoo = ensure_zoo(args.zoo)
     if args.what == "draft":
-        report_draft(zoo, args.k, args.steps)
+        report_draft(zoo, args.k, args.steps, args.vary)
     else:
         report_cpu(zoo, args.clients)
 

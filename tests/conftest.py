@@ -121,10 +121,13 @@ def service(tiny_zoo, metrics_port):
               # branch beside it, so the service's tests run through the branches and their adoption.
               "lookahead_branch_min_odds": 0.0,
               "timeouts": SERVICE_TIMEOUTS}
-    # Draft sessions outlast the target waits (a config that lets them not is refused).
+    # Draft sessions outlast the target waits (a config that lets them not is refused). Drafts run
+    # eagerly: compiling costs each draft worker a minute on a clean machine (every replacement the
+    # fault tests start, seconds), and tests/test_graphs.py checks the compiled passes.
+    draft_pool = {"session_idle_seconds": 100.0, "batching": {"compiled": False}}
     target = {"session_idle_seconds": SESSION_IDLE_SECONDS, "max_sessions": TARGET_SESSIONS}
     running = start_service(port=0, overrides={"models": {"zoo": str(tiny_zoo.root)}, "router": router,
-                                               "target": target, "draft_pool": {"session_idle_seconds": 100.0}},
+                                               "target": target, "draft_pool": draft_pool},
                             metrics_port=metrics_port)
     yield running
     running.stop()

@@ -1,6 +1,6 @@
-"""Decode passes at bucketed shapes (workers/graphs.py), run eagerly on the CPU: the same logits and
-cache as the eager pass, in float64, with padded rows and keys dropped unread; passes of other
-shapes left to the eager pass. The capture itself needs CUDA (tests/test_gpu.py)."""
+"""Decode passes at bucketed shapes (workers/graphs.py), run eagerly or compiled on the CPU: the same
+logits and cache as the eager pass, in float64, with padded rows and keys dropped unread; passes of
+other shapes left to the eager pass. The capture itself needs CUDA (tests/test_gpu.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specserve.workers.batching import Scheduler
-from specserve.workers.graphs import DecodeGraphs
+from specserve.workers.config import BatchingConfig
+from specserve.workers.graphs import WARM_UP_BUCKETS, DecodeGraphs
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.ragged_pass import Segment, run_pass, use_pooled_attention
 
@@ -84,3 +85,49 @@ def test_a_scheduler_replaying_decode_passes_decodes_what_sessions_decode_alone(
     got, scheduler = decode_scheduled(m, prompts, 12, prepare=buffered)
     assert got == decode_alone(m, prompts, 12)
     assert scheduler.graphs.buckets  # decode passes did go through the buffers
+
+
+def test_compiled_decode_passes_give_each_models_eager_logits_and_compile_nothing_after_warm_up():
+    """Two models of one architecture (a draft worker's drafts), compiled: warm-up compiles the graphs,
+    both models' passes at other buckets give their own eager logits (the weights are the graphs'
+    inputs, not constants of the first model's), and nothing compiles after warm-up."""
+    import torch._dynamo.utils
+
+    first = model()
+    torch.manual_seed(7)
+    second = use_pooled_attention(LlamaForCausalLM(first.config).to(torch.float64).eval())
+    gen = torch.Generator().manual_seed(2)
+    checks = 0
+    for m in (first, second):
+        eager_model, eager_pool = copy.deepcopy(m), None
+        pool = KVPool(KVShape.of(m), Budget(2**24))
+        eager_pool = KVPool(KVShape.of(eager_model), Budget(2**24))
+        graphs = DecodeGraphs(m, pool, capture=False, compiled=True)
+        assert graphs.warm_up() > 0 and {shape for shape in graphs.buckets} == set(WARM_UP_BUCKETS)
+        pool.move(pool.take(4), [(0, 1)])  # the arenas warm-up created take in-place moves (an adoption)
+        compiled_so_far = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        lengths = [70, 3, 140]  # buckets of 3 sessions (4) over 128 and 256 keys: neither warmed up
+        prompts = [torch.randint(3, 97, (n,), generator=gen).tolist() for n in lengths]
+        regions = [[p.take(300) for _ in lengths] for p in (pool, eager_pool)]
+        for mm, p, mine in ((m, pool, regions[0]), (eager_model, eager_pool, regions[1])):
+            run_pass(mm, p, [Segment(r, 0, x, 1) for r, x in zip(mine, prompts, strict=True)])
+        for step in range(4):
+            tokens = torch.randint(3, 97, (3,), generator=gen).tolist()
+            want = run_pass(eager_model, eager_pool, [Segment(regions[1][i], lengths[i] + step, [tokens[i]], 1)
+                                                      for i in range(3)])
+            got = graphs.run([Segment(regions[0][i], lengths[i] + step, [tokens[i]], 1) for i in range(3)])
+            for a, b in zip(want, got, strict=True):
+                # float64 sums fused in another order, then cast to float32: at most a last-place difference
+                assert torch.allclose(a, b, rtol=2e-7, atol=1e-7)
+                checks += 1
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled_so_far
+    assert checks == 24
+
+
+def test_a_scheduler_with_compiled_decode_passes_decodes_what_sessions_decode_alone():
+    m = model()
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 97, (int(n),), generator=gen).tolist() for n in torch.randint(2, 40, (6,), generator=gen)]
+    got, scheduler = decode_scheduled(m, prompts, 10, BatchingConfig(compiled=True))
+    assert scheduler.graphs is not None and scheduler.graphs.forward is not m and scheduler.graphs.buckets
+    assert got == decode_alone(m, prompts, 10)

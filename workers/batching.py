@@ -110,8 +110,9 @@ class Scheduler:
         self._driver: asyncio.Task | None = None
         self._in_flight: set[int] = set()  # ids of regions the running pass touches
         # pool None: a subclass that keeps each session's cache itself (an EAGLE-3 head's): no graphs
-        on_cuda = pool is not None and pool.shape.device.type == "cuda"
-        self.graphs = DecodeGraphs(model, pool) if config.cuda_graphs and on_cuda else None
+        capture = config.cuda_graphs and pool is not None and pool.shape.device.type == "cuda"
+        self.graphs = (DecodeGraphs(model, pool, capture=capture, compiled=config.compiled)
+                       if pool is not None and (capture or config.compiled) else None)
         self._to_release: list[Region] = []
         # Set (on the event loop) when a step arrives or is abandoned: a run of passes back to back
         # on the device thread stops at the next boundary, so the pass after takes it into account.

@@ -37,6 +37,11 @@ class BatchingConfig(FrozenConfig):
     # On CUDA, decode passes (every session one new token) replay CUDA graphs captured per bucket of
     # sessions and key length (workers/graphs.py); other passes, and every pass on a CPU, run eagerly.
     cuda_graphs: bool = True
+    # Decode passes run the model compiled (torch.compile) at the same bucketed shapes, where no CUDA
+    # graph captures them (a CPU): a small model's pass is mostly per-operation overhead, which this
+    # removes (the demo zoo's drafts: 2.2x a pass). Compiled at start-up, seconds with inductor's
+    # on-disk cache, about a minute without (workers/graphs.py). Draft workers turn it on.
+    compiled: bool = False
     # While no new step waits, a pass whose steps all need more passes (a draft's k tokens, a prompt
     # in chunks) is followed by the next on the device thread at once, not after a hop to the event
     # loop and back (1.6-2.4 ms a draft step on the 2-core host). A step that arrives, or is
@@ -80,5 +85,7 @@ class TargetConfig(WorkerConfig):
 
 class DraftPoolConfig(WorkerConfig):
     device_resource: str = DRAFT_DEVICE
+    # Drafts are small: their passes are what compiling speeds up (a target's pass is its weights' reading).
+    batching: BatchingConfig = BatchingConfig(compiled=True)
     workers: int = Field(2, ge=1)
     drafts: tuple[str, ...] = ()  # the drafts every worker serves; empty: all of them
