@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -131,3 +132,30 @@ def test_a_scheduler_with_compiled_decode_passes_decodes_what_sessions_decode_al
     got, scheduler = decode_scheduled(m, prompts, 10, BatchingConfig(compiled=True))
     assert scheduler.graphs is not None and scheduler.graphs.forward is not m and scheduler.graphs.buckets
     assert got == decode_alone(m, prompts, 10)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_branch_beside_a_lookahead_runs_at_a_bucket_with_the_eager_passes_logits(compiled):
+    """A draft pass with a branch (Segment.fork: written apart, past the lookahead's slots) beside
+    another session's decode step: the branch row sees the slots before the fork and its own, at its
+    chain's position, as the eager pass's mask says."""
+    eager_model = model()
+    graphed_model = copy.deepcopy(eager_model)
+    pools = [KVPool(KVShape.of(m), Budget(2**24)) for m in (eager_model, graphed_model)]
+    graphs = DecodeGraphs(graphed_model, pools[1], capture=False, compiled=compiled)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 97, (n,), generator=gen).tolist() for n in (20, 9)]
+    regions = [[pool.take(64) for _ in prompts] for pool in pools]
+    lookahead = torch.randint(3, 97, (3,), generator=gen).tolist()
+    for m, pool, (mine, other) in zip((eager_model, graphed_model), pools, regions, strict=True):
+        run_pass(m, pool, [Segment(mine, 0, prompts[0] + lookahead, 1), Segment(other, 0, prompts[1], 1)])
+    seen, base = 21, 30  # the branch forks after the prompt and the lookahead's first token
+    branch = torch.randint(3, 97, (3,), generator=gen).tolist()
+    for i, token in enumerate(branch):
+        step = [Segment(regions[0][0], base + i, [token], 1, fork=(seen, base)), Segment(regions[0][1], 9 + i, [token], 1)]
+        want = run_pass(eager_model, pools[0], step)
+        mine = [Segment(regions[1][0], base + i, [token], 1, fork=(seen, base)), Segment(regions[1][1], 9 + i, [token], 1)]
+        assert graphs.shape(mine) == (2, 64)
+        got = graphs.run(mine)
+        for a, b in zip(want, got, strict=True):
+            assert torch.allclose(a, b, rtol=2e-7, atol=1e-7)  # compiled: a float32 last place at most

@@ -85,13 +85,21 @@ class _Bucket:
 
     def fill(self, segments: Sequence[Segment], scratch: Region) -> None:
         """Copy the pass's inputs into the buffers; rows past the pass's sessions decode token 0
-        at the scratch slot, attending to it alone."""
+        at the scratch slot, attending to it alone. A branch's row (``Segment.fork``) sits at its
+        chain's position and sees the slots before the fork and the branch's own, not the
+        lookahead's between them."""
         padding = self.ids.shape[1] - len(segments)
         ids = torch.tensor([s.tokens[0] for s in segments] + [0] * padding)
-        positions = torch.tensor([s.start for s in segments] + [0] * padding)
+        slots = torch.tensor([s.start for s in segments] + [0] * padding)  # in its region
+        positions = torch.tensor([s.positions()[0] for s in segments] + [0] * padding)
         bases = torch.tensor([s.region.start for s in segments] + [scratch.start] * padding)
-        index, real = padded_key_index(bases, positions + 1, self.group.keys.shape[1])
-        for buffer, values in ((self.ids[0], ids), (self.positions[0], positions), (self.group.slots, bases + positions),
+        index, real = padded_key_index(bases, slots + 1, self.group.keys.shape[1])
+        columns = torch.arange(real.shape[1])
+        for row, segment in enumerate(segments):
+            if segment.fork is not None:
+                seen, base = segment.fork
+                real[row] &= (columns < seen) | (columns >= base)
+        for buffer, values in ((self.ids[0], ids), (self.positions[0], positions), (self.group.slots, bases + slots),
                                (self.group.keys, index), (self.group.mask[:, 0, 0], real)):
             buffer.copy_(values)
 
@@ -122,7 +130,7 @@ class DecodeGraphs:
         """The bucket a pass runs at, or None when it must run eagerly."""
         if self.disabled is not None or not segments:
             return None
-        if not all(len(s.tokens) == 1 and s.logits == 1 and s.parents is None and s.fork is None and not s.aux_layers
+        if not all(len(s.tokens) == 1 and s.logits == 1 and s.parents is None and not s.aux_layers
                    and s.region.arena == 0 for s in segments):
             return None
         sessions = bucket(len(segments), SESSION_BUCKETS)
