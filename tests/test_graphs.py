@@ -159,3 +159,23 @@ def test_a_branch_beside_a_lookahead_runs_at_a_bucket_with_the_eager_passes_logi
         got = graphs.run(mine)
         for a, b in zip(want, got, strict=True):
             assert torch.allclose(a, b, rtol=2e-7, atol=1e-7)  # compiled: a float32 last place at most
+
+
+def test_a_compiler_that_fails_leaves_the_passes_to_the_eager_model():
+    """No C++ compiler on the host, an operation inductor cannot lower: the pass still gives the
+    eager logits, and later passes skip the compiler."""
+    eager_model = model()
+    graphed_model = copy.deepcopy(eager_model)
+    pools = [KVPool(KVShape.of(m), Budget(2**24)) for m in (eager_model, graphed_model)]
+    graphs = DecodeGraphs(graphed_model, pools[1], capture=False)
+
+    def broken(**_):
+        raise RuntimeError("InductorError: no working C++ compiler found")
+
+    graphs.forward = broken  # as a compiled forward whose compile fails
+    regions = [pool.take(16) for pool in pools]
+    for m, pool, region in zip((eager_model, graphed_model), pools, regions, strict=True):
+        run_pass(m, pool, [Segment(region, 0, [5, 6, 7], 1)])
+    want = run_pass(eager_model, pools[0], [Segment(regions[0], 3, [8], 1)])
+    got = graphs.run([Segment(regions[1], 3, [8], 1)])
+    assert torch.allclose(want[0], got[0], rtol=0, atol=1e-10) and graphs.forward is graphed_model

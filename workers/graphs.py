@@ -152,8 +152,22 @@ class DecodeGraphs:
             held.graph.replay()
             logits = held.logits
         else:
-            logits = held.forward(self.forward)
+            logits = self._forward(held)
         return list(logits[: len(segments)].float().cpu().split(1))
+
+    def _forward(self, held: _Bucket) -> torch.Tensor:
+        """The bucket's pass, compiled where it is; a compiler that fails (no C++ compiler on the
+        host, an operation it cannot lower) leaves this and every later pass to the eager model,
+        which rewrites the same slots with the same keys and values."""
+        if self.forward is self.model:
+            return held.forward(self.model)
+        try:
+            return held.forward(self.forward)
+        except Exception as exc:  # noqa: BLE001 - the eager pass is always right
+            log.warning("compiling a decode pass failed (%s: %s): decode passes run uncompiled from now on",
+                        type(exc).__name__, exc)
+            self.forward = self.model
+            return held.forward(self.model)
 
     def warm_up(self) -> float:
         """Run a decode pass at each of WARM_UP_BUCKETS, so that a compiled forward compiles now, not

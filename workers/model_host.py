@@ -103,7 +103,9 @@ class ModelHost:
         if compiled:  # before it registers, so no request meets a compile; on this thread, not the device's
             # pinned one, whose pinning the C++ compiler's processes would inherit (a minute cold).
             seconds = sum(self.schedulers[name].graphs.warm_up() for name in compiled)
-            log.info("%s %s: compiled the decode passes of %s in %.1f s", kind, worker_id, ", ".join(compiled), seconds)
+            kept = [name for name in compiled if self.schedulers[name].graphs.forward is not self.schedulers[name].model]
+            log.info("%s %s: compiled the decode passes of %s in %.1f s", kind, worker_id, ", ".join(kept) or "none "
+                     "(the compiler failed: eager passes)", seconds)
         self.pass_times: tuple[tuple[int, float], ...] = ()
         if time_passes and self.schedulers:
             scheduler = next(iter(self.schedulers.values()))
