@@ -35,7 +35,8 @@ class BatchingConfig(FrozenConfig):
     # for its task's turn. 0: passes take every pending step (the default; see the bench's load notes).
     same_task_wait_ms: float = Field(0.0, ge=0)
     # On CUDA, decode passes (every session one new token) replay CUDA graphs captured per bucket of
-    # sessions and key length (workers/graphs.py); other passes, and every pass on a CPU, run eagerly.
+    # sessions and key length (workers/graphs.py); other passes run eagerly, and on a CPU every pass
+    # does unless ``compiled``.
     cuda_graphs: bool = True
     # Decode passes run the model compiled (torch.compile) at the same bucketed shapes, where no CUDA
     # graph captures them (a CPU): a small model's pass is mostly per-operation overhead, which this

@@ -94,10 +94,10 @@ class _Bucket:
         positions = torch.tensor([s.positions()[0] for s in segments] + [0] * padding)
         bases = torch.tensor([s.region.start for s in segments] + [scratch.start] * padding)
         index, real = padded_key_index(bases, slots + 1, self.group.keys.shape[1])
-        columns = torch.arange(real.shape[1])
-        for row, segment in enumerate(segments):
-            if segment.fork is not None:
-                seen, base = segment.fork
+        forks = [(row, s.fork) for row, s in enumerate(segments) if s.fork is not None]
+        if forks:
+            columns = torch.arange(real.shape[1])
+            for row, (seen, base) in forks:
                 real[row] &= (columns < seen) | (columns >= base)
         for buffer, values in ((self.ids[0], ids), (self.positions[0], positions), (self.group.slots, bases + slots),
                                (self.group.keys, index), (self.group.mask[:, 0, 0], real)):
@@ -125,6 +125,11 @@ class DecodeGraphs:
         self.scratch: Region | None = None  # one slot of the first arena that padded rows write to
         self.disabled: str | None = None  # why passes run eagerly from now on
         self._memory = None  # the graphs' shared memory pool
+
+    @property
+    def compiled(self) -> bool:
+        """Its passes run the compiled forward (not when none was asked for, or the compiler failed)."""
+        return self.forward is not self.model
 
     def shape(self, segments: Sequence[Segment]) -> tuple[int, int] | None:
         """The bucket a pass runs at, or None when it must run eagerly."""
@@ -159,7 +164,7 @@ class DecodeGraphs:
         """The bucket's pass, compiled where it is; a compiler that fails (no C++ compiler on the
         host, an operation it cannot lower) leaves this and every later pass to the eager model,
         which rewrites the same slots with the same keys and values."""
-        if self.forward is self.model:
+        if not self.compiled:
             return held.forward(self.model)
         try:
             return held.forward(self.forward)

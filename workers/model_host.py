@@ -99,11 +99,11 @@ class ModelHost:
                                     device)  # shared by the pools of all its models
         self.schedulers = {name: Scheduler(use_pooled_attention(model), self._pool(model, len(models)), self.device,
                                            config.batching) for name, model in models.items()}
-        compiled = [name for name, s in self.schedulers.items() if s.graphs is not None and s.graphs.forward is not s.model]
+        compiled = [s.graphs for s in self.schedulers.values() if s.graphs is not None and s.graphs.compiled]
         if compiled:  # before it registers, so no request meets a compile; on this thread, not the device's
             # pinned one, whose pinning the C++ compiler's processes would inherit (a minute cold).
-            seconds = sum(self.schedulers[name].graphs.warm_up() for name in compiled)
-            kept = [name for name in compiled if self.schedulers[name].graphs.forward is not self.schedulers[name].model]
+            seconds = sum(graphs.warm_up() for graphs in compiled)
+            kept = [name for name, s in self.schedulers.items() if s.graphs is not None and s.graphs.compiled]
             log.info("%s %s: compiled the decode passes of %s in %.1f s", kind, worker_id, ", ".join(kept) or "none "
                      "(the compiler failed: eager passes)", seconds)
         self.pass_times: tuple[tuple[int, float], ...] = ()
