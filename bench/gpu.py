@@ -254,24 +254,35 @@ def smollm2_shaped(dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
     return use_pooled_attention(LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE)).to(device, dtype).eval())
 
 
-def run(zoo: Zoo, dtype: str, device: str, prompts: int, max_tokens: int, levels: tuple[int, ...]) -> dict:
+def run(zoo: Zoo, dtype: str, device: str, prompts: int, max_tokens: int, levels: tuple[int, ...],
+        save: Callable[[dict], None] = lambda report: None) -> dict:
+    """Every section in turn, ``save``d after each: a lease that ends mid-run still returns what ran
+    (and ``report["seconds"]`` says what each section took, for sizing the next lease)."""
     engine = load_engine(zoo, dtype, device)
     target = engine.target
     some_draft = engine.drafts[zoo.default_draft(zoo.tasks[0])]
-    report = {"facts": facts(target.device.type, dtype) | {"zoo": zoo.manifest["preset"]}}
-    if target.device.type == "cuda":
-        report["attention"] = attention_shapes(target)
-    report["pass_width"] = {"target": pass_widths(target), "draft": pass_widths(some_draft),
-                            "target, attention loop": pass_widths(_looping(target), widths=(1, 5))}
-    report["speculation"] = speculation(engine, zoo, prompts, max_tokens)
+    report = {"facts": facts(target.device.type, dtype) | {"zoo": zoo.manifest["preset"]}, "seconds": {}}
     all_prompts = [p for task in zoo.tasks for p in zoo.prompts(task)]
-    report["concurrency"] = concurrency(target, engine.tokenizer, all_prompts, levels)
-    if target.device.type == "cuda":  # last: a capture that fails must not spoil the sections above
-        smol = smollm2_shaped(target.dtype, target.device)
-        report["pass_width"]["SmolLM2-135M shape"] = pass_widths(smol, sessions=(1, 16))
-        report["graphs"] = {"zoo target": graph_replay(target), "zoo draft": graph_replay(some_draft),
-                            "SmolLM2-135M shape": graph_replay(smol)}
+    sections: list[tuple[str, Callable[[], object]]] = [
+        ("pass_width", lambda: {"target": pass_widths(target), "draft": pass_widths(some_draft),
+                                "target, attention loop": pass_widths(_looping(target), widths=(1, 5))}),
+        ("speculation", lambda: speculation(engine, zoo, prompts, max_tokens)),
+        ("concurrency", lambda: concurrency(target, engine.tokenizer, all_prompts, levels))]
+    if target.device.type == "cuda":  # graphs last: a capture that fails must not spoil the sections above
+        sections.insert(0, ("attention", lambda: attention_shapes(target)))
+        sections.append(("graphs", lambda: _graphs_and_smollm2(report, target, some_draft)))
+    for name, section in sections:
+        began = time.perf_counter()
+        report[name] = section()
+        report["seconds"][name] = round(time.perf_counter() - began, 1)
+        save(report)
     return report
+
+
+def _graphs_and_smollm2(report: dict, target: PreTrainedModel, draft: PreTrainedModel) -> dict:
+    smol = smollm2_shaped(target.dtype, target.device)
+    report["pass_width"]["SmolLM2-135M shape"] = pass_widths(smol, sessions=(1, 16))
+    return {"zoo target": graph_replay(target), "zoo draft": graph_replay(draft), "SmolLM2-135M shape": graph_replay(smol)}
 
 
 def format_report(report: dict) -> str:
@@ -284,7 +295,9 @@ def format_report(report: dict) -> str:
             lines.append(f"- {name}: " + (f"{row['fresh_ms']:.3f} / {row['repeated_ms']:.3f}" if "fresh_ms" in row
                                           else row["error"]))
         lines.append("")
-    for model, widths in report["pass_width"].items():
+    lines.append("seconds per section: " + ", ".join(f"{k} {v}" for k, v in report.get("seconds", {}).items()))
+    lines.append("")
+    for model, widths in report.get("pass_width", {}).items():
         lines.append(f"## one pass, ms: {model}")
         lines.append("tokens in one session's pass: " + ", ".join(f"{w}: {ms:.2f}" for w, ms in widths["width_ms"].items()))
         lines.append("sessions x tokens each: " + ", ".join(f"{s}: {ms:.2f}" for s, ms in widths["sessions_ms"].items()))
@@ -295,20 +308,32 @@ def format_report(report: dict) -> str:
             tail = f"graph {row['graph_ms']:.3f} ({row['speedup']:.1f}x)" if "graph_ms" in row else row["graph_error"]
             lines.append(f"- {model}: eager {row['eager_ms']:.3f}, {tail}")
         lines.append("")
-    lines += ["## speculation in one process (greedy, k = 4)",
+    if "speculation" in report:
+        lines += _speculation_table(report["speculation"])
+    if "concurrency" in report:
+        lines += _concurrency_table(report["concurrency"])
+    return "\n".join(lines) + "\n"
+
+
+def _speculation_table(rows: list[dict]) -> list[str]:
+    lines = ["## speculation in one process (greedy, k = 4)",
               f"{'task':<6} {'proposer':<8} {'speedup':>7} {'alpha':>6} {'tok/pass':>8} {'c':>6} {'target ms':>9} "
               f"{'tok/s off':>9} {'tok/s on':>8} identical"]
-    for r in report["speculation"]:
+    for r in rows:
         c = f"{r['c']:.2f}" if r["c"] is not None else "-"
         lines.append(f"{r['task']:<6} {r['proposer']:<8} {r['speedup']:>6.2f}x {r['alpha']:>6.2f} "
                      f"{r['tokens_per_pass']:>8.2f} {c:>6} {r['target_ms']:>9.2f} {r['tok_s_off']:>9.0f} "
                      f"{r['tok_s_on']:>8.0f} {r['identical']}")
-    lines += ["", "## target-only throughput against concurrency, tokens/s (scheduler: graphs where CUDA has them)",
+    return lines + [""]
+
+
+def _concurrency_table(rows: list[dict]) -> list[str]:
+    lines = ["## target-only throughput against concurrency, tokens/s (scheduler: graphs where CUDA has them)",
               f"{'sessions':>8} {'scheduler':>10} {'eager':>8} {'static batch':>12} {'ratio':>6}"]
-    for r in report["concurrency"]:
+    for r in rows:
         lines.append(f"{r['sessions']:>8} {r['scheduler_tok_s']:>10.0f} {r['scheduler_eager_tok_s']:>8.0f} "
                      f"{r['static_batch_tok_s']:>12.0f} {r['ratio']:>5.2f}x")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -322,14 +347,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: %(default)s)")
     parser.add_argument("--sessions", default="1,4,16,64", help="concurrency levels (default: %(default)s)")
     args = parser.parse_args(argv)
-    report = run(Zoo.open(Path(args.zoo).expanduser()), args.dtype, args.device, args.prompts, args.max_tokens,
-                 tuple(map(int, args.sessions.split(","))))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu.json").write_text(json.dumps(report, indent=1, default=str))
-    text = format_report(report)
-    (out / "report.md").write_text(text)
-    print(text, flush=True)
+
+    def save(report: dict) -> None:
+        (out / "gpu.json").write_text(json.dumps(report, indent=1, default=str))
+        (out / "report.md").write_text(format_report(report))
+    report = run(Zoo.open(Path(args.zoo).expanduser()), args.dtype, args.device, args.prompts, args.max_tokens,
+                 tuple(map(int, args.sessions.split(","))), save)
+    print(format_report(report), flush=True)
 
 
 if __name__ == "__main__":
