@@ -8,6 +8,9 @@ engine does). Sections, each with the device, dtype and driver in the report's h
     pass width      one verify pass over 1..16 tokens, and B sessions' rows in one ragged pass
     graphs          one token's forward, eager against a captured CUDA graph's replay (the
                     per-operation overhead graphs remove), on the zoo's target and a SmolLM2-135M shape
+    bucketed        the scheduler's passes as it runs them (workers/graphs.py): B sessions adding
+                    1 token (decode) or K + 1 (verify), eager against the bucket's graph, and the
+                    c a graphed draft step gives against a graphed verify pass
     speculation     per task: target alone against its draft, the EAGLE-3 head and prompt lookup
                     (greedy, k = 4): speedup, acceptance, tokens per pass, c (a draft step over a
                     target step)
@@ -33,6 +36,7 @@ from specserve.workers.acceptance import SamplingParams
 from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
 from specserve.workers.engine import SpecEngine
+from specserve.workers.graphs import PassGraphs
 from specserve.workers.grpc_host import Device
 from specserve.workers.heads.format import is_head
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
@@ -114,6 +118,34 @@ def graph_replay(model: PreTrainedModel) -> dict:
     except Exception as exc:  # a report, not a crash: say what stopped the capture
         return {"eager_ms": eager, "graph_error": f"{type(exc).__name__}: {exc}"[:300]}
     return {"eager_ms": eager, "graph_ms": replay, "speedup": eager / replay}
+
+
+def bucketed_passes(target: PreTrainedModel, draft: PreTrainedModel, sessions=(1, 4, 16, 64), cached: int = 160
+                    ) -> dict:
+    """Milliseconds of one pass of B sessions adding q tokens each, as ``run_pass`` runs it (eager)
+    and as the scheduler's PassGraphs does (a graph's replay where captured; the same buffers run
+    eagerly on a CPU), for decode passes (q = 1) and verify passes (q = K + 1)."""
+    rows = {}
+    for name, model in (("target", target), ("draft", draft)):
+        positions = max(sessions) * (cached + 32) + 1  # one arena, as a CUDA pool has (graphs need it)
+        shape = KVShape.of(model)
+        pool = KVPool(shape, Budget(positions * shape.bytes_per_position), arena_positions=positions)
+        graphs = PassGraphs(model, pool)
+        regions = [pool.take(cached + 32) for _ in range(max(sessions))]
+        run_pass(model, pool, [Segment(r, 0, list(range(3, 3 + cached)), 0) for r in regions])
+        for q in (1, K + 1):
+            for count in sessions:
+                segments = [Segment(r, cached, list(range(5, 5 + q)), q) for r in regions[:count]]
+                eager = median_ms(lambda: run_pass(model, pool, segments))
+                ran = graphs.run(segments) is not None  # captures on first use; None: left to the eager pass
+                bucketed = median_ms(lambda: graphs.run(segments)) if ran else None
+                rows[f"{name} {count}x{q}"] = {"eager_ms": eager, "bucketed_ms": bucketed}
+        rows[f"{name} disabled"] = graphs.disabled
+    one = rows["target 1x1"]["bucketed_ms"], rows["target 1x5"]["bucketed_ms"], rows["draft 1x1"]["bucketed_ms"]
+    if None not in one:  # a draft step (one decode pass) over a verify pass, both from graphs
+        rows["c, graphed draft step over graphed verify pass"] = one[2] / one[1]
+        rows["verify pass over decode pass, graphed"] = one[1] / one[0]
+    return rows
 
 
 def attention_shapes(model: PreTrainedModel, calls: int = 40, start: int = 100) -> dict:
@@ -270,6 +302,7 @@ def run(zoo: Zoo, dtype: str, device: str, prompts: int, max_tokens: int, levels
         ("concurrency", lambda: concurrency(target, engine.tokenizer, all_prompts, levels))]
     if target.device.type == "cuda":  # graphs last: a capture that fails must not spoil the sections above
         sections.insert(0, ("attention", lambda: attention_shapes(target)))
+        sections.insert(1, ("bucketed", lambda: bucketed_passes(target, some_draft)))
         sections.append(("graphs", lambda: _graphs_and_smollm2(report, target, some_draft)))
     for name, section in sections:
         began = time.perf_counter()
@@ -301,6 +334,15 @@ def format_report(report: dict) -> str:
         lines.append(f"## one pass, ms: {model}")
         lines.append("tokens in one session's pass: " + ", ".join(f"{w}: {ms:.2f}" for w, ms in widths["width_ms"].items()))
         lines.append("sessions x tokens each: " + ", ".join(f"{s}: {ms:.2f}" for s, ms in widths["sessions_ms"].items()))
+        lines.append("")
+    if "bucketed" in report:
+        lines.append("## the scheduler's passes, B sessions x q tokens each, ms: eager / bucketed (a graph's replay)")
+        for key, row in report["bucketed"].items():
+            if isinstance(row, dict):
+                graphed = f"{row['bucketed_ms']:.3f}" if row["bucketed_ms"] is not None else "-"
+                lines.append(f"- {key}: {row['eager_ms']:.3f} / {graphed}")
+            elif row is not None:
+                lines.append(f"- {key}: {row:.3f}" if isinstance(row, float) else f"- {key}: {row}")
         lines.append("")
     if "graphs" in report:
         lines.append("## one token's forward: eager against a CUDA graph's replay, ms")

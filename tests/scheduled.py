@@ -47,3 +47,34 @@ def decode_scheduled(model, prompts: list[list[int]], tokens: int, config: Batch
         return [[v.token for v in d.result] for d in done], scheduler
 
     return asyncio.run(batched())
+
+
+def verify_scheduled(model, prompts: list[list[int]], expected: list[list[int]],
+                     prepare: Callable[[Scheduler], None] = lambda _: None) -> tuple[list[list[int]], Scheduler]:
+    """Every prompt's greedy tokens decoded by verifying proposals through one scheduler: each
+    session proposes k = 1..5 tokens of its ``expected`` continuation, the last one wrong at every
+    third step, so passes mix sessions of different row counts, accepted and rejected proposals."""
+    pool = KVPool(KVShape.of(model), Budget(2**30))
+    tokens = max(map(len, expected))
+
+    async def verified() -> tuple[list[list[int]], Scheduler]:
+        scheduler = Scheduler(model, pool, Device(1), BatchingConfig())
+        prepare(scheduler)
+
+        async def one(i: int) -> list[int]:
+            session = TargetSession(PooledSequence(pool.take(len(prompts[i]) + tokens + 8), prompts[i]), GREEDY,
+                                    torch.Generator())
+            produced: list[int] = []
+            while len(produced) < len(expected[i]):
+                k = 1 + (i + len(produced)) % 5
+                proposal = list(expected[i][len(produced): len(produced) + k]) or [3]
+                if len(produced) % 3 == 1:
+                    proposal[-1] = (proposal[-1] + 1) % model.config.vocab_size
+                verdict = (await scheduler.run(session.step(DraftTokens.of_ids(proposal)))).result
+                produced += proposal[: verdict.num_accepted] + [verdict.token]
+            return produced[: len(expected[i])]
+        done = await asyncio.gather(*(one(i) for i in range(len(prompts))))
+        assert scheduler.counts.max_sessions > 1, "the sessions should have shared passes"
+        return list(done), scheduler
+
+    return asyncio.run(verified())

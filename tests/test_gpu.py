@@ -31,7 +31,7 @@ from specserve.workers.request import GenerationParams
 from specserve.workers.zoo.head import HEAD
 from specserve.workers.zoo.zoo import Zoo
 
-from scheduled import decode_alone, decode_scheduled
+from scheduled import decode_alone, decode_scheduled, verify_scheduled
 
 # SPECSERVE_GPU_SUITE_DEVICE=cpu runs the suite on the CPU: a dry run of its code, not a GPU result.
 DEVICE = os.environ.get("SPECSERVE_GPU_SUITE_DEVICE", "cuda")
@@ -73,24 +73,43 @@ def proposers(zoo: Zoo, engine: SpecEngine, task: str) -> list[tuple[str, tuple[
     return chosen + [(HEAD, ())] * (HEAD in engine.heads and own != HEAD)
 
 
+def scheduled_sessions(zoo: Zoo, dtype: str, how: str) -> tuple[dict, list]:
+    """Sixteen held-out prompts through one scheduler (``how``: "batched", target-only decode runs;
+    "verified", proposals verified) against each decoded alone: the divergences' summary, with the
+    graphs the scheduler captured, reported; and the divergences."""
+    model = use_pooled_attention(load_model(ModelSpec(str(zoo.target_dir), dtype=dtype, device=DEVICE)))
+    tokenizer = load_tokenizer(str(zoo.target_dir))
+    prompts = [encode_prompt(tokenizer, p) for task in zoo.tasks for p in zoo.prompts(task)][:16]
+    alone = decode_alone(model, prompts, 24)
+    got, scheduler = decode_scheduled(model, prompts, 24) if how == "batched" else verify_scheduled(model, prompts, alone)
+    divergences = [d for i, (prompt, a, b) in enumerate(zip(prompts, alone, got, strict=True))
+                   if (d := first_divergence(model, prompt, a, b, how, i)) is not None]
+    graphs = {"buckets": sorted(scheduler.graphs.buckets) if scheduler.graphs else [],
+              "disabled": scheduler.graphs.disabled if scheduler.graphs else "no graphs (not CUDA)"}
+    numbers = summary(divergences, len(prompts)) | {"graphs": graphs}
+    report(f"{how}-{dtype}", numbers)
+    return numbers, divergences
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_sessions_batched_on_the_gpu_decode_what_they_decode_alone(zoo, dtype):
     """Sixteen sessions' target-only steps in shared passes (on CUDA, decode passes replayed from
     CUDA graphs) against each decoded alone."""
-    model = use_pooled_attention(load_model(ModelSpec(str(zoo.target_dir), dtype=dtype, device=DEVICE)))
-    tokenizer = load_tokenizer(str(zoo.target_dir))
-    prompts = [encode_prompt(tokenizer, p) for task in zoo.tasks for p in zoo.prompts(task)][:16]
-    got, scheduler = decode_scheduled(model, prompts, 24)
-    alone = decode_alone(model, prompts, 24)
-    divergences = [d for i, (prompt, a, b) in enumerate(zip(prompts, alone, got, strict=True))
-                   if (d := first_divergence(model, prompt, a, b, "batched", i)) is not None]
-    graphs = {"buckets": sorted(scheduler.graphs.buckets) if scheduler.graphs else [],
-              "disabled": scheduler.graphs.disabled if scheduler.graphs else "no graphs (not CUDA)"}
-    numbers = summary(divergences, len(prompts)) | {"graphs": graphs}
-    report(f"batched-{dtype}", numbers)
+    numbers, divergences = scheduled_sessions(zoo, dtype, "batched")
     assert numbers["unexplained"] == 0, [d.row() for d in divergences if not d.explained]
     if DEVICE == "cuda":  # decode passes replayed CUDA graphs (workers/graphs.py), captured without failing
-        assert graphs["disabled"] is None and graphs["buckets"], graphs
+        assert numbers["graphs"]["disabled"] is None and numbers["graphs"]["buckets"], numbers["graphs"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sessions_verifying_proposals_in_graphed_passes_commit_what_they_decode_alone(zoo, dtype):
+    """Sixteen sessions verify proposals of k = 1..5 (their own continuation, some wrong) in shared
+    passes, each session padded to the pass's row bucket and replayed from its CUDA graph."""
+    numbers, divergences = scheduled_sessions(zoo, dtype, "verified")
+    assert numbers["unexplained"] == 0, [d.row() for d in divergences if not d.explained]
+    if DEVICE == "cuda":  # verify passes of up to k + 1 rows a session replayed graphs
+        graphs = numbers["graphs"]
+        assert graphs["disabled"] is None and max(rows for _, rows, _ in graphs["buckets"]) >= 5, graphs
 
 
 # Fewer than the CPU test's 20,000 (a GPU is lent for minutes): the bounds are computed for this N.

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedModel
 
 from .config import BatchingConfig
-from .graphs import DecodeGraphs
+from .graphs import PassGraphs
 from .grpc_host import Device
 from .kv_pool import KVPool, Region
 from .ragged_pass import Segment, run_pass
@@ -111,7 +111,7 @@ class Scheduler:
         self._in_flight: set[int] = set()  # ids of regions the running pass touches
         # pool None: a subclass that keeps each session's cache itself (an EAGLE-3 head's): no graphs
         capture = config.cuda_graphs and pool is not None and pool.shape.device.type == "cuda"
-        self.graphs = (DecodeGraphs(model, pool, capture=capture, compiled=config.compiled)
+        self.graphs = (PassGraphs(model, pool, capture=capture, compiled=config.compiled)
                        if pool is not None and (capture or config.compiled) else None)
         self._to_release: list[Region] = []
         # Set (on the event loop) when a step arrives or is abandoned: a run of passes back to back

@@ -34,9 +34,9 @@ class BatchingConfig(FrozenConfig):
     # Prefer passes of one task (code, sql, ...): a step of another task waits at most this long
     # for its task's turn. 0: passes take every pending step (the default; see the bench's load notes).
     same_task_wait_ms: float = Field(0.0, ge=0)
-    # On CUDA, decode passes (every session one new token) replay CUDA graphs captured per bucket of
-    # sessions and key length (workers/graphs.py); other passes run eagerly, and on a CPU every pass
-    # does unless ``compiled``.
+    # On CUDA, passes of up to 16 tokens a session (decode and verify steps, token trees) replay CUDA
+    # graphs captured per bucket of sessions, rows a session and key length (workers/graphs.py); other
+    # passes run eagerly, and on a CPU every pass does unless ``compiled``.
     cuda_graphs: bool = True
     # Decode passes run the model compiled (torch.compile) at the same bucketed shapes, where no CUDA
     # graph captures them (a CPU): a small model's pass is mostly per-operation overhead, which this

@@ -180,7 +180,7 @@ def _gathered(segments: Sequence[Segment], offsets: Sequence[int], masks: Sequen
     return groups
 
 
-def _mask(segment: Segment) -> torch.Tensor | None:
+def segment_mask(segment: Segment) -> torch.Tensor | None:
     """Which of the region's slots each of the segment's rows sees: row i of a chain sees slots
     0 .. start + i (bottom-right aligned causality); a tree node sees every slot before the tree,
     its ancestors' and its own."""
@@ -261,7 +261,7 @@ def run_pass(model: PreTrainedModel, pool: KVPool, segments: Sequence[Segment]) 
     ids = torch.tensor([[t for segment in segments for t in segment.tokens]], device=device)
     hidden = any(segment.aux_layers for segment in segments)
     keep = _padded_rows(wanted, device)
-    masks = [_mask(s) for s in segments]  # on the host: a gathered pass packs them before one copy
+    masks = [segment_mask(s) for s in segments]  # on the host: a gathered pass packs them before one copy
     if getattr(model, GATHERED, False):
         gathered, masks = _gathered(segments, offsets, masks, device), []
     else:
