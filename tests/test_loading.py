@@ -28,3 +28,27 @@ def test_missing_directory_names_the_source(tmp_path):
         load_model(ModelSpec(str(tmp_path)))
     with pytest.raises(ModelLoadError, match="cannot load tokenizer from"):
         load_tokenizer(str(tmp_path))
+
+
+def test_the_gemv_layout_stores_linear_weights_transposed_keeps_ties_and_the_models_logits():
+    """A model process's layout on a CPU (workers/loading.py ``gemv_layout``): each linear weight
+    the transpose of a contiguous [in, out] tensor, the output head still the embeddings' tensor,
+    the same parameters, and the same logits to a float32 last place (products summed in another order)."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specserve.workers.loading import gemv_layout
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=True)).eval()
+    before = copy.deepcopy(model)
+    assert gemv_layout(model) is model
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    assert all(m.weight.stride() == (1, m.weight.shape[0]) for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in before.named_parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before.parameters(), strict=True))
+    ids = torch.randint(0, 97, (2, 9))
+    with torch.inference_mode():
+        assert torch.allclose(model(ids).logits, before(ids).logits, rtol=1e-5, atol=1e-6)

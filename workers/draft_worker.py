@@ -25,7 +25,7 @@ from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
 from .heads.proposer import HeadRun, HeadScheduler, HeadState
 from .kv_cache import session_capacity
-from .loading import ModelSpec, load_model
+from .loading import ModelSpec, gemv_layout, load_model
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
 from .ragged_pass import PooledSequence
 from .registry import Registration
@@ -46,7 +46,7 @@ class DraftWorker:
                  registration: Registration, target: ModelSpec | None = None) -> None:
         heads = {name: spec for name, spec in drafts.items() if is_head(spec.source)}
         self.models = {name: load_model(spec) for name, spec in drafts.items() if name not in heads}
-        self.heads = load_heads(heads, target) if heads else {}
+        self.heads = {name: gemv_layout(head) for name, head in (load_heads(heads, target) if heads else {}).items()}
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, self.models, config, registration,
                               lambda server: rpc.add_DrafterServicer_to_server(servicer, server), extra=tuple(self.heads))

@@ -24,7 +24,7 @@ from .local_draft import LocalDraft
 from .lookup import DRAFT_FREE, TREE, DraftFree
 from .loop import SpeculativeLoop, run_now
 from .proposing import AUX_HIDDEN, Proposer, Verified
-from .loading import ModelSpec, load_model, load_tokenizer
+from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .prompt import encode_prompt
 from .request import GenerationParams
 from .seeds import DraftDraws, verifier_generator
@@ -68,9 +68,9 @@ class SpecEngine:
         models = {name: spec for name, spec in drafts.items() if name not in heads}
         for spec in models.values():
             check_compatible(tokenizer, load_tokenizer(spec.source))
-        model = load_model(target)
-        return cls(model, tokenizer, {name: load_model(spec) for name, spec in models.items()},
-                   heads={name: load_head_of(spec.source, model) for name, spec in heads.items()})
+        model = gemv_layout(load_model(target))  # the layout a model process serves with (ModelHost)
+        return cls(model, tokenizer, {name: gemv_layout(load_model(spec)) for name, spec in models.items()},
+                   heads={name: gemv_layout(load_head_of(spec.source, model)) for name, spec in heads.items()})
 
     def generate(self, prompt: str | list[int], params: GenerationParams, draft: str | None = None,
                  tree: Sequence[str] = (), first_alone: bool = False) -> Generation:

@@ -21,6 +21,7 @@ from .config import WorkerConfig
 from .grpc_host import BackgroundServer, Device, advertised_host
 from .kv_cache import session_capacity
 from .kv_pool import KVPool, KVShape, PoolFull, arena_positions, device_budget
+from .loading import gemv_layout
 from .ragged_pass import PooledSequence, use_pooled_attention
 from .registry import Endpoint, Heartbeat, Registration
 from .security import SecuritySettings
@@ -97,8 +98,8 @@ class ModelHost:
         device = next(iter(models.values())).device if models else torch.device("cpu")
         self.budget = device_budget(config.kv_cache_mib, config.gpu_memory_utilization, config.gpus,
                                     device)  # shared by the pools of all its models
-        self.schedulers = {name: Scheduler(use_pooled_attention(model), self._pool(model, len(models)), self.device,
-                                           config.batching) for name, model in models.items()}
+        self.schedulers = {name: Scheduler(use_pooled_attention(gemv_layout(model)), self._pool(model, len(models)),
+                                           self.device, config.batching) for name, model in models.items()}
         compiled = [s.graphs for s in self.schedulers.values() if s.graphs is not None and s.graphs.compiled]
         if compiled:  # before it registers, so no request meets a compile; on this thread, not the device's
             # pinned one, whose pinning the C++ compiler's processes would inherit (a minute cold).
