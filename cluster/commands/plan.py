@@ -1,0 +1,116 @@
+"""`specserve plan`: how many target replicas and draft workers a workload needs (``cluster/plan.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+
+from ..plan import Costs, Fleet, TaskLoad, Workload, plan
+
+DESCRIPTION = """\
+Size a fleet for a workload: the fewest target replicas whose p99 time per output token stays within
+--budget-tpot-ms while they keep up with the arrivals, with speculation (a pass speculates where that
+gives more tokens a second, as the policy's load pricing does) and target-only; the draft device time
+that needs, in draft workers; and what speculation saves. It simulates a replica's passes with your
+measured costs (continuous batching, chunked prompts, each task's acceptance): replicas share the load
+evenly, so it simulates a few of them whatever the fleet's size.
+
+--workload FILE (YAML or JSON): {"rate": requests/s (or "clients": N, each waiting for its last
+answer), "prompt_tokens": N, "output_tokens": N, "tasks": {NAME: {"share": S, "alpha": A, "k": K}}}
+(alpha and k left out: that task runs target-only).
+--costs FILE (JSON): {"pass_ms": [[tokens in a pass, ms], ...] (a replica's pass-time curve: a
+worker logs it at start-up, "a pass of 1/2/.../64 tokens takes ... ms"), "draft_token_ms": a draft
+worker's device time per drafted token (the bench's "draft ms/token"), "max_sessions_per_pass",
+"max_tokens_per_pass" (the replica's batching settings; defaults 32 and 512)}."""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("plan", help="size target replicas and draft workers for a workload, by simulation",
+                                 description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", type=Path, required=True, metavar="FILE", help="the workload (see above)")
+    parser.add_argument("--costs", type=Path, required=True, metavar="FILE", help="a replica's measured costs (see above)")
+    parser.add_argument("--budget-tpot-ms", type=float, required=True, metavar="MS",
+                        help="the p99 time per output token every request must keep within")
+    parser.add_argument("--max-replicas", type=int, default=100_000, help="the largest fleet tried (default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="simulated seconds per replica (default: %(default)s; more: steadier tails)")
+    parser.add_argument("--sample-replicas", type=int, default=3, help="replicas simulated (default: %(default)s)")
+    parser.add_argument("--out", type=Path, metavar="FILE", help="also write the plan as JSON")
+    parser.set_defaults(run=run)
+
+
+def read_workload(path: Path) -> Workload:
+    data = _read(path, "workload")
+    try:
+        tasks = tuple(TaskLoad(name, float(t.get("share", 0)), float(t.get("alpha", 0)), int(t.get("k", 0)))
+                      for name, t in data["tasks"].items())
+        return Workload(tasks, int(data["prompt_tokens"]), int(data["output_tokens"]),
+                        float(data["rate"]) if "rate" in data else None,
+                        int(data["clients"]) if "clients" in data else None)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SystemExit(_refuse(f"{path}: not a workload ({exc}): it needs rate or clients, prompt_tokens, "
+                                 "output_tokens and tasks"))
+
+
+def read_costs(path: Path) -> Costs:
+    data = _read(path, "costs")
+    try:
+        return Costs(tuple((int(w), float(ms)) for w, ms in data["pass_ms"]), float(data.get("draft_token_ms", 0)),
+                     int(data.get("max_sessions_per_pass", 32)), int(data.get("max_tokens_per_pass", 512)))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SystemExit(_refuse(f"{path}: not a replica's costs ({exc}): it needs pass_ms, [[tokens, ms], ...]"))
+
+
+def _read(path: Path, what: str) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SystemExit(_refuse(f"cannot read the {what} file {path}: {exc}"))
+    if not isinstance(data, dict):
+        raise SystemExit(_refuse(f"{path}: the {what} file must hold a mapping"))
+    return data
+
+
+def _refuse(message: str) -> int:
+    print(f"specserve plan: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.budget_tpot_ms <= 0 or args.max_replicas < 1 or args.seconds <= 0 or args.sample_replicas < 1:
+        return _refuse("--budget-tpot-ms and --seconds must be above 0, --max-replicas and --sample-replicas at least 1")
+    workload, costs = read_workload(args.workload), read_costs(args.costs)
+    started = time.perf_counter()
+    found = plan(workload, costs, args.budget_tpot_ms / 1000, max_replicas=args.max_replicas, seconds=args.seconds,
+                 sample_replicas=args.sample_replicas)
+    load = f"{workload.rate:g} requests/s" if workload.rate is not None else f"{workload.clients} clients"
+    print(f"{load}, {workload.prompt_tokens} prompt + {workload.output_tokens} output tokens, p99 time per output token "
+          f"<= {args.budget_tpot_ms:g} ms ({time.perf_counter() - started:.1f} s to plan)")
+    print(f"{'':<14} {'target replicas':>15} {'draft workers':>13} {'tokens/s':>10} {'p50 / p99 TPOT ms':>18} "
+          f"{'p99 TTFT s':>10} {'passes speculating':>18}")
+    for name, fleet in (("speculation", found.speculating), ("target-only", found.target_only)):
+        print(f"{name:<14} " + (_row(fleet) if fleet else f"none within {args.max_replicas} replicas"))
+    if found.replicas_saved is not None and found.replicas_saved > 0:
+        print(f"speculation saves {found.replicas_saved} of {found.target_only.replicas} target replicas "
+              f"({found.replicas_saved / found.target_only.replicas:.0%})")
+    elif found.replicas_saved is not None:
+        print(f"speculation saves no target replicas at this load ({-found.replicas_saved} more): its verify passes "
+              "cost more than the tokens they add here; serve these tasks target-only or with fewer draft tokens")
+    if args.out:
+        args.out.write_text(json.dumps({"budget_tpot_ms": args.budget_tpot_ms, "workload": asdict(workload),
+                                        "costs": asdict(costs),
+                                        "speculating": found.speculating and asdict(found.speculating),
+                                        "target_only": found.target_only and asdict(found.target_only)}, indent=1))
+    return 0
+
+
+def _row(fleet: Fleet) -> str:
+    return (f"{fleet.replicas:>15} {fleet.draft_workers:>13.1f} {fleet.tokens_per_second:>10.0f} "
+            f"{fleet.p50_tpot * 1000:>8.1f} / {fleet.p99_tpot * 1000:<7.1f} {fleet.p99_ttft:>10.2f} "
+            f"{fleet.speculated:>18.0%}")

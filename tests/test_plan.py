@@ -1,0 +1,107 @@
+"""The planner's model (cluster/plan.py) on cases small enough to check by hand, and its search."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specserve.cluster.plan import (Costs, TaskLoad, Workload, accepted, expected_tokens, plan, simulate_fleet,
+                                    simulate_replica, smallest_fleet)
+
+FLAT = Costs(((1, 10.0),))  # every pass 10 ms, whatever its width
+
+
+def one_client(alpha: float = 0.0, k: int = 0) -> Workload:
+    return Workload((TaskLoad("t", 1.0, alpha, k),), prompt_tokens=1, output_tokens=11, clients=1)
+
+
+def test_one_client_target_only_takes_a_pass_per_token():
+    run = simulate_replica(one_client(), FLAT, replicas=1, seconds=1.0, warmup=0)
+    # the prompt's pass gives the first token at 10 ms, then ten passes of one token: 110 ms a request
+    assert run.latency[0] == pytest.approx(0.110) and run.ttft[0] == pytest.approx(0.010)
+    assert run.tpot[0] == pytest.approx(0.010) and run.tokens / run.seconds == pytest.approx(100, rel=0.02)
+
+
+def test_a_draft_always_right_commits_k_plus_one_tokens_a_pass():
+    run = simulate_replica(one_client(alpha=1.0, k=4), FLAT, replicas=1, seconds=1.0, warmup=0)
+    # first token at 10 ms; then 5 + 5 tokens in two passes (the last step's k cut to what is left)
+    assert run.latency[0] == pytest.approx(0.030) and run.tpot[0] == pytest.approx(0.002)
+
+
+def test_acceptance_follows_the_truncated_geometric_law():
+    import random
+
+    rng = random.Random(0)
+    draws = [accepted(0.6, 4, rng) for _ in range(40_000)]
+    assert sum(draws) / len(draws) + 1 == pytest.approx(expected_tokens(0.6, 4), rel=0.01)
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75) and expected_tokens(1.0, 3) == 4
+    assert draws.count(4) / len(draws) == pytest.approx(0.6 ** 4, abs=0.01)
+
+
+def test_pass_time_runs_straight_between_and_past_the_measured_widths():
+    costs = Costs(((1, 10.0), (5, 14.0), (9, 30.0)))
+    assert [costs.pass_seconds(w) * 1000 for w in (1, 3, 5, 7, 13)] == pytest.approx([10, 12, 14, 22, 46])
+    with pytest.raises(ValueError):
+        Costs(((5, 1.0), (1, 2.0)))
+
+
+def test_a_pass_speculates_only_where_it_yields_more_tokens_a_second():
+    steep = Costs(((1, 10.0), (5, 50.0)))  # verifying 5 tokens costs 5 passes: never worth it at alpha 0.5
+    run = simulate_replica(one_client(alpha=0.5, k=4), steep, replicas=1, seconds=2.0, warmup=0)
+    assert run.speculated == 0 and run.draft_seconds == 0
+    flat = Costs(((1, 10.0),), draft_token_ms=1.0)
+    run = simulate_replica(one_client(alpha=0.5, k=4), flat, replicas=1, seconds=2.0, warmup=0)
+    # a flat curve: every pass with a draft token to verify speculates (not a prompt's, nor a last
+    # token's), and its k draft tokens cost 1 ms each
+    assert run.passes * 0.6 < run.speculated and 0.001 * run.speculated <= run.draft_seconds <= 0.004 * run.speculated
+
+
+def test_closed_loop_clients_spread_over_replicas():
+    costs = Costs(((1, 10.0), (64, 20.0)))
+    workload = Workload((TaskLoad("t", 1.0),), prompt_tokens=1, output_tokens=11, clients=8)
+    one, two = (simulate_fleet(workload, costs, replicas, seconds=5.0) for replicas in (1, 2))
+    # every pass gives each of its sessions a token: 8 sessions in one replica's passes of width 8,
+    # or 4 in each of two replicas' passes of width 4 (a closed loop: the clients set the load)
+    assert one.tokens_per_second == pytest.approx(8 / costs.pass_seconds(8), rel=0.02)
+    assert two.tokens_per_second == pytest.approx(2 * 4 / costs.pass_seconds(4), rel=0.02)
+    assert two.p50_tpot == pytest.approx(costs.pass_seconds(4), rel=0.02)
+
+
+def test_an_overloaded_fleet_does_not_keep_up_and_the_search_finds_the_fleet_that_does():
+    costs = Costs(((1, 10.0), (512, 200.0)), max_sessions_per_pass=8)
+    workload = Workload((TaskLoad("t", 1.0),), prompt_tokens=16, output_tokens=32, rate=200.0)
+    # a replica's 8 sessions a pass give at most ~800 tokens/s (25 requests/s): 200 requests/s need 8+
+    assert not simulate_fleet(workload, costs, 4, seconds=20.0).keeps_up
+    fleet = smallest_fleet(workload, costs, budget_tpot=0.05, max_replicas=64, seconds=20.0)
+    assert fleet is not None and fleet.keeps_up and 8 <= fleet.replicas <= 16
+    assert smallest_fleet(workload, costs, budget_tpot=0.001, max_replicas=64, seconds=5.0) is None  # < one pass
+
+
+def test_speculation_that_pays_saves_replicas():
+    gpu_like = Costs(((1, 5.0), (64, 5.5), (512, 12.0)), draft_token_ms=0.5)
+    workload = Workload((TaskLoad("code", 1.0, alpha=0.7, k=4),), prompt_tokens=32, output_tokens=64, rate=400.0)
+    found = plan(workload, gpu_like, budget_tpot=0.006, max_replicas=256, seconds=10.0)
+    assert found.speculating is not None and found.target_only is not None
+    assert found.speculating.replicas < found.target_only.replicas and found.replicas_saved > 0
+    assert found.speculating.draft_workers > 0 and found.target_only.draft_workers == 0
+
+
+def test_the_command_prints_a_plan_and_writes_it(tmp_path, capsys):
+    from specserve.cluster.cli import main
+
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps({"rate": 50, "prompt_tokens": 32, "output_tokens": 64,
+                                    "tasks": {"code": {"share": 0.5, "alpha": 0.7, "k": 4}, "chat": {"share": 0.5}}}))
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"pass_ms": [[1, 5.0], [64, 6.0], [512, 12.0]], "draft_token_ms": 0.5}))
+    out = tmp_path / "plan.json"
+    main(["plan", "--workload", str(workload), "--costs", str(costs), "--budget-tpot-ms", "8", "--seconds", "5",
+          "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "target replicas" in printed and "speculation" in printed
+    written = json.loads(out.read_text())
+    assert written["speculating"]["replicas"] >= 1 and written["target_only"]["replicas"] >= 1
+    with pytest.raises(SystemExit) as bad:
+        main(["plan", "--workload", str(costs), "--costs", str(costs), "--budget-tpot-ms", "8"])
+    assert bad.value.code == 2 and "workload" in capsys.readouterr().err
