@@ -105,3 +105,14 @@ def test_the_command_prints_a_plan_and_writes_it(tmp_path, capsys):
     with pytest.raises(SystemExit) as bad:
         main(["plan", "--workload", str(costs), "--costs", str(costs), "--budget-tpot-ms", "8"])
     assert bad.value.code == 2 and "workload" in capsys.readouterr().err
+
+
+def test_the_check_against_a_bench_run_counts_the_rows_within_the_bar():
+    from specserve.bench.plan_check import format_report
+
+    def row(clients, predicted, measured):
+        return {"clients": clients, "path": "off", "tokens_per_second": {"predicted": predicted, "measured": measured},
+                "tpot_p99": {"predicted": 0.010, "measured": 0.0105}}
+    text = format_report({"run": "r", "pass_ms": [[1, 5.0]], "prompt_tokens": 30, "output_tokens": 96,
+                          "tasks": [{"name": "code", "alpha": 0.8, "k": 4}], "rows": [row(1, 110, 100), row(2, 150, 100)]})
+    assert "| 1 | off | 110 | 100 | 1.10 |" in text and "1 of 2 rows within 15%" in text
