@@ -6,7 +6,9 @@ with the alpha and k the run's policy ended with), the planner simulates one tar
 - the replica's pass-time curve, timed here on the zoo's target the way the replica runs it (pinned
   to its core, one thread, passes of 1-32 sessions adding 1 or k + 1 tokens each), with the service
   stopped;
-- the run's prompts' mean length and its max_tokens.
+- the run's prompts' mean length and its max_tokens;
+- a pass's overhead on the serving replica (its hop to the event loop, the tokens streamed out),
+  the one figure taken from the run: one client's target-only time per token less the curve's pass.
 
     python -m specserve.bench.plan_check [RUN_DIR]     # default: the newest run with a load section
 
@@ -43,7 +45,7 @@ BAR = 0.15
 
 def pass_curve(zoo: Zoo, k: int, cached: int = 64) -> tuple[tuple[int, float], ...]:
     """(tokens, ms) of the target's passes of S sessions adding 1 or k + 1 tokens each: the median
-    of 5 at each shape, averaged where shapes share a width."""
+    of 9 at each shape, averaged where shapes share a width."""
     os.sched_setaffinity(0, {REPLICA_CORE})
     torch.set_num_threads(1)
     model = use_pooled_attention(gemv_layout(load_model(ModelSpec(str(zoo.target_dir)))))
@@ -54,7 +56,7 @@ def pass_curve(zoo: Zoo, k: int, cached: int = 64) -> tuple[tuple[int, float], .
     for q in (1, k + 1):
         for count in SESSIONS:
             times = []
-            for _ in range(5):
+            for _ in range(9):
                 started = time.perf_counter()
                 run_pass(model, pool, [Segment(r, cached, [7] * q, q) for r in regions[:count]])
                 times.append(time.perf_counter() - started)
@@ -87,7 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     held_out = load_prompts(zoo)
     lengths = [len(encode_prompt(tokenizer, p)) for t in tasks for p in held_out.by_task[t][: meta["settings"]["prompts"]]]
     curve = pass_curve(zoo, k)
-    costs = Costs(curve, max_sessions_per_pass=32, max_tokens_per_pass=512)
+    # The one figure taken from the run itself: what a pass costs the serving replica beyond the
+    # model, from one client's target-only time per output token (a pass per token there).
+    overhead_ms = max(0.0, levels["1"]["off"]["tpot_p50"] * 1000 - curve[0][1]) if "1" in levels else 0.0
+    costs = Costs(curve, max_sessions_per_pass=32, max_tokens_per_pass=512, pass_overhead_ms=overhead_ms)
     auto = tuple(TaskLoad(t, 1.0, chosen[t]["alpha"], chosen[t]["k"]) if t in chosen else TaskLoad(t, 1.0) for t in tasks)
     off = tuple(TaskLoad(t, 1.0) for t in tasks)
     rows = []
@@ -95,13 +100,14 @@ def main(argv: list[str] | None = None) -> None:
         for path, task_loads in (("off", off), ("auto", auto)):
             if path not in paths or int(clients) > 32:
                 continue
-            workload = Workload(task_loads, round(statistics.mean(lengths)), meta["max_tokens"], clients=int(clients))
+            workload = Workload(task_loads, round(statistics.mean(lengths)), meta["max_tokens"], clients=int(clients),
+                                requests=meta["settings"]["load_requests"])  # the level's requests, as the bench sent them
             fleet = simulate_fleet(workload, costs, replicas=1, seconds=args.seconds, sample_replicas=1)
             got = paths[path]
             rows.append({"clients": int(clients), "path": path,
                          "tokens_per_second": {"predicted": fleet.tokens_per_second, "measured": got["tokens_per_second"]},
                          "tpot_p99": {"predicted": fleet.p99_tpot, "measured": got["tpot_p99"]}})
-    report = {"run": str(run), "pass_ms": curve, "k": k, "prompt_tokens": round(statistics.mean(lengths)),
+    report = {"run": str(run), "pass_ms": curve, "pass_overhead_ms": overhead_ms, "k": k, "prompt_tokens": round(statistics.mean(lengths)),
               "output_tokens": meta["max_tokens"], "tasks": [vars(t) for t in auto], "rows": rows}
     folder = args.out / (datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + "-plan-check")
     folder.mkdir(parents=True, exist_ok=True)
@@ -113,8 +119,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def format_report(report: dict) -> str:
     lines = [f"# The planner against {report['run']}", "",
-             f"One replica, closed loop; {report['prompt_tokens']} prompt and {report['output_tokens']} output tokens; "
-             "pass curve (tokens: ms) " + ", ".join(f"{w}: {ms:.1f}" for w, ms in report["pass_ms"]) + "; AUTO's tasks "
+             f"One replica, closed loop, the level's requests shared by its clients; {report['prompt_tokens']} prompt and {report['output_tokens']} output tokens; "
+             "pass curve (tokens: ms) " + ", ".join(f"{w}: {ms:.1f}" for w, ms in report["pass_ms"])
+             + f", plus {report.get('pass_overhead_ms', 0):.1f} ms a pass on the serving replica (from one client's "
+             "OFF time per token); AUTO's tasks "
              + ", ".join(f"{t['name']} alpha {t['alpha']:.2f} k {t['k']}" for t in report["tasks"]), "",
              "| clients | path | tokens/s predicted | measured | ratio | p99 TPOT ms predicted | measured | ratio |",
              "|---|---|---|---|---|---|---|---|"]

@@ -53,6 +53,9 @@ class Workload:
     output_tokens: int
     rate: float | None = None  # requests/s over the fleet (open loop) ...
     clients: int | None = None  # ... or this many clients, each waiting for its last answer (closed loop)
+    # Closed loop only: the clients share this many requests in all, then stop (a bench's load level);
+    # None: they go on for the whole simulated time.
+    requests: int | None = None
 
     def __post_init__(self) -> None:
         if (self.rate is None) == (self.clients is None):
@@ -61,10 +64,12 @@ class Workload:
             raise ValueError("a workload needs at least one task with a share above 0")
         if self.prompt_tokens < 1 or self.output_tokens < 1:
             raise ValueError("prompt_tokens and output_tokens must be at least 1")
+        if self.requests is not None and (self.clients is None or self.requests < 1):
+            raise ValueError("requests (a total) is for a closed loop of clients, and at least 1")
 
     def speculation_off(self) -> Workload:
         return Workload(tuple(TaskLoad(t.name, t.share) for t in self.tasks), self.prompt_tokens,
-                        self.output_tokens, self.rate, self.clients)
+                        self.output_tokens, self.rate, self.clients, self.requests)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,9 @@ class Costs:
     draft_token_ms: float = 0.0
     max_sessions_per_pass: int = 32
     max_tokens_per_pass: int = 512
+    # Time each pass spends outside the model on a serving replica (the scheduler's hop to its event
+    # loop, the tokens streamed out): what a curve timed in process lacks.
+    pass_overhead_ms: float = 0.0
 
     def __post_init__(self) -> None:
         widths = [w for w, _ in self.pass_ms]
@@ -149,6 +157,8 @@ def simulate_replica(workload: Workload, costs: Costs, replicas: int, seconds: f
     else:
         share = workload.clients // replicas + (1 if seed % replicas < workload.clients % replicas else 0)
         arrivals = [(0.0, c) for c in range(share)]
+    # A closed loop's total (its replica's share of it): each request issued takes one.
+    left = None if workload.requests is None else max(0, round(workload.requests / replicas) - len(arrivals))
     heapq.heapify(arrivals)
     waiting: list[_Session] = []
     active: list[_Session] = []
@@ -174,7 +184,7 @@ def simulate_replica(workload: Workload, costs: Costs, replicas: int, seconds: f
             else:
                 run.speculated += 1
         width = sum(n for _, n, _ in planned)
-        step = costs.pass_seconds(max(width, 1))
+        step = costs.pass_seconds(max(width, 1)) + costs.pass_overhead_ms / 1000
         now += step
         run.busy += step
         run.passes += 1
@@ -200,8 +210,9 @@ def simulate_replica(workload: Workload, costs: Costs, replicas: int, seconds: f
                 run.ttft.append(session.first_token - session.arrived)
                 if workload.output_tokens > 1:
                     run.tpot.append((session.done - session.first_token) / (workload.output_tokens - 1))
-            if session.client >= 0:  # the client sends its next request at once
+            if session.client >= 0 and left != 0:  # the client sends its next request at once
                 heapq.heappush(arrivals, (now, session.client))
+                left = None if left is None else left - 1
     run.seconds = now
     run.backlog = len(waiting) + sum(1 for t, _ in arrivals if t <= now)
     return run
@@ -232,7 +243,7 @@ def expected_tokens(alpha: float, k: int) -> float:
 def _expected_rate(planned: list[tuple[_Session, int, int]], costs: Costs) -> float:
     """Output tokens a second the pass is expected to give (the policy's load pricing)."""
     tokens = sum(expected_tokens(s.task.alpha, k) if not s.prompt_left else 0 for s, _, k in planned)
-    return tokens / costs.pass_seconds(max(sum(n for _, n, _ in planned), 1))
+    return tokens / (costs.pass_seconds(max(sum(n for _, n, _ in planned), 1)) + costs.pass_overhead_ms / 1000)
 
 
 @dataclass(frozen=True)
@@ -267,7 +278,9 @@ def simulate_fleet(workload: Workload, costs: Costs, replicas: int, seconds: flo
                    sample_replicas: int = 4, seed: int = 0) -> Fleet:
     if workload.rate is not None:
         seconds = min(max(seconds, MIN_REQUESTS * replicas / workload.rate), LONGEST * seconds)
-    runs = [simulate_replica(workload, costs, replicas, seconds, seed + i) for i in range(min(sample_replicas, replicas))]
+    warmup = 0.0 if workload.requests is not None else 0.1  # a finite closed loop is measured whole, as a bench level
+    runs = [simulate_replica(workload, costs, replicas, seconds, seed + i, warmup)
+            for i in range(min(sample_replicas, replicas))]
     scale = replicas / len(runs)
     elapsed = max(sum(r.seconds for r in runs) / len(runs), 1e-9)
     tpot = [x for r in runs for x in r.tpot]

@@ -116,3 +116,14 @@ def test_the_check_against_a_bench_run_counts_the_rows_within_the_bar():
     text = format_report({"run": "r", "pass_ms": [[1, 5.0]], "prompt_tokens": 30, "output_tokens": 96,
                           "tasks": [{"name": "code", "alpha": 0.8, "k": 4}], "rows": [row(1, 110, 100), row(2, 150, 100)]})
     assert "| 1 | off | 110 | 100 | 1.10 |" in text and "1 of 2 rows within 15%" in text
+
+
+def test_a_bench_level_is_a_finite_closed_loop_and_a_pass_pays_the_replicas_overhead():
+    # two clients share four requests (two waves of two, 11 passes each) in 10 ms passes, plus 2 ms a pass
+    costs = Costs(((1, 10.0),), pass_overhead_ms=2.0)
+    workload = Workload((TaskLoad("t", 1.0),), prompt_tokens=1, output_tokens=11, clients=2, requests=4)
+    fleet = simulate_fleet(workload, costs, replicas=1, seconds=60.0, sample_replicas=1)
+    assert fleet.tokens_per_second == pytest.approx(4 * 11 / (2 * 11 * 0.012))
+    assert fleet.p99_tpot == pytest.approx(0.012)
+    with pytest.raises(ValueError):
+        Workload((TaskLoad("t", 1.0),), prompt_tokens=1, output_tokens=11, rate=5.0, requests=4)
