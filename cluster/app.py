@@ -13,6 +13,7 @@ from ray.serve import Application
 from specserve.workers.registry import Registration
 from specserve.workers.target_replica import TargetReplica
 
+from .autoscaling import serve_options
 from .config import ServiceConfig
 from .ingress import Router
 from .models import resolve_models
@@ -27,9 +28,11 @@ def build_app(args: dict) -> Application:
     config = ServiceConfig.model_validate(args or {})
     models = resolve_models(config.models, config.router)
     registration = Registration(config.namespace, config.router.heartbeat_seconds)
+    scaling = ({"autoscaling_config": serve_options(config.target.autoscaling, config.target.replicas)}
+               if config.target.autoscaling else {"num_replicas": config.target.replicas})
     target = serve.deployment(TargetReplica, name=TARGET_DEPLOYMENT).options(
-        num_replicas=config.target.replicas, ray_actor_options=place(config.target),
-        max_ongoing_requests=config.target.max_sessions, health_check_period_s=HEALTH_CHECK_SECONDS,
+        ray_actor_options=place(config.target), max_ongoing_requests=config.target.max_sessions,
+        health_check_period_s=HEALTH_CHECK_SECONDS, **scaling,
     )
     router = serve.deployment(Router, name=ROUTER_DEPLOYMENT).options(
         num_replicas=1, ray_actor_options=router_options(config.router), health_check_period_s=HEALTH_CHECK_SECONDS,

@@ -86,7 +86,11 @@ def check_devices(config: ServiceConfig, nodes: list[dict], embedded: bool = Fal
             for name, amount in node["Resources"].items():
                 resources[name] = resources.get(name, 0) + amount
     taken: dict[str, float] = {}  # what the kinds checked so far take (GPUs are shared)
-    for key, worker, count in (("target.replicas", config.target, config.target.replicas),
+    target_key, target_count = "target.replicas", config.target.replicas
+    if (scaling := config.target.autoscaling) is not None:  # an embedded cluster never grows: its max must fit
+        target_key, target_count = (("target.autoscaling.max_replicas", scaling.max_replicas) if embedded
+                                    else ("target.autoscaling.min_replicas", scaling.min_replicas))
+    for key, worker, count in ((target_key, config.target, target_count),
                                ("draft_pool.workers", config.draft_pool, config.draft_pool.workers)):
         options = actor_options(worker, on_gpu(worker, nodes))
         needs = {name: amount * count for name, amount in options["resources"].items()}

@@ -47,3 +47,9 @@ def time_pass_widths(scheduler: Scheduler) -> tuple[tuple[int, float], ...]:
         return tuple((width, min(one(width) for _ in range(TIMED))) for width in widths)
     finally:
         scheduler.pool.give_back(region)
+
+
+def widest_within(pass_times: tuple[tuple[int, float], ...], seconds: float) -> int:
+    """The widest timed pass (tokens) that takes at most ``seconds``; 1 when none does (a replica
+    always holds at least one session)."""
+    return max((width for width, taken in pass_times if taken <= seconds), default=1)

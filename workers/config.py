@@ -6,7 +6,7 @@ Unknown keys are errors, so a typo in the YAML is not silently ignored.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Custom resources standing in for devices without GPUs: only nodes of a kind advertise its resource.
 TARGET_DEVICE = "specserve_target_device"
@@ -79,9 +79,33 @@ class WorkerConfig(FrozenConfig):
     batching: BatchingConfig = BatchingConfig()
 
 
+class Autoscaling(FrozenConfig):
+    """Target replicas added and removed with the load: Serve's autoscaler, with specserve's policy
+    (``cluster/autoscaling.py``). A replica's capacity is the widest pass its start-up timings say
+    keeps a token within ``tpot_budget_ms`` (one token a session a pass: target-only, the widest
+    case); the policy asks for as many replicas as the live sessions fill at that capacity."""
+
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(4, ge=1)
+    tpot_budget_ms: float = Field(50.0, gt=0)
+    # Serve's own: how long a need must last before replicas are added or removed. Adding waits
+    # less: a replica takes tens of seconds to load its model, and sessions meanwhile share passes.
+    upscale_delay_s: float = Field(10.0, ge=0)
+    downscale_delay_s: float = Field(120.0, ge=0)
+    metrics_interval_s: float = Field(2.0, gt=0)  # how often replicas report their sessions
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"autoscaling: max_replicas ({self.max_replicas}) is below min_replicas "
+                             f"({self.min_replicas})")
+        return self
+
+
 class TargetConfig(WorkerConfig):
     device_resource: str = TARGET_DEVICE
-    replicas: int = Field(1, ge=1)
+    replicas: int = Field(1, ge=1)  # with autoscaling: how many start (within its bounds)
+    autoscaling: Autoscaling | None = None  # None: ``replicas``, fixed
 
 
 class DraftPoolConfig(WorkerConfig):

@@ -12,6 +12,7 @@ Serve handles (a handle hop costs ~4 ms).
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from dataclasses import replace
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .acceptance import Outcome
 from .batching import Scheduler, StepResult
+from .calibration import widest_within
 from .config import TargetConfig
 from .loading import ModelSpec, load_model
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
@@ -38,10 +40,18 @@ class TargetReplica:
 
     def __init__(self, config: dict, target: ModelSpec, registration: Registration) -> None:
         cfg = TargetConfig.model_validate(config)  # plain data across Serve, checked again here
+        self.autoscaling = cfg.autoscaling
         servicer = VerifierServicer(self)
         self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", {"target": load_model(target)}, cfg,
                               registration, lambda server: rpc.add_VerifierServicer_to_server(servicer, server),
                               time_passes=True)
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """What Serve's autoscaler reads of this replica (``cluster/autoscaling.py``): its live
+        sessions, and how many it holds within the TPOT budget (its start-up pass timings)."""
+        budget = self.autoscaling.tpot_budget_ms / 1000 if self.autoscaling else math.inf
+        return {"sessions": float(self.host.slots.live),
+                "capacity": float(widest_within(self.host.pass_times, budget))}
 
     def check_health(self) -> None:
         """Serve restarts a replica whose stream server has died."""

@@ -1,0 +1,56 @@
+"""Target replicas autoscaled by Serve with specserve's policy (cluster/autoscaling.py): the policy
+on Serve's context, the replicas' reports, the deployment's options and the checks at start-up.
+(Scaling a running service under a load step is issue 31's next part.)"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from pydantic import ValidationError
+
+from specserve.cluster.autoscaling import POLICY, serve_options, target_policy, wanted
+from specserve.cluster.config import ServiceConfig
+from specserve.cluster.placement import check_devices
+from specserve.workers.calibration import widest_within
+from specserve.workers.config import Autoscaling
+
+from test_config import node
+
+
+def context(sessions: dict, capacity: dict, target: int = 2, lazy: bool = False) -> SimpleNamespace:
+    metrics = {"sessions": sessions, "capacity": capacity} if sessions or capacity else {}
+    return SimpleNamespace(aggregated_metrics=(lambda: metrics) if lazy else metrics, target_num_replicas=target)
+
+
+def test_the_policy_asks_for_the_replicas_the_live_sessions_fill():
+    # two replicas holding 30 and 20 sessions, each fits 16 within the budget: 50 / 16 -> 4 replicas
+    assert target_policy(context({"a": 30.0, "b": 20.0}, {"a": 16.0, "b": 16.0})) == (4, {})
+    assert target_policy(context({"a": 3.0, "b": 1.0}, {"a": 16.0, "b": 32.0}, lazy=True)) == (1, {})
+    assert target_policy(context({"a": 20.0}, {"a": 16.0, "b": 8.0})) == (3, {})  # the smallest capacity counts
+    assert target_policy(context({}, {}, target=3)) == (3, {})  # no reports yet: what Serve aims for
+    assert wanted(0, 16) == 1 and wanted(17, 16) == 2 and wanted(5, 0) == 5
+
+
+def test_a_replicas_capacity_is_the_widest_pass_within_the_budget():
+    timed = ((1, 0.010), (2, 0.012), (4, 0.015), (8, 0.030), (16, 0.055), (32, 0.100))
+    assert widest_within(timed, 0.050) == 8 and widest_within(timed, 1.0) == 32 and widest_within(timed, 0.001) == 1
+
+
+def test_the_deployment_autoscales_within_its_bounds_with_the_policy():
+    options = serve_options(Autoscaling(min_replicas=2, max_replicas=6), replicas=1)
+    assert options["min_replicas"] == 2 and options["max_replicas"] == 6 and options["initial_replicas"] == 2
+    assert options["policy"] == {"policy_function": POLICY}
+    from ray.serve.config import AutoscalingConfig
+
+    AutoscalingConfig(**options)  # Serve takes it as it is
+    with pytest.raises(ValidationError, match="max_replicas \\(1\\) is below min_replicas \\(2\\)"):
+        Autoscaling(min_replicas=2, max_replicas=1)
+
+
+def test_the_start_up_check_counts_the_replicas_the_cluster_must_hold():
+    config = ServiceConfig.model_validate({"target": {"autoscaling": {"min_replicas": 1, "max_replicas": 3}}})
+    nodes = [node(specserve_target_device=1, specserve_draft_device=2, specserve_router_node=1)]
+    check_devices(config, nodes)  # a cluster that grows (KubeRay's autoscaler) needs room for the minimum
+    with pytest.raises(ValueError, match="target.autoscaling.max_replicas=3 needs 3 'specserve_target_device'"):
+        check_devices(config, nodes, embedded=True)  # the embedded one never grows: the maximum must fit
