@@ -258,3 +258,19 @@ def test_every_pod_reads_tokens_and_certificates_from_the_secrets(cluster_spec):
         tls = secret_at(env[TLS_DIR_ENV])
         assert tls["type"] == "kubernetes.io/tls" and set(tls["stringData"]) == {TLS_CERT, TLS_KEY, TLS_CA}, name
     assert "SPECSERVE_" not in SERVE_CONFIG.read_text() and "token" not in SERVE_CONFIG.read_text().lower()
+
+
+def test_the_ray_autoscaler_sizes_each_group_within_its_bounds(rayservice, cluster_spec, serve_config):
+    """KubeRay runs the Ray autoscaler, and every group starts within its bounds. Where the Serve
+    config autoscales target replicas, the targets group can grow to hold the most it asks for."""
+    assert rayservice["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
+    assert rayservice["spec"]["rayClusterConfig"]["autoscalerOptions"]["idleTimeoutSeconds"] > 0
+    for name, group in groups(cluster_spec).items():
+        if name != "head":
+            assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"], name
+    from specserve.cluster.config import ServiceConfig
+
+    args = ServiceConfig.model_validate(serve_config["applications"][0]["args"])
+    targets = groups(cluster_spec)["targets"]
+    most = args.target.autoscaling.max_replicas if args.target.autoscaling else args.target.replicas
+    assert most <= targets["maxReplicas"] * custom_resources(targets)["specserve_target_device"]
