@@ -11,7 +11,7 @@ from ray import serve
 from ray.serve import Application
 
 from specserve.workers.registry import Registration
-from specserve.workers.target_replica import TargetReplica
+from specserve.workers.target_replica import DRAIN_SECONDS, TargetReplica
 
 from .autoscaling import serve_options
 from .config import ServiceConfig
@@ -32,7 +32,7 @@ def build_app(args: dict) -> Application:
                if config.target.autoscaling else {"num_replicas": config.target.replicas})
     target = serve.deployment(TargetReplica, name=TARGET_DEPLOYMENT).options(
         ray_actor_options=place(config.target), max_ongoing_requests=config.target.max_sessions,
-        health_check_period_s=HEALTH_CHECK_SECONDS, **scaling,
+        health_check_period_s=HEALTH_CHECK_SECONDS, graceful_shutdown_timeout_s=DRAIN_SECONDS + 5, **scaling,
     )
     router = serve.deployment(Router, name=ROUTER_DEPLOYMENT).options(
         num_replicas=1, ray_actor_options=router_options(config.router), health_check_period_s=HEALTH_CHECK_SECONDS,

@@ -6,8 +6,10 @@ default signal (requests ongoing through handles) sees nothing. Each replica rep
 its start-up timings say keeps a token within ``target.autoscaling.tpot_budget_ms``. The policy
 asks for the replicas the sessions would fill at the smallest reported capacity; Serve applies the
 bounds and the delays (``min_replicas``, ``max_replicas``, ``upscale_delay_s``,
-``downscale_delay_s``). A new replica registers and takes new sessions; a removed one's sessions
-continue on the others from the router's history (docs/pages/reliability.md), as after a failure.
+``downscale_delay_s``). A new replica registers and takes new sessions; one Serve removes drains
+first (``TargetReplica.__del__``: unregistered, its live sessions end there, for up to
+``DRAIN_SECONDS``), and what is left then continues on the others from the router's history, as
+after a failure (docs/pages/reliability.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Target replicas autoscaled by Serve with specserve's policy (cluster/autoscaling.py): the policy
 on Serve's context, the replicas' reports, the deployment's options and the checks at start-up.
-(Scaling a running service under a load step is issue 31's next part.)"""
+(A running service scaling under a load step: tests/test_autoscaling_service.py, slow suite.)"""
 
 from __future__ import annotations
 
@@ -54,3 +54,31 @@ def test_the_start_up_check_counts_the_replicas_the_cluster_must_hold():
     check_devices(config, nodes)  # a cluster that grows (KubeRay's autoscaler) needs room for the minimum
     with pytest.raises(ValueError, match="target.autoscaling.max_replicas=3 needs 3 'specserve_target_device'"):
         check_devices(config, nodes, embedded=True)  # the embedded one never grows: the maximum must fit
+
+
+def test_a_replica_being_removed_lets_its_live_sessions_end_first():
+    """``ModelHost.drain`` (TargetReplica.__del__, when Serve removes the replica): unregistered at
+    once, then waiting while sessions are live, up to its timeout."""
+    import threading
+    import time
+
+    from specserve.workers.model_host import ModelHost
+
+    stopped = []
+    host = ModelHost.__new__(ModelHost)  # the drain's state alone: no model, server or registry
+    host.kind, host.worker_id = "target", "t-1"
+    host.heartbeat = SimpleNamespace(stop=lambda: stopped.append(time.monotonic()))
+    host.slots = SimpleNamespace(live=2)
+
+    def sessions_end() -> None:
+        time.sleep(0.3)
+        host.slots.live = 0
+    threading.Thread(target=sessions_end).start()
+    began = time.monotonic()
+    host.drain(timeout=10.0)
+    assert stopped and stopped[0] - began < 0.1  # unregistered before waiting
+    assert 0.25 < time.monotonic() - began < 2.0 and host.slots.live == 0  # waited for them, no longer
+    host.slots.live = 1
+    began = time.monotonic()
+    host.drain(timeout=0.3)
+    assert 0.25 < time.monotonic() - began < 2.0  # a session that never ends: the timeout

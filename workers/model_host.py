@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
@@ -27,6 +28,7 @@ from .registry import Endpoint, Heartbeat, Registration
 from .security import SecuritySettings
 
 log = logging.getLogger("specserve.workers")
+DRAIN_POLL_SECONDS = 0.1
 T = TypeVar("T")
 
 
@@ -184,6 +186,16 @@ class ModelHost:
             kv_pool_bytes=sum(s.pool.allocated_bytes for s in schedulers),
             passes=sum(c.passes for c in counts), pass_tokens=sum(c.tokens for c in counts),
             pass_sessions=sum(c.sessions for c in counts), max_pass_sessions=max((c.max_sessions for c in counts), default=0))
+
+    def drain(self, timeout: float) -> None:
+        """Take no more sessions (unregistered, routers open none here) and let the live ones end,
+        for up to ``timeout`` seconds; the server keeps serving them meanwhile. What is left then
+        resumes elsewhere from the router's history, as after a failure."""
+        self.heartbeat.stop()
+        deadline = time.monotonic() + timeout
+        while self.slots.live and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_SECONDS)
+        log.info("%s %s: drained, %d sessions left to resume elsewhere", self.kind, self.worker_id, self.slots.live)
 
     def shutdown(self) -> None:
         self.heartbeat.stop()

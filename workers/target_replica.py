@@ -35,6 +35,11 @@ from .verifying import DecodeRun, TargetSession
 from .wire import hidden_message, pass_info, proposal_from, sampling_from, verdict_message
 
 
+# How long a replica Serve removes lets its live sessions end; Serve waits a little longer
+# (graceful_shutdown_timeout_s, cluster/app.py) before stopping it regardless.
+DRAIN_SECONDS = 30.0
+
+
 class TargetReplica:
     """The Serve deployment class (options applied in ``cluster/app.py``)."""
 
@@ -59,8 +64,11 @@ class TargetReplica:
             raise RuntimeError(f"target replica {self.host.worker_id}: its gRPC server stopped")
 
     def __del__(self) -> None:
+        """Serve removing the replica (autoscaling down, an update): its sessions end here first,
+        for up to DRAIN_SECONDS, instead of resuming elsewhere (which counts against a request's resumes)."""
         host = getattr(self, "host", None)
         if host is not None:
+            host.drain(DRAIN_SECONDS)
             host.shutdown()
 
 
