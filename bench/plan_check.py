@@ -37,8 +37,8 @@ from specserve.workers.ragged_pass import Segment, run_pass, use_pooled_attentio
 from specserve.workers.zoo.zoo import Zoo
 
 from .prompts import load_prompts
+from .settings import REPLICA_CORE
 
-REPLICA_CORE = 0  # where deploy/serve_config.yaml pins the target replica
 SESSIONS = (1, 2, 4, 8, 16, 32)
 BAR = 0.15
 

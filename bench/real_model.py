@@ -41,6 +41,7 @@ from specserve.workers.loading import ModelSpec, load_model, load_tokenizer, res
 from specserve.workers.stats import wasted_share
 
 from .figures import spread
+from .settings import REPLICA_CORE
 
 PATHS = ("off", "auto", "ngram", "suffix")
 DRAFT_PATHS = ("draft", "tree")  # with --draft: the distilled draft alone, and the tree of it and the draft-free ones
@@ -50,7 +51,6 @@ HF_DRAFT_PATHS = ("hf_assisted",)  # with --draft: transformers' assisted genera
 WIRE_ROWS = (1, 4, 16, 256)  # positions of hidden states per message, timed packed and unpacked
 HEAD_FACTS = ("draft_vocab_size", "vocabulary_coverage", "held_out_alpha", "held_out_alpha_per_position",
               "held_out_tokens_per_pass", "cost_ratio", "training_tokens", "steps", "seconds")
-REPLICA_CORE = 0  # where deploy/serve_config.yaml pins the target replica
 SNIPPETS = {
     "fib": "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
     "stack": ("class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"

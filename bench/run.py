@@ -59,9 +59,8 @@ from .plots import write_plots
 from .prompts import load_prompts
 from .report import render_report, summary
 from .samples import ENGINE_OFF, ENGINE_TASK, GREEDY_PATHS, HF_ASSISTED, OFF, OFF_UNBATCHED, ROUTED, TASK, Sample
-from .settings import BenchSettings, Goals
+from .settings import REPLICA_CORE, BenchSettings, Goals
 
-REPLICA_CORE = 0  # the in-process paths run where deploy/serve_config.yaml pins the target replica
 # The service with batching off: one session per forward pass, on the target and on the drafts.
 UNBATCHED = {part: {"batching": {"max_sessions_per_pass": 1}} for part in ("target", "draft_pool")}
 # The second cluster of the process starts right after the first one stopped; a bring-up that fails

@@ -11,6 +11,7 @@ DEFAULT_ZOO = "bench"  # the zoo whose cost ratio (c ~ 0.05-0.08) resembles a re
 RESULTS_DIR = Path("bench/results")
 SECTIONS = ("greedy", "score", "sampling", "load")  # in the order they run (run.py)
 DEVICES = ("auto", "cpu", "cuda")  # --device (bench/device.py resolves auto)
+REPLICA_CORE = 0  # where deploy/serve_config.yaml pins the target replica: in-process paths run there too
 MIN_ROUNDS = 2  # requests per client in a load level, so that a level is not one burst that starts together
 
 

@@ -42,7 +42,8 @@ from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass, use_pooled_attention
 from specserve.workers.verifying import TargetSession
 
-CORE = 0  # where deploy/serve_config.yaml pins the target replica
+from .settings import REPLICA_CORE
+
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a test."
 GOAL = 0.8  # of llama.cpp's tokens/s (issue 30)
 
@@ -53,7 +54,7 @@ class Stream:
     def __init__(self, model, prompt: list[int], tokens: int, compiled: bool) -> None:
         shape = KVShape.of(model)
         self.pool = KVPool(shape, Budget(4 * (len(prompt) + tokens + 2) * shape.bytes_per_position))
-        self.scheduler = Scheduler(model, self.pool, Device(1, (CORE,)), BatchingConfig(compiled=compiled))
+        self.scheduler = Scheduler(model, self.pool, Device(1, (REPLICA_CORE,)), BatchingConfig(compiled=compiled))
         self.prompt, self.tokens = prompt, tokens
         self.compile_seconds = self.scheduler.graphs.warm_up() if compiled else 0.0
 
@@ -72,7 +73,7 @@ class Stream:
 
 
 def llama_tokens_per_second(binary: Path, gguf: Path, tokens: int) -> float:
-    out = subprocess.run(["taskset", "-c", str(CORE), str(binary), "-m", str(gguf), "-t", "1", "-n", str(tokens),
+    out = subprocess.run(["taskset", "-c", str(REPLICA_CORE), str(binary), "-m", str(gguf), "-t", "1", "-n", str(tokens),
                           "-p", "0", "-r", "2", "-o", "json"], capture_output=True, text=True, timeout=600, check=True)
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="parent of the run's folder")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    os.sched_setaffinity(0, {CORE})  # the start-up thread too: the compiler's processes inherit it
+    os.sched_setaffinity(0, {REPLICA_CORE})  # the start-up thread too: the compiler's processes inherit it
 
     target = Path(args.target)
     spec = ModelSpec(str(target), dtype="float32", device="cpu")
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"round {round_ + 1}: " + ", ".join(f"{n} {r[-1]:.1f} tok/s" for n, r in rates.items()), flush=True)
 
     medians = {name: statistics.median(r) for name, r in rates.items()}
-    report = {"target": str(target), "tokens": args.tokens, "rounds": args.rounds, "core": CORE, "threads": 1,
+    report = {"target": str(target), "tokens": args.tokens, "rounds": args.rounds, "core": REPLICA_CORE, "threads": 1,
               "torch": torch.__version__, "tokens_per_second": rates, "median": medians,
               "compile_seconds": streams["compiled"].compile_seconds,
               "identical": outputs["as loaded"] == outputs["eager"] == outputs["compiled"]}

@@ -138,6 +138,8 @@ class _Bucket:
     def wanted(self, logits: torch.Tensor, segments: Sequence[Segment]) -> list[torch.Tensor]:
         """Each segment's wanted rows of the bucket's [S * q, V] logits, on the host as ``run_pass`` gives them."""
         q = self.rows
+        if all(s.logits == len(s.tokens) == q for s in segments):  # every row wanted (decode, uniform verify):
+            return list(logits[: len(segments) * q].float().cpu().split(q))  # a slice, no index copied over
         rows = [n * q + len(s.tokens) - s.logits + i for n, s in enumerate(segments) for i in range(s.logits)]
         picked = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)].float().cpu()
         return list(picked.split([s.logits for s in segments]))
