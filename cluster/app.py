@@ -10,8 +10,9 @@ from __future__ import annotations
 from ray import serve
 from ray.serve import Application
 
+from specserve.workers.model_host import DRAIN_SECONDS
 from specserve.workers.registry import Registration
-from specserve.workers.target_replica import DRAIN_SECONDS, TargetReplica
+from specserve.workers.target_replica import TargetReplica
 
 from .autoscaling import serve_options
 from .config import ServiceConfig

@@ -26,6 +26,7 @@ from specserve.router.tasks import TaskResolver
 from specserve.router.validation import Limits
 from specserve.workers.grpc_host import BackgroundServer, advertised_host
 from specserve.workers.loading import load_config
+from specserve.workers.logs import log_to_stderr
 from specserve.workers.registry import Endpoint, Heartbeat, Registration, start_registry
 from specserve.workers.security import SecuritySettings
 
@@ -45,6 +46,7 @@ class Router:
     def __init__(self, config: dict, models: ModelSet, target_deployment=None) -> None:
         # target_deployment: the bound target deployment's handle; binding it is what makes Serve
         # deploy the replicas. Per-step traffic never goes through it.
+        log_to_stderr()  # this process is Serve's: specserve's lines would be lost
         cfg = ServiceConfig.model_validate(config)
         security = SecuritySettings.from_env()  # tokens and TLS: the environment's, never the Serve config's
         security.log_startup(log)
@@ -76,7 +78,7 @@ class Router:
                      advertised_host(), port, self.http.model)
         self.heartbeat = Heartbeat(registration, lambda: Endpoint("router", "router", self.address))
         asyncio.run_coroutine_threadsafe(self._mark_serving_when_ready(), self.server.loop)
-        asyncio.run_coroutine_threadsafe(self.pool.supervise(), self.server.loop)
+        asyncio.run_coroutine_threadsafe(self.pool.run(self.service.metrics), self.server.loop)
         log.info("router listening on %s", self.address)
 
     def _add_servicers(self, server) -> None:

@@ -17,7 +17,7 @@ import time
 import ray
 
 from specserve.router.config import ROUTER_NODE, RouterConfig
-from specserve.workers.config import DRAFT_DEVICE, TARGET_DEVICE, WorkerConfig
+from specserve.workers.config import DRAFT_DEVICE, TARGET_DEVICE, DraftPoolConfig, TargetConfig, WorkerConfig
 
 from .config import ServiceConfig
 
@@ -86,12 +86,8 @@ def check_devices(config: ServiceConfig, nodes: list[dict], embedded: bool = Fal
             for name, amount in node["Resources"].items():
                 resources[name] = resources.get(name, 0) + amount
     taken: dict[str, float] = {}  # what the kinds checked so far take (GPUs are shared)
-    target_key, target_count = "target.replicas", config.target.replicas
-    if (scaling := config.target.autoscaling) is not None:  # an embedded cluster never grows: its max must fit
-        target_key, target_count = (("target.autoscaling.max_replicas", scaling.max_replicas) if embedded
-                                    else ("target.autoscaling.min_replicas", scaling.min_replicas))
-    for key, worker, count in ((target_key, config.target, target_count),
-                               ("draft_pool.workers", config.draft_pool, config.draft_pool.workers)):
+    for key, worker, count in (_needed("target", "replicas", config.target, embedded),
+                               _needed("draft_pool", "workers", config.draft_pool, embedded)):
         options = actor_options(worker, on_gpu(worker, nodes))
         needs = {name: amount * count for name, amount in options["resources"].items()}
         if "num_gpus" in options:
@@ -111,6 +107,18 @@ def check_devices(config: ServiceConfig, nodes: list[dict], embedded: bool = Fal
         raise ValueError(f"the router needs a node with the custom resource {router!r} and the cluster has none: "
                          f"start the node clients reach with --resources '{{\"{router}\": 1}}', or set "
                          f"router.node_resource to null to place the router anywhere")
+
+
+def _needed(part: str, what: str, worker: TargetConfig | DraftPoolConfig,
+            embedded: bool) -> tuple[str, WorkerConfig, int]:
+    """(the setting, the config, how many processes must fit): the fixed count, or with autoscaling
+    the most it may ask for on an embedded cluster (which never grows) and the least elsewhere (the
+    Ray autoscaler adds nodes for the rest)."""
+    scaling = worker.autoscaling
+    if scaling is None:
+        return f"{part}.{what}", worker, getattr(worker, what)
+    bound = f"max_{what}" if embedded else f"min_{what}"
+    return f"{part}.autoscaling.{bound}", worker, getattr(scaling, bound)
 
 
 def local_resources(target_devices: int = 1, draft_devices: int = 2) -> dict[str, float]:

@@ -5,7 +5,8 @@ replica. Their names carry a generation of their own, so a router started while 
 still stopping (a Serve rolling update) starts its own pool instead of adopting the old router's,
 which goes with it.
 
-The pool keeps its size. A worker whose process dies is restarted by Ray (``max_restarts``) with
+Without ``draft_pool.autoscaling`` the pool keeps its size; with it, the pool follows its load
+within the bounds (``autoscale``: policy in cluster/autoscaling.py). A worker whose process dies is restarted by Ray (``max_restarts``) with
 its models and its name; one that is gone for good (killed without restart, its restarts used up)
 is replaced by a new worker, found by the router's ``supervise`` loop. Requests that were drafting
 on it carry on meanwhile (router/remote_draft.py).
@@ -21,9 +22,12 @@ import uuid
 import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
+from specserve.router.metrics import RouterMetrics
 from specserve.workers.draft_worker import DraftWorker
+from specserve.workers.model_host import DRAIN_SECONDS, HostLoad
 from specserve.workers.registry import Registration
 
+from .autoscaling import Hysteresis, pool_load, pool_wanted
 from .config import ServiceConfig
 from .models import ModelSet
 from .placement import place
@@ -43,15 +47,23 @@ class DraftPool:
         if unknown:
             raise ValueError(f"draft_pool.drafts names unknown drafts {unknown}; known: {', '.join(models.drafts)}")
         self.config = config
+        self.scaling = pool.autoscaling if names else None  # no drafts: nothing to scale
         self.specs = {name: models.spec(models.drafts[name], pool.threads) for name in names}
         self.target = models.spec(models.target, pool.threads)  # what its EAGLE-3 heads (if any) are checked against
         self.options = place(pool)
         self.generation = uuid.uuid4().hex[:6]
-        # No drafts (a target served with the draft-free proposers alone): no workers to start.
-        self.workers = [self._start(i) for i in range(pool.workers if names else 0)]
+        size = pool.workers if names else 0  # no drafts (draft-free proposers alone): no workers
+        if self.scaling is not None:
+            size = min(max(size, self.scaling.min_workers), self.scaling.max_workers)
+        self.workers: dict[int, ray.actor.ActorHandle] = {slot: self._start(slot) for slot in range(size)}
+        self.next_slot = size
+        self.draining: set[asyncio.Task] = set()  # workers being removed, letting their sessions end
         self.replaced = 0
-        log.info("draft pool: %d workers serving %s, each with %s", len(self.workers), ", ".join(names) or "no drafts",
-                 self.options)
+        self.metrics: RouterMetrics | None = None  # set by ``run``
+        bounds = (f", autoscaling within {self.scaling.min_workers}-{self.scaling.max_workers}"
+                  if self.scaling else "")
+        log.info("draft pool: %d workers serving %s, each with %s%s", size, ", ".join(names) or "no drafts",
+                 self.options, bounds)
 
     def _start(self, slot: int, replacement: bool = False) -> ray.actor.ActorHandle:
         worker_id = f"draft-worker-{slot}-{self.generation}"
@@ -62,28 +74,104 @@ class DraftPool:
         registration = Registration(self.config.namespace, self.config.router.heartbeat_seconds)
         return actor.remote(worker_id, self.specs, self.config.draft_pool, registration, self.target)
 
+    async def run(self, metrics: RouterMetrics | None = None) -> None:
+        """Forever, on the router's event loop: keep the workers alive and, with autoscaling, the
+        pool sized to its load."""
+        self.metrics = metrics
+        await asyncio.gather(self.supervise(), self.autoscale())
+
     async def supervise(self) -> None:
         """Forever: replace each worker that is gone for good. A slot whose replacements keep dying
         soon (a model that fails to load, say) is retried ever more rarely, up to every 5 minutes."""
-        wait = [SUPERVISE_SECONDS] * len(self.workers)  # per slot: before the next replacement
-        last = [float("-inf")] * len(self.workers)  # per slot: when it was last replaced
+        wait: dict[int, float] = {}  # per slot: before the next replacement
+        last: dict[int, float] = {}  # per slot: when it was last replaced
         while True:
             await asyncio.sleep(SUPERVISE_SECONDS)
-            for slot, worker in enumerate(self.workers):
+            for slot, worker in list(self.workers.items()):
                 try:
-                    if not await _gone(worker) or time.monotonic() - last[slot] < wait[slot]:
+                    since = time.monotonic() - last.get(slot, float("-inf"))
+                    if (not await _gone(worker) or self.workers.get(slot) is not worker  # removed meanwhile
+                            or since < wait.get(slot, SUPERVISE_SECONDS)):
                         continue
-                    short_lived = time.monotonic() - last[slot] < SHORT_LIVED_SECONDS
-                    wait[slot] = min(2 * wait[slot], MAX_BACKOFF_SECONDS) if short_lived else SUPERVISE_SECONDS
+                    short_lived = since < SHORT_LIVED_SECONDS
+                    wait[slot] = min(2 * wait.get(slot, SUPERVISE_SECONDS), MAX_BACKOFF_SECONDS) if short_lived \
+                        else SUPERVISE_SECONDS
                     self.workers[slot] = self._start(slot, replacement=True)
                     last[slot] = time.monotonic()
                     self.replaced += 1
                     log.warning("draft pool: the worker in slot %d is gone; started a replacement", slot)
                 except Exception:  # supervision must outlive any one failure
                     log.exception("draft pool: supervising slot %d failed; trying again", slot)
+            self._report()
+
+    async def autoscale(self) -> None:
+        """Forever, with ``draft_pool.autoscaling``: read the workers' load every metrics interval and
+        add or remove workers as ``cluster/autoscaling.py`` decides. A new worker registers when its
+        models are loaded and takes new sessions (the router picks the least loaded); a removed one
+        first stops taking sessions and lets its live ones end (``DraftWorker.drain``), and the
+        router reopens any left then on another worker from its history (router/remote_draft.py)."""
+        if self.scaling is None:
+            return
+        decision = Hysteresis(self.scaling)
+        before: dict[str, HostLoad] = {}
+        while True:
+            await asyncio.sleep(self.scaling.metrics_interval_s)
+            try:
+                now = await self._loads()
+                load = pool_load(before, now)
+                before = now
+                wanted = pool_wanted(load, len(self.workers), self.scaling)
+                size = decision.decide(time.monotonic(), len(self.workers), wanted)
+                if size != len(self.workers):
+                    log.info("draft pool: %d sessions, steps waiting %.1f ms for a pass: %d -> %d workers",
+                             load.sessions, load.mean_wait_s * 1000, len(self.workers), size)
+                    self._resize(size, now)
+                self._report(wanted)
+            except Exception:  # scaling must outlive any one failure (a worker dying mid-reading)
+                log.exception("draft pool: autoscaling failed this round; trying again")
+
+    async def _loads(self) -> dict[str, HostLoad]:
+        """Slot (as text) -> load of each worker that answers in time (a starting one does not)."""
+        async def read(slot: int, worker) -> tuple[str, HostLoad | None]:
+            try:
+                async with asyncio.timeout(PING_TIMEOUT_SECONDS):
+                    return str(slot), await asyncio.wrap_future(worker.load.remote().future())
+            except (RayActorError, TimeoutError):
+                return str(slot), None
+        readings = await asyncio.gather(*(read(slot, w) for slot, w in list(self.workers.items())))
+        return {slot: load for slot, load in readings if load is not None}
+
+    def _resize(self, size: int, loads: dict[str, HostLoad]) -> None:
+        while len(self.workers) < size:
+            self.workers[self.next_slot] = self._start(self.next_slot)
+            self.next_slot += 1
+        if len(self.workers) > size:  # the least busy go (a starting one, with no reading, first)
+            by_sessions = sorted(self.workers, key=lambda s: (loads[str(s)].sessions if str(s) in loads else -1, -s))
+            for slot in by_sessions[:len(self.workers) - size]:
+                task = asyncio.create_task(self._remove(slot, self.workers.pop(slot)))
+                self.draining.add(task)
+                task.add_done_callback(self.draining.discard)
+
+    async def _remove(self, slot: int, worker: ray.actor.ActorHandle) -> None:
+        try:
+            async with asyncio.timeout(DRAIN_SECONDS + PING_TIMEOUT_SECONDS):
+                left = await asyncio.wrap_future(worker.drain.remote().future())
+            log.info("draft pool: removed the worker in slot %d (%d sessions left to reopen elsewhere)", slot, left)
+        except (RayActorError, TimeoutError) as exc:
+            log.warning("draft pool: the worker in slot %d did not drain (%s); removed it", slot, exc)
+        ray.kill(worker, no_restart=True)
+
+    def _report(self, wanted: int | None = None) -> None:
+        if self.metrics is not None:
+            self.metrics.draft_workers.set(len(self.workers), {"state": "serving"})
+            self.metrics.draft_workers.set(len(self.draining), {"state": "draining"})
+            if wanted is not None:
+                self.metrics.draft_workers.set(wanted, {"state": "wanted"})
 
     def stop(self) -> None:
-        for worker in self.workers:
+        for task in self.draining:
+            task.cancel()
+        for worker in self.workers.values():
             ray.kill(worker)
 
 

@@ -231,6 +231,10 @@ class RouterMetrics:
                                              "as full (its session or KV cache limit); the request went on to "
                                              "another replica or waited for room (router.timeouts.target_full_wait_seconds)")
         self.full_refusals.start({})
+        self.draft_workers = RefreshedGauge("specserve_draft_pool_workers", "The router's draft workers by state: "
+                                            "serving, draining (being removed: their sessions ending), and wanted "
+                                            "(what draft_pool.autoscaling asks for now; set only with it)",
+                                            tag_keys=("state",))
         self._tasks_started: set[str] = set()
         gauges = [m for m in vars(self).values() if isinstance(m, RefreshedGauge)]
         threading.Thread(target=_refresh_forever, args=(gauges,), name="specserve-gauges", daemon=True).start()

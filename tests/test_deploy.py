@@ -262,7 +262,7 @@ def test_every_pod_reads_tokens_and_certificates_from_the_secrets(cluster_spec):
 
 def test_the_ray_autoscaler_sizes_each_group_within_its_bounds(rayservice, cluster_spec, serve_config):
     """KubeRay runs the Ray autoscaler, and every group starts within its bounds. Where the Serve
-    config autoscales target replicas, the targets group can grow to hold the most it asks for."""
+    config autoscales target replicas or the draft pool, its group can grow to hold the most it asks for."""
     assert rayservice["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
     assert rayservice["spec"]["rayClusterConfig"]["autoscalerOptions"]["idleTimeoutSeconds"] > 0
     for name, group in groups(cluster_spec).items():
@@ -271,6 +271,8 @@ def test_the_ray_autoscaler_sizes_each_group_within_its_bounds(rayservice, clust
     from specserve.cluster.config import ServiceConfig
 
     args = ServiceConfig.model_validate(serve_config["applications"][0]["args"])
-    targets = groups(cluster_spec)["targets"]
+    targets, drafts = groups(cluster_spec)["targets"], groups(cluster_spec)["drafts"]
     most = args.target.autoscaling.max_replicas if args.target.autoscaling else args.target.replicas
-    assert most <= targets["maxReplicas"] * custom_resources(targets)["specserve_target_device"]
+    assert most <= targets["maxReplicas"] * custom_resources(targets)[TARGET_DEVICE]
+    most = args.draft_pool.autoscaling.max_workers if args.draft_pool.autoscaling else args.draft_pool.workers
+    assert most <= drafts["maxReplicas"] * custom_resources(drafts)[DRAFT_DEVICE]

@@ -71,6 +71,8 @@ class PassCounts:
     tokens: int = 0
     sessions: int = 0
     max_sessions: int = 0
+    steps: int = 0  # that reached their first pass
+    queue_seconds: float = 0.0  # those steps' waits for it (the draft pool's autoscaling reads their mean)
 
     def add(self, tokens: int, sessions: int) -> None:
         self.passes += 1
@@ -247,6 +249,8 @@ class Scheduler:
         for (ticket, _), outcome in zip(members, outcomes, strict=True):
             if ticket.queue_seconds is None:
                 ticket.queue_seconds = started - ticket.queued_at
+                self.counts.steps += 1
+                self.counts.queue_seconds += ticket.queue_seconds
             ticket.device_seconds += seconds
             ticket.pass_tokens, ticket.pass_sessions = tokens, len(members)
             if isinstance(outcome, Exception):

@@ -79,7 +79,17 @@ class WorkerConfig(FrozenConfig):
     batching: BatchingConfig = BatchingConfig()
 
 
-class Autoscaling(FrozenConfig):
+class ScalingDelays(FrozenConfig):
+    """How long a need must last before processes are added or removed. Adding waits less: a process
+    takes seconds to minutes to load its models, and sessions meanwhile share passes; removing waits
+    long, so a lull between bursts does not throw away capacity the next burst needs."""
+
+    upscale_delay_s: float = Field(10.0, ge=0)
+    downscale_delay_s: float = Field(120.0, ge=0)
+    metrics_interval_s: float = Field(2.0, gt=0)  # how often processes report their load
+
+
+class Autoscaling(ScalingDelays):
     """Target replicas added and removed with the load: Serve's autoscaler, with specserve's policy
     (``cluster/autoscaling.py``). A replica's capacity is the widest pass its start-up timings say
     keeps a token within ``tpot_budget_ms`` (one token a session a pass: target-only, the widest
@@ -88,18 +98,34 @@ class Autoscaling(FrozenConfig):
     min_replicas: int = Field(1, ge=1)
     max_replicas: int = Field(4, ge=1)
     tpot_budget_ms: float = Field(50.0, gt=0)
-    # Serve's own: how long a need must last before replicas are added or removed. Adding waits
-    # less: a replica takes tens of seconds to load its model, and sessions meanwhile share passes.
-    upscale_delay_s: float = Field(10.0, ge=0)
-    downscale_delay_s: float = Field(120.0, ge=0)
-    metrics_interval_s: float = Field(2.0, gt=0)  # how often replicas report their sessions
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
-        if self.max_replicas < self.min_replicas:
-            raise ValueError(f"autoscaling: max_replicas ({self.max_replicas}) is below min_replicas "
-                             f"({self.min_replicas})")
+        _check_bounds("target.autoscaling", "replicas", self.min_replicas, self.max_replicas)
         return self
+
+
+class PoolAutoscaling(ScalingDelays):
+    """Draft workers added and removed with the load, by the router that owns the pool
+    (``cluster/pool.py``, policy in ``cluster/autoscaling.py``). Its signals are the workers' own:
+    live sessions per worker, and how long a draft step waits for its first pass. The pool asks for
+    the workers that hold the sessions at ``sessions_per_worker`` each, and one more than it has
+    while steps wait longer than ``max_queue_wait_ms`` on average (the workers' passes are full)."""
+
+    min_workers: int = Field(1, ge=1)
+    max_workers: int = Field(4, ge=1)
+    sessions_per_worker: int = Field(16, ge=1)
+    max_queue_wait_ms: float = Field(20.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolAutoscaling:
+        _check_bounds("draft_pool.autoscaling", "workers", self.min_workers, self.max_workers)
+        return self
+
+
+def _check_bounds(where: str, what: str, least: int, most: int) -> None:
+    if most < least:
+        raise ValueError(f"{where}: max_{what} ({most}) is below min_{what} ({least})")
 
 
 class TargetConfig(WorkerConfig):
@@ -112,5 +138,6 @@ class DraftPoolConfig(WorkerConfig):
     device_resource: str = DRAFT_DEVICE
     # Drafts are small: their passes are what compiling speeds up (a target's pass is its weights' reading).
     batching: BatchingConfig = BatchingConfig(compiled=True)
-    workers: int = Field(2, ge=1)
+    workers: int = Field(2, ge=1)  # with autoscaling: how many start (within its bounds)
+    autoscaling: PoolAutoscaling | None = None  # None: ``workers``, fixed
     drafts: tuple[str, ...] = ()  # the drafts every worker serves; empty: all of them

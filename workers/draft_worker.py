@@ -26,7 +26,8 @@ from .heads.format import is_head, load_heads
 from .heads.proposer import HeadRun, HeadScheduler, HeadState
 from .kv_cache import session_capacity
 from .loading import ModelSpec, gemv_layout, load_model
-from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
+from .logs import log_to_stderr
+from .model_host import HostLoad, ModelHost, SessionIdle, SessionLimit, first_open
 from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import DraftDraws
@@ -44,6 +45,7 @@ class DraftWorker:
 
     def __init__(self, worker_id: str, drafts: dict[str, ModelSpec], config: DraftPoolConfig,
                  registration: Registration, target: ModelSpec | None = None) -> None:
+        log_to_stderr()
         heads = {name: spec for name, spec in drafts.items() if is_head(spec.source)}
         self.models = {name: load_model(spec) for name, spec in drafts.items() if name not in heads}
         self.heads = {name: gemv_layout(head) for name, head in (load_heads(heads, target) if heads else {}).items()}
@@ -57,6 +59,16 @@ class DraftWorker:
     def ping(self) -> str:
         """The pool's liveness check (a Ray call, not the stream server)."""
         return self.host.worker_id
+
+    def load(self) -> HostLoad:
+        """What the pool's autoscaling reads (``cluster/pool.py``)."""
+        return self.host.load(self.head_schedulers.values())
+
+    def drain(self) -> int:
+        """Before the pool removes it: take no new sessions and let the live ones end (up to
+        ``DRAIN_SECONDS``); returns how many are left, which the router reopens elsewhere."""
+        self.host.drain()
+        return self.host.slots.live
 
     def shutdown(self) -> None:
         self.host.shutdown()

@@ -7,7 +7,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
@@ -29,7 +30,21 @@ from .security import SecuritySettings
 
 log = logging.getLogger("specserve.workers")
 DRAIN_POLL_SECONDS = 0.1
+# How long a process being removed (scaled down, updated) lets its live sessions end before what is
+# left resumes elsewhere; Serve waits a little longer for a target replica (graceful_shutdown_timeout_s,
+# cluster/app.py) before stopping it regardless.
+DRAIN_SECONDS = 30.0
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """What a process's autoscaler reads of it: its live sessions, and totals (since it started) of
+    the steps that reached a pass and of their waits for it (so two readings give the mean wait between them)."""
+
+    sessions: int
+    steps: int
+    queue_seconds: float
 
 
 class SessionLimit(Exception):
@@ -187,7 +202,12 @@ class ModelHost:
             passes=sum(c.passes for c in counts), pass_tokens=sum(c.tokens for c in counts),
             pass_sessions=sum(c.sessions for c in counts), max_pass_sessions=max((c.max_sessions for c in counts), default=0))
 
-    def drain(self, timeout: float) -> None:
+    def load(self, schedulers: Iterable[Scheduler] = ()) -> HostLoad:
+        """Its load now (``schedulers``: those it runs outside ``self.schedulers``, a draft worker's heads')."""
+        counts = [s.counts for s in (*self.schedulers.values(), *schedulers)]
+        return HostLoad(self.slots.live, sum(c.steps for c in counts), sum(c.queue_seconds for c in counts))
+
+    def drain(self, timeout: float = DRAIN_SECONDS) -> None:
         """Take no more sessions (unregistered, routers open none here) and let the live ones end,
         for up to ``timeout`` seconds; the server keeps serving them meanwhile. What is left then
         resumes elsewhere from the router's history, as after a failure."""

@@ -27,6 +27,7 @@ from .batching import Scheduler, StepResult
 from .calibration import widest_within
 from .config import TargetConfig
 from .loading import ModelSpec, load_model
+from .logs import log_to_stderr
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
 from .ragged_pass import PooledSequence
 from .registry import Registration
@@ -35,15 +36,12 @@ from .verifying import DecodeRun, TargetSession
 from .wire import hidden_message, pass_info, proposal_from, sampling_from, verdict_message
 
 
-# How long a replica Serve removes lets its live sessions end; Serve waits a little longer
-# (graceful_shutdown_timeout_s, cluster/app.py) before stopping it regardless.
-DRAIN_SECONDS = 30.0
-
 
 class TargetReplica:
     """The Serve deployment class (options applied in ``cluster/app.py``)."""
 
     def __init__(self, config: dict, target: ModelSpec, registration: Registration) -> None:
+        log_to_stderr()
         cfg = TargetConfig.model_validate(config)  # plain data across Serve, checked again here
         self.autoscaling = cfg.autoscaling
         servicer = VerifierServicer(self)
@@ -68,7 +66,7 @@ class TargetReplica:
         for up to DRAIN_SECONDS, instead of resuming elsewhere (which counts against a request's resumes)."""
         host = getattr(self, "host", None)
         if host is not None:
-            host.drain(DRAIN_SECONDS)
+            host.drain()
             host.shutdown()
 
 
