@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .plan_check import format_report as format_planner
 from .samples import AUTO, OFF, OFF_UNBATCHED, PEER_BATCH, PEER_STATIC, PROPOSER_PATHS
 
 DASH = "–"  # not measured in this run
@@ -213,6 +214,9 @@ def render_report(results: dict, plots: list[str]) -> str:
                 for t, r in tasks.items() for path, p in r["time_per_pass"].items() if p]),
         "",
     ]
+    if "planner" in results:  # the capacity planner's model against the load section (bench/plan_check.py)
+        lines += ["## 9. The capacity planner against this run", "",
+                  *format_planner(results["planner"], heading="###").splitlines()[2:], ""]
     return "\n".join(lines)
 
 

@@ -55,6 +55,7 @@ from .decoders import decode_engine, decode_hf_assisted, decode_service, service
 from .figures import derive
 from .memory import resident_memory
 from .peers import PEERS, measure_peers_pinned
+from .plan_check import check as check_planner
 from .plots import write_plots
 from .prompts import load_prompts
 from .report import render_report, summary
@@ -303,8 +304,15 @@ def run_bench(settings: BenchSettings) -> Path:
     meta = _meta(settings, zoo, held_out, started, target, device_facts(on, str(engine.target.dtype).removeprefix("torch.")))
     meta["compiled"] = {"target": target.batching.compiled,  # decode passes under torch.compile (workers/graphs.py)
                         "drafts": service_config(overrides).draft_pool.batching.compiled}
-    write_results(out, {"meta": meta, "samples": [s.record() for s in bench.samples], "memory": memory,
-                        "policy": policy, "load": bench.load_info})
+    results = {"meta": meta, "samples": [s.record() for s in bench.samples], "memory": memory, "policy": policy,
+               "load": bench.load_info}
+    write_results(out, results)
+    if "load" in settings.sections and service is not None and on == "cpu":
+        # The planner's model against the levels just measured (it times the target's passes here,
+        # on the replica's core, with the service stopped): its table goes into the report.
+        print("checking the capacity planner (cluster/plan.py) against the load levels...", flush=True)
+        results["planner"] = check_planner(results, str(out))
+        write_report(out, results)
     return out
 
 
@@ -346,17 +354,23 @@ def write_results(out: Path, results: dict) -> None:
     """Derive the figures from the samples, then write results.json, the plots and report.md."""
     results["figures"] = derive(results["meta"], [Sample.from_record(r) for r in results["samples"]], results["memory"],
                                 results.get("load"))
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    plots = write_plots(results["figures"], results["meta"], out)
-    (out / "report.md").write_text(render_report(results, [p.name for p in plots]))
+    write_plots(results["figures"], results["meta"], out)
+    write_report(out, results)
     print(summary(results))
     print(f"\nreport: {out / 'report.md'}", flush=True)
+
+
+def write_report(out: Path, results: dict) -> None:
+    """results.json and report.md (with the plots already in ``out``)."""
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "report.md").write_text(render_report(results, sorted(p.name for p in out.glob("*.png"))))
 
 
 def rerender(run_dir: Path) -> None:
     """A past run's figures, plots and report again from its saved samples (after a report change)."""
     results = json.loads((run_dir / "results.json").read_text())
-    write_results(run_dir, {k: results[k] for k in ("meta", "samples", "memory", "policy", "load") if k in results})
+    write_results(run_dir, {k: results[k] for k in ("meta", "samples", "memory", "policy", "load", "planner")
+                            if k in results})
 
 
 def policy_rows(stats) -> list[dict]:

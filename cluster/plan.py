@@ -1,16 +1,23 @@
 """How many target replicas and draft workers a workload needs: a simulation of the cluster's passes.
 
 A target replica runs passes back to back while it holds sessions (continuous batching): every
-session it holds adds its next tokens to the pass (a prompt chunk, a verify step of k + 1 tokens,
-or one token target-only), up to ``max_sessions_per_pass`` sessions and ``max_tokens_per_pass``
-tokens, and the pass takes what the replica's measured pass-time curve says for its width. A
-speculating session commits 1 + a tokens a pass, a drawn from the truncated geometric law of its
-task's acceptance alpha (each of k draft tokens accepted with probability alpha until the first
-rejection). Drafting hides behind verification (a lookahead drafts the next proposal during the
-pass), so a step costs its pass, and the draft pool must have the device time to keep up: the
-planner counts that time and sizes the pool from it. As the policy's load pricing does, a pass
-speculates only when that is expected to give more tokens a second than the same sessions
-target-only (a wide pass on a CPU costs more per token than speculation saves).
+session ready for the target adds its next tokens to the pass (a prompt chunk, a verify step of
+k + 1 tokens, or one token target-only), up to ``max_sessions_per_pass`` sessions and
+``max_tokens_per_pass`` tokens, and the pass takes what the replica's measured pass-time curve says
+for its width, plus the replica's overhead a pass. A speculating session commits 1 + a tokens a
+step, a drawn from the truncated geometric law of its task's acceptance alpha (each of k draft
+tokens accepted with probability alpha until the first rejection).
+
+Between its verify steps a speculating session is in no target pass: its verdict goes to the router
+and the next proposal comes back (``step_hop_ms``), and a proposal from a draft worker takes the k
+passes of its draft device, shared with the other sessions drafting there (``draft_pass_ms`` by
+sessions in a pass, over ``draft_devices`` devices a replica; or a fixed ``draft_token_ms``). The
+draft drafts the next proposal while the target verifies (the router's lookahead): after a verdict
+that takes the whole proposal and the draft's guess of the target's next token, that proposal is
+ready; after any other, the draft drafts afresh. A step of the router's draft-free proposers
+(n-gram, suffix) waits for the round trip alone. Target-only decoding runs on the replica (a run of
+tokens, no round trip). As the policy's load pricing does, a step speculates only where that is
+expected to give more tokens a second than a target-only token at the replica's load.
 
 Requests are spread evenly over replicas, so each replica sees an equal share of the arrivals
 (open loop: Poisson at ``rate`` / replicas) or of the clients (closed loop: each client sends its
@@ -18,12 +25,14 @@ next request when the last one ends). The replicas are then alike and independen
 simulates ``sample_replicas`` of them, whatever the fleet's size: 1,000 replicas cost what 4 do.
 
 Everything here is arithmetic on given numbers: the costs come from a bench report or a running
-service's stats (``specserve plan --costs``), the workload from the operator.
+service's stats (``specserve plan --costs``; ``bench/plan_check.py`` measures them from a bench
+run), the workload from the operator.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import random
@@ -37,8 +46,11 @@ class TaskLoad:
 
     name: str
     share: float  # of the requests
-    alpha: float = 0.0  # acceptance per drafted token (its draft's, measured)
+    alpha: float = 0.0  # acceptance per drafted token (its proposer's, measured)
     k: int = 0  # draft tokens a step; 0: target-only
+    # Its proposals come from the router's draft-free proposers (n-gram, suffix): no draft worker,
+    # no draft device time; a step still makes the round trip through the router.
+    draft_free: bool = False
 
     def __post_init__(self) -> None:
         if self.share < 0 or not 0 <= self.alpha <= 1 or self.k < 0:
@@ -56,6 +68,9 @@ class Workload:
     # Closed loop only: the clients share this many requests in all, then stop (a bench's load level);
     # None: they go on for the whole simulated time.
     requests: int | None = None
+    # Output lengths to draw each request's from (a measured run's: requests end at their stop token,
+    # and a short one's time per token carries its fixed costs); empty: every request output_tokens.
+    output_lengths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.rate is None) == (self.clients is None):
@@ -64,47 +79,90 @@ class Workload:
             raise ValueError("a workload needs at least one task with a share above 0")
         if self.prompt_tokens < 1 or self.output_tokens < 1:
             raise ValueError("prompt_tokens and output_tokens must be at least 1")
+        if any(n < 1 for n in self.output_lengths):
+            raise ValueError("output_lengths must be at least 1 each")
         if self.requests is not None and (self.clients is None or self.requests < 1):
             raise ValueError("requests (a total) is for a closed loop of clients, and at least 1")
 
     def speculation_off(self) -> Workload:
         return Workload(tuple(TaskLoad(t.name, t.share) for t in self.tasks), self.prompt_tokens,
-                        self.output_tokens, self.rate, self.clients, self.requests)
+                        self.output_tokens, self.rate, self.clients, self.requests, self.output_lengths)
+
+
+Curve = tuple[tuple[int, float], ...]
+
+
+@functools.lru_cache(maxsize=65536)
+def _interpolate(points: Curve, x: int) -> float:
+    """``points`` (x, y) with straight lines between them and past the last (at least a millionth)."""
+    xs = [w for w, _ in points]
+    i = bisect.bisect_left(xs, x)
+    if i < len(xs) and xs[i] == x:
+        return points[i][1]
+    if len(xs) == 1:
+        return points[0][1]
+    lo, hi = (i - 1, i) if 0 < i < len(xs) else ((0, 1) if i == 0 else (len(xs) - 2, len(xs) - 1))
+    (x0, y0), (x1, y1) = points[lo], points[hi]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 1e-3)
+
+
+def _check_curve(name: str, points: Curve) -> None:
+    xs = [w for w, _ in points]
+    if not xs or xs != sorted(set(xs)) or xs[0] < 1 or any(ms <= 0 for _, ms in points):
+        raise ValueError(f"{name} needs (width, ms) points with distinct increasing widths >= 1 and times > 0")
 
 
 @dataclass(frozen=True)
 class Costs:
-    """A replica's measured costs. ``pass_ms``: (tokens in a pass, milliseconds) points of its
-    pass-time curve, straight lines between them and past the last. ``draft_token_ms``: a draft
-    worker's device time per drafted token at the load it ran at (the bench's "draft ms/token"):
-    the pool's size follows from it, not the replicas'."""
+    """A replica's measured costs, and its draft devices'.
 
-    pass_ms: tuple[tuple[int, float], ...]
+    ``pass_ms``: (tokens in a pass, ms) points of the target's pass-time curve. ``draft_pass_ms``:
+    (sessions in a pass, ms) of a draft worker's pass, one token a session (a draft drafts its k
+    tokens in k passes); left out, each drafted token costs ``draft_token_ms`` whatever the load.
+    ``draft_devices``: the draft devices serving one replica's sessions (its share of the pool),
+    each running its own passes; 0: one for each session (no contention: the pool is sized from the
+    device time the sessions need)."""
+
+    pass_ms: Curve
     draft_token_ms: float = 0.0
     max_sessions_per_pass: int = 32
     max_tokens_per_pass: int = 512
     # Time each pass spends outside the model on a serving replica (the scheduler's hop to its event
     # loop, the tokens streamed out): what a curve timed in process lacks.
     pass_overhead_ms: float = 0.0
+    # ... and for each session in the pass (its reply built and streamed, its next step read): on a
+    # small model with many sessions this is what the pass-time curve misses most.
+    session_overhead_ms: float = 0.0
+    draft_pass_ms: Curve = ()
+    draft_devices: int = 0
+    # A speculating step's round trip through the router (the verdict to the router, the next
+    # proposal to the replica), during which its session is in no pass. Target-only decoding runs
+    # on the replica (a run of tokens a request), with no round trip per token.
+    step_hop_ms: float = 0.0
+    # The draft drafts the next proposal while the target verifies (router.lookahead, on by default):
+    # after a verdict that accepts the whole proposal and the draft's guess of the target's next
+    # token, the next proposal is (or soon will be) ready.
+    lookahead: bool = True
 
     def __post_init__(self) -> None:
-        widths = [w for w, _ in self.pass_ms]
-        if not widths or widths != sorted(set(widths)) or widths[0] < 1 or any(ms <= 0 for _, ms in self.pass_ms):
-            raise ValueError("pass_ms needs (tokens, ms) points with distinct increasing widths >= 1 and times > 0")
+        _check_curve("pass_ms", self.pass_ms)
+        if self.draft_pass_ms:
+            _check_curve("draft_pass_ms", self.draft_pass_ms)
+        if min(self.draft_devices, self.step_hop_ms, self.draft_token_ms, self.pass_overhead_ms,
+               self.session_overhead_ms) < 0:
+            raise ValueError("draft_devices, step_hop_ms, draft_token_ms and the overheads must be at least 0")
 
-    def pass_seconds(self, tokens: int) -> float:
-        widths = [w for w, _ in self.pass_ms]
-        i = bisect.bisect_left(widths, tokens)
-        if i < len(widths) and widths[i] == tokens:
-            return self.pass_ms[i][1] / 1000
-        if len(widths) == 1:
-            return self.pass_ms[0][1] / 1000
-        lo, hi = (i - 1, i) if 0 < i < len(widths) else ((0, 1) if i == 0 else (len(widths) - 2, len(widths) - 1))
-        (w0, t0), (w1, t1) = self.pass_ms[lo], self.pass_ms[hi]
-        return max(t0 + (t1 - t0) * (tokens - w0) / (w1 - w0), 1e-6) / 1000
+    def pass_seconds(self, tokens: int, sessions: int = 1) -> float:
+        """A target pass of ``tokens`` over ``sessions`` on the serving replica (its overheads included)."""
+        return (_interpolate(self.pass_ms, tokens) + self.pass_overhead_ms + self.session_overhead_ms * sessions) / 1000
+
+    def draft_pass_seconds(self, sessions: int) -> float:
+        if not self.draft_pass_ms:
+            return self.draft_token_ms / 1000
+        return _interpolate(self.draft_pass_ms, sessions) / 1000
 
 
-@dataclass
+@dataclass(eq=False)
 class _Session:
     task: TaskLoad
     arrived: float
@@ -113,6 +171,14 @@ class _Session:
     output_left: int = 0
     first_token: float | None = None
     done: float | None = None
+    output: int = 0  # tokens it gives in all
+    k: int = 0  # draft tokens of its step under way (0: a target-only token)
+    verifying: bool = False  # in the running target pass
+    waiting_for_draft: bool = False  # its next verify waits for its draft device
+    draft_left: int = 0  # tokens its draft device still drafts for it (a proposal, or a lookahead)
+    device: int = -1  # its draft device, where they are shared (Costs.draft_devices)
+    draft_until: float = 0.0  # on a device of its own: when its draft under way ends ...
+    draft_runs: int = 0  # ... and which one that is (an event of a dropped one is ignored)
 
 
 @dataclass
@@ -129,7 +195,8 @@ class ReplicaRun:
     passes: int = 0
     session_steps: int = 0
     backlog: int = 0  # requests still waiting for a place in the passes at the end
-    speculated: int = 0  # passes that speculated (AUTO can turn it off for a pass)
+    decode_steps: int = 0  # steps after the prompt's
+    speculated: int = 0  # of those, the ones that speculated (AUTO serves a step target-only where that is faster)
 
 
 def accepted(alpha: float, k: int, rng: random.Random) -> int:
@@ -140,110 +207,237 @@ def accepted(alpha: float, k: int, rng: random.Random) -> int:
     return a
 
 
+class _Replica:
+    """One replica's discrete-event simulation: the target's passes and its draft devices' passes,
+    each device running back to back while it has work, and sessions moving between them."""
+
+    def __init__(self, workload: Workload, costs: Costs, replicas: int, seconds: float, seed: int,
+                 warmup: float) -> None:
+        self.workload, self.costs, self.seconds = workload, costs, seconds
+        self.rng = random.Random(seed)
+        self.counted_from = warmup * seconds
+        self.run = ReplicaRun(seconds, 0)
+        self.events: list[tuple[float, int, str, object]] = []  # (time, order, kind, what)
+        self.order = 0
+        self.waiting: list[_Session] = []  # arrived, not yet among the active
+        self.active: list[_Session] = []
+        self.ready: list[_Session] = []  # active sessions waiting for a target pass, first come first served
+        self.target: list[_Session] | None = None  # the running pass's sessions
+        self.devices: dict[int, list[_Session]] = {}  # device -> its sessions with tokens to draft
+        self.device_busy: set[int] = set()
+        self.priced: dict[tuple[int, int, int], int] = {}  # (id(task), k, sessions) -> the k the policy takes
+        arrivals: list[tuple[float, int]] = []
+        if workload.rate is not None:
+            rate, t = workload.rate / replicas, 0.0
+            while (t := t + self.rng.expovariate(rate)) < seconds:
+                arrivals.append((t, -1))
+        else:
+            share = workload.clients // replicas + (1 if seed % replicas < workload.clients % replicas else 0)
+            arrivals = [(0.0, c) for c in range(share)]
+        # A closed loop's total (its replica's share of it): each request issued takes one.
+        self.left = None if workload.requests is None else max(0, round(workload.requests / replicas) - len(arrivals))
+        for t, client in arrivals:
+            self._at(t, "arrive", client)
+
+    def _at(self, when: float, kind: str, what: object = None) -> None:
+        heapq.heappush(self.events, (when, self.order, kind, what))
+        self.order += 1
+
+    def simulate(self) -> ReplicaRun:
+        now = 0.0
+        while self.events and self.events[0][0] < self.seconds:
+            now = self.events[0][0]
+            while self.events and self.events[0][0] == now:  # everything due now, before any pass starts
+                _, _, kind, what = heapq.heappop(self.events)
+                if kind == "arrive":
+                    self._arrive(now, what)
+                elif kind == "target":
+                    self._target_done(now, what)
+                elif kind == "draft":
+                    self._draft_done(now, what)
+                elif kind == "drafted" and what[1] == what[0].draft_runs:  # not a draft dropped since
+                    self._drafted(now, what[0])
+                elif kind == "ready":
+                    self.ready.append(what)
+            self._admit()
+            self._start_passes(now)
+        self.run.seconds = now
+        self.run.backlog = len(self.waiting) + sum(1 for t, _, kind, _ in self.events if kind == "arrive" and t <= now)
+        return self.run
+
+    def _arrive(self, now: float, client: int) -> None:
+        task = self.rng.choices(self.workload.tasks, [t.share for t in self.workload.tasks])[0]
+        lengths = self.workload.output_lengths
+        output = self.rng.choice(lengths) if lengths else self.workload.output_tokens
+        self.waiting.append(_Session(task, now, client, self.workload.prompt_tokens, output, output=output))
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.active) < self.costs.max_sessions_per_pass:
+            session = self.waiting.pop(0)
+            self.active.append(session)
+            self.ready.append(session)
+
+    def _start_passes(self, now: float) -> None:
+        if self.target is None and self.ready:
+            room, members = self.costs.max_tokens_per_pass, []
+            for session in list(self.ready):
+                tokens = min(session.prompt_left, room) if session.prompt_left else session.k + 1
+                if tokens and tokens <= room:
+                    members.append((session, tokens))
+                    room -= tokens
+                    self.ready.remove(session)
+            if members:
+                width = sum(n for _, n in members)
+                step = self.costs.pass_seconds(width, len(members))
+                self.run.busy += step
+                self.run.passes += 1
+                for session, _ in members:
+                    session.verifying = True
+                    if session.k and self.costs.lookahead and not session.task.draft_free:
+                        self._draft(now, session, session.k)  # the next proposal, drafted while this one is verified
+                self.target = [session for session, _ in members]
+                self._at(now + step, "target", members)
+        for device, sessions in self.devices.items():
+            if device not in self.device_busy and sessions:
+                batch = sessions[:self.costs.max_sessions_per_pass]
+                step = self.costs.draft_pass_seconds(len(batch))
+                self.run.draft_seconds += step
+                self.device_busy.add(device)
+                self._at(now + step, "draft", (device, batch))
+
+    def _draft(self, now: float, session: _Session, tokens: int) -> None:
+        """Its draft device drafts ``tokens`` for it from now (a stale lookahead is dropped)."""
+        session.draft_left = tokens
+        if not self.costs.draft_devices:  # a device of its own: its k passes back to back, one event
+            per_token = self.costs.draft_pass_seconds(1)
+            if session.draft_until > now:  # the stale lookahead stops: its device time not spent
+                self.run.draft_seconds -= session.draft_until - now
+            session.draft_until = now + tokens * per_token
+            session.draft_runs += 1
+            self.run.draft_seconds += tokens * per_token
+            self._at(session.draft_until, "drafted", (session, session.draft_runs))
+            return
+        if session.device < 0:  # the device with the fewest sessions drafting
+            session.device = min(range(self.costs.draft_devices), key=lambda d: len(self.devices.get(d, ())))
+        queue = self.devices.setdefault(session.device, [])
+        if session not in queue:
+            queue.append(session)
+
+    def _drafted(self, now: float, session: _Session) -> None:
+        session.draft_left = 0
+        if session.waiting_for_draft:
+            session.waiting_for_draft = False
+            self._at(now + self.costs.step_hop_ms / 1000, "ready", session)
+
+    def _draft_done(self, now: float, what: tuple[int, list[_Session]]) -> None:
+        device, batch = what
+        self.device_busy.discard(device)
+        queue = self.devices[device]
+        for session in batch:
+            session.draft_left -= 1
+            if session.draft_left <= 0 and session in queue:
+                queue.remove(session)
+                self._drafted(now, session)
+
+    def _target_done(self, now: float, members: list[tuple[_Session, int]]) -> None:
+        self.target = None
+        for session, tokens in members:
+            session.verifying = False
+            self.run.session_steps += 1
+            hit = False
+            if session.prompt_left:
+                session.prompt_left -= tokens
+                if session.prompt_left:
+                    self.ready.append(session)
+                    continue
+                session.first_token = now  # the prompt's last chunk gives the first token
+                made = 1
+            elif session.k:
+                self.run.decode_steps += 1
+                a = accepted(session.task.alpha, session.k, self.rng)
+                # A lookahead is ready if the verdict took the whole proposal and the draft's guess of the
+                # target's next token (its likeliest) was right.
+                hit = self.costs.lookahead and a == session.k and self.rng.random() < session.task.alpha
+                made = a + 1
+                self.run.speculated += 1
+            else:
+                self.run.decode_steps += 1
+                made = 1
+            made = min(made, session.output_left)
+            session.output_left -= made
+            self.run.tokens += made
+            if session.output_left <= 0:
+                self._finish(now, session)
+            else:
+                self._next_step(now, session, hit)
+
+    def _next_step(self, now: float, session: _Session, lookahead_hit: bool) -> None:
+        was = session.k
+        session.k = self._k(session)
+        if not session.k:  # target-only: the replica's decode run, no round trip
+            self.ready.append(session)
+            return
+        hop = self.costs.step_hop_ms / 1000
+        if session.task.draft_free:
+            self._at(now + hop, "ready", session)
+            return
+        if not (lookahead_hit and was == session.k):  # a fresh proposal: the lookahead guessed wrong
+            self._draft(now, session, session.k)
+        if session.draft_left > 0:
+            session.waiting_for_draft = True
+        else:
+            self._at(now + hop, "ready", session)
+
+    def _k(self, session: _Session) -> int:
+        """The policy's k for a session's next step: its task's, where a step of it is expected to
+        give more tokens a second than a target-only token at the replica's load (its load pricing)."""
+        task = session.task
+        k = min(task.k, session.output_left - 1)
+        if k < 1:
+            return 0
+        sessions = len(self.active)
+        key = (id(task), k, sessions)
+        if key not in self.priced:
+            self.priced[key] = self._priced_k(task, k, sessions)
+        return self.priced[key]
+
+    def _priced_k(self, task: TaskLoad, k: int, sessions: int) -> int:
+        alone = self.costs.pass_seconds(sessions, sessions)
+        draft = 0.0 if task.draft_free else k * self.costs.draft_pass_seconds(
+            max(1, sessions // max(self.costs.draft_devices, 1)) if self.costs.draft_devices else 1)
+        hidden = task.alpha ** (k + 1) if self.costs.lookahead else 0.0  # a lookahead hit hides the draft
+        step = (self.costs.pass_seconds(sessions * (k + 1), sessions) + self.costs.step_hop_ms / 1000
+                + (1 - hidden) * draft)
+        return k if expected_tokens(task.alpha, k) / step > 1 / alone else 0
+
+    def _finish(self, now: float, session: _Session) -> None:
+        session.done = now
+        self.active.remove(session)
+        if session in self.devices.get(session.device, ()):  # its lookahead stops with it
+            self.devices[session.device].remove(session)
+        if session.draft_until > now:
+            self.run.draft_seconds -= session.draft_until - now
+            session.draft_runs += 1
+        if now >= self.counted_from:
+            self.run.latency.append(now - session.arrived)
+            self.run.ttft.append(session.first_token - session.arrived)
+            if session.output > 1:
+                self.run.tpot.append((now - session.first_token) / (session.output - 1))
+        if session.client >= 0 and self.left != 0:  # the client sends its next request at once: the next pass has it
+            self._arrive(now, session.client)
+            self.left = None if self.left is None else self.left - 1
+
+
 def simulate_replica(workload: Workload, costs: Costs, replicas: int, seconds: float, seed: int = 0,
                      warmup: float = 0.1) -> ReplicaRun:
     """One replica of ``replicas`` for ``seconds`` of simulated time; requests that end in the first
     ``warmup`` share of it are left out of the latencies (the queue is filling)."""
-    rng = random.Random(seed)
-    tasks = workload.tasks
-    weights = [t.share for t in tasks]
-    arrivals: list[tuple[float, int]] = []  # (time, client) heap
-    if workload.rate is not None:
-        rate = workload.rate / replicas
-        t = rng.expovariate(rate)
-        while t < seconds:
-            arrivals.append((t, -1))
-            t += rng.expovariate(rate)
-    else:
-        share = workload.clients // replicas + (1 if seed % replicas < workload.clients % replicas else 0)
-        arrivals = [(0.0, c) for c in range(share)]
-    # A closed loop's total (its replica's share of it): each request issued takes one.
-    left = None if workload.requests is None else max(0, round(workload.requests / replicas) - len(arrivals))
-    heapq.heapify(arrivals)
-    waiting: list[_Session] = []
-    active: list[_Session] = []
-    run = ReplicaRun(seconds, 0)
-    now, counted_from = 0.0, warmup * seconds
-    while now < seconds:
-        while arrivals and arrivals[0][0] <= now:
-            arrived, client = heapq.heappop(arrivals)
-            waiting.append(_Session(rng.choices(tasks, weights)[0], arrived, client, workload.prompt_tokens,
-                                    workload.output_tokens))
-        while waiting and len(active) < costs.max_sessions_per_pass:
-            active.append(waiting.pop(0))
-        if not active:
-            if not arrivals:
-                break
-            now = arrivals[0][0]
-            continue
-        planned = _plan_pass(active, costs, speculate=True)
-        if any(k for _, _, k in planned):  # AUTO: speculate in this pass only where it yields more
-            plain = _plan_pass(active, costs, speculate=False)
-            if _expected_rate(plain, costs) > _expected_rate(planned, costs):
-                planned = plain
-            else:
-                run.speculated += 1
-        width = sum(n for _, n, _ in planned)
-        step = costs.pass_seconds(max(width, 1)) + costs.pass_overhead_ms / 1000
-        now += step
-        run.busy += step
-        run.passes += 1
-        for session, n, k in planned:
-            run.session_steps += 1
-            if session.prompt_left:
-                session.prompt_left -= n
-                if session.prompt_left == 0:  # the prompt's last chunk gives the first token
-                    session.output_left -= 1
-                    session.first_token = now
-                    run.tokens += 1
-            else:
-                made = min(accepted(session.task.alpha, k, rng) + 1, session.output_left) if k else 1
-                run.draft_seconds += k * costs.draft_token_ms / 1000
-                session.output_left -= made
-                run.tokens += made
-            if session.output_left <= 0 and session.done is None:
-                session.done = now
-        for session in [s for s in active if s.done is not None]:
-            active.remove(session)
-            if session.done >= counted_from:
-                run.latency.append(session.done - session.arrived)
-                run.ttft.append(session.first_token - session.arrived)
-                if workload.output_tokens > 1:
-                    run.tpot.append((session.done - session.first_token) / (workload.output_tokens - 1))
-            if session.client >= 0 and left != 0:  # the client sends its next request at once
-                heapq.heappush(arrivals, (now, session.client))
-                left = None if left is None else left - 1
-    run.seconds = now
-    run.backlog = len(waiting) + sum(1 for t, _ in arrivals if t <= now)
-    return run
-
-
-def _plan_pass(active: list[_Session], costs: Costs, speculate: bool) -> list[tuple[_Session, int, int]]:
-    """Each session's part of the pass: (session, tokens, draft tokens verified). Prompts are cut
-    into what is left of the pass; steps go in whole or wait."""
-    room, planned = costs.max_tokens_per_pass, []
-    for session in active:
-        if session.prompt_left:
-            if take := min(session.prompt_left, room):
-                planned.append((session, take, 0))
-                room -= take
-        else:
-            k = min(session.task.k, session.output_left - 1) if speculate else 0
-            if k + 1 <= room:
-                planned.append((session, k + 1, k))
-                room -= k + 1
-    return planned
+    return _Replica(workload, costs, replicas, seconds, seed, warmup).simulate()
 
 
 def expected_tokens(alpha: float, k: int) -> float:
     """Tokens a verify step of k draft tokens commits on average: 1 + alpha + ... + alpha^k."""
     return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def _expected_rate(planned: list[tuple[_Session, int, int]], costs: Costs) -> float:
-    """Output tokens a second the pass is expected to give (the policy's load pricing)."""
-    tokens = sum(expected_tokens(s.task.alpha, k) if not s.prompt_left else 0 for s, _, k in planned)
-    return tokens / (costs.pass_seconds(max(sum(n for _, n, _ in planned), 1)) + costs.pass_overhead_ms / 1000)
 
 
 @dataclass(frozen=True)
@@ -258,7 +452,7 @@ class Fleet:
     p99_latency: float
     p99_ttft: float
     keeps_up: bool  # no replica's queue of requests waiting to join its passes grew past one pass's worth
-    speculated: float  # share of passes that speculated (the rest: AUTO found target-only faster)
+    speculated: float  # share of decode steps that speculated (the rest: AUTO found target-only faster)
     draft_workers: float  # draft device time needed, in workers (each busy all the time)
 
 
@@ -270,14 +464,19 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 # Requests each simulated replica should see at least, for its tails to mean something: a replica's
-# share of a low rate is simulated for longer (up to LONGEST times ``seconds``).
-MIN_REQUESTS, LONGEST = 200, 10
+# share of a low rate is simulated for longer (up to LONGEST times ``seconds``); of a high rate, for
+# no longer than MAX_REQUESTS take to arrive (a simulation's cost is its tokens), but for at least
+# LIFETIMES requests' time at one pass a token, so its queue settles.
+MIN_REQUESTS, MAX_REQUESTS, LONGEST, LIFETIMES = 200, 1000, 10, 20
 
 
 def simulate_fleet(workload: Workload, costs: Costs, replicas: int, seconds: float = 60.0,
                    sample_replicas: int = 4, seed: int = 0) -> Fleet:
     if workload.rate is not None:
-        seconds = min(max(seconds, MIN_REQUESTS * replicas / workload.rate), LONGEST * seconds)
+        per_replica = workload.rate / replicas
+        settled = LIFETIMES * workload.output_tokens * costs.pass_seconds(1)
+        seconds = min(max(seconds, MIN_REQUESTS / per_replica), LONGEST * seconds,
+                      max(MAX_REQUESTS / per_replica, settled))
     warmup = 0.0 if workload.requests is not None else 0.1  # a finite closed loop is measured whole, as a bench level
     runs = [simulate_replica(workload, costs, replicas, seconds, seed + i, warmup)
             for i in range(min(sample_replicas, replicas))]
@@ -289,7 +488,7 @@ def simulate_fleet(workload: Workload, costs: Costs, replicas: int, seconds: flo
                  percentile(tpot, 0.5), percentile(tpot, 0.99), percentile([x for r in runs for x in r.latency], 0.99),
                  percentile([x for r in runs for x in r.ttft], 0.99),
                  all(r.backlog <= costs.max_sessions_per_pass for r in runs),
-                 sum(r.speculated for r in runs) / max(sum(r.passes for r in runs), 1),
+                 sum(r.speculated for r in runs) / max(sum(r.decode_steps for r in runs), 1),
                  scale * sum(r.draft_seconds for r in runs) / elapsed)
 
 

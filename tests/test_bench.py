@@ -35,7 +35,7 @@ from specserve.workers.prompt import encode_prompt
 PROMPTS, CONCURRENCY, LOAD_REQUESTS = 2, (1, 2), 4
 SECTIONS = ("## Goals", "## 1. Speedup by task", "## 2. Cost of distribution", "## 3. The peer",
             "## 4. Routing", "## 5. Load", "## 6. Sampling", "## 7. Resident memory",
-            "## 8. Where the time goes")
+            "## 8. Where the time goes", "## 9. The capacity planner against this run")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,11 @@ def test_the_run_writes_a_report_its_results_and_three_plots(run_dir, results):
     assert positions == sorted(positions), "sections out of order"
     for plot in (SPEEDUP_PLOT, ALPHA_PLOT, LOAD_PLOT):  # what they show: test_the_plots_show_the_figures
         assert (run_dir / plot).is_file() and f"]({plot})" in report
-    assert set(results) == {"meta", "samples", "memory", "policy", "load", "figures"}
+    assert set(results) == {"meta", "samples", "memory", "policy", "load", "figures", "planner"}
+    # the planner's model beside each load level it was checked on, OFF and AUTO (bench/plan_check.py)
+    rows = results["planner"]["rows"]
+    assert {(r["clients"], r["path"]) for r in rows} == {(c, p) for c in CONCURRENCY for p in ("off", "auto")}
+    assert all(r["tokens_per_second"]["predicted"] > 0 and r["tpot_p99"]["measured"] > 0 for r in rows)
     assert {r["task"] for r in results["policy"]} >= set(results["meta"]["tasks"])
     for goal in results["figures"]["goals"]:  # printed beside the figures
         assert goal["name"] in report and goal["threshold"] in report

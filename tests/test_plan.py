@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -50,11 +51,15 @@ def test_a_pass_speculates_only_where_it_yields_more_tokens_a_second():
     steep = Costs(((1, 10.0), (5, 50.0)))  # verifying 5 tokens costs 5 passes: never worth it at alpha 0.5
     run = simulate_replica(one_client(alpha=0.5, k=4), steep, replicas=1, seconds=2.0, warmup=0)
     assert run.speculated == 0 and run.draft_seconds == 0
-    flat = Costs(((1, 10.0),), draft_token_ms=1.0)
+    flat = Costs(((1, 10.0),), draft_token_ms=1.0, lookahead=False)
     run = simulate_replica(one_client(alpha=0.5, k=4), flat, replicas=1, seconds=2.0, warmup=0)
-    # a flat curve: every pass with a draft token to verify speculates (not a prompt's, nor a last
-    # token's), and its k draft tokens cost 1 ms each
+    # a flat curve: every step with a draft token to verify speculates (not a prompt's, nor a last
+    # token's), and its draft tokens cost 1 ms each: k of them, or fewer near the request's end
     assert run.passes * 0.6 < run.speculated and 0.001 * run.speculated <= run.draft_seconds <= 0.004 * run.speculated
+    ahead = simulate_replica(one_client(alpha=0.5, k=4), replace(flat, lookahead=True), replicas=1, seconds=2.0,
+                             warmup=0)
+    # drafting ahead while the target verifies: a miss (most steps at alpha 0.5) drafts again
+    assert run.draft_seconds / run.speculated < ahead.draft_seconds / ahead.speculated <= 0.008
 
 
 def test_closed_loop_clients_spread_over_replicas():
@@ -107,15 +112,36 @@ def test_the_command_prints_a_plan_and_writes_it(tmp_path, capsys):
     assert bad.value.code == 2 and "workload" in capsys.readouterr().err
 
 
-def test_the_check_against_a_bench_run_counts_the_rows_within_the_bar():
+def test_the_check_against_a_bench_run_counts_the_predicted_rows_within_the_bar():
     from specserve.bench.plan_check import format_report
 
     def row(clients, predicted, measured):
-        return {"clients": clients, "path": "off", "tokens_per_second": {"predicted": predicted, "measured": measured},
+        return {"clients": clients, "path": "auto", "requests": 16, "calibration": clients == 1,
+                "tokens_per_second": {"predicted": predicted, "measured": measured},
                 "tpot_p99": {"predicted": 0.010, "measured": 0.0105}}
     text = format_report({"run": "r", "pass_ms": [[1, 5.0]], "prompt_tokens": 30, "output_tokens": 96,
-                          "tasks": [{"name": "code", "alpha": 0.8, "k": 4}], "rows": [row(1, 110, 100), row(2, 150, 100)]})
-    assert "| 1 | off | 110 | 100 | 1.10 |" in text and "1 of 2 rows within 15%" in text
+                          "costs": {"pass_overhead_ms": 1.0, "step_hop_ms": 0.5, "draft_pass_ms": [[1, 2.0]],
+                                    "draft_devices": 2},
+                          "tasks": [{"name": "code/code", "share": 4, "alpha": 0.8, "k": 4}],
+                          "rows": [row(1, 100, 100), row(2, 110, 100), row(4, 150, 100)]})
+    assert "| 2 | auto | 16 | 110 | 100 | 1.10 |" in text and "| 1 (fit) | auto |" in text
+    assert "1 of 2 predicted rows within 15%" in text  # the calibration row is not counted
+
+
+def test_the_check_fits_each_proposers_acceptance_to_its_accepted_tokens_a_step():
+    from specserve.bench.plan_check import arms, fit_alpha
+
+    assert fit_alpha(expected_tokens(0.7, 4) - 1, 4) == pytest.approx(0.7, abs=1e-6)
+
+    def sample(task, draft, proposed, accepted, passes=11):
+        return {"task": task, "draft": draft, "proposed": proposed, "accepted": accepted, "target_passes": passes}
+    found = {t.name: t for t in arms([sample("sql", "sql", 40, 20), sample("sql", "sql", 40, 30),
+                                      sample("code", "ngram", 30, 10), sample("prose", "", 0, 0)])}
+    sql = found["sql/sql"]  # 80 proposed over 20 steps: k 4; 2.5 accepted a step
+    assert sql.share == 2 and sql.k == 4 and not sql.draft_free
+    assert expected_tokens(sql.alpha, 4) - 1 == pytest.approx(2.5)
+    assert found["code/ngram"].draft_free and found["code/ngram"].k == 3
+    assert found["prose/target-only"].k == 0 and found["prose/target-only"].share == 1
 
 
 def test_a_bench_level_is_a_finite_closed_loop_and_a_pass_pays_the_replicas_overhead():
@@ -127,3 +153,42 @@ def test_a_bench_level_is_a_finite_closed_loop_and_a_pass_pays_the_replicas_over
     assert fleet.p99_tpot == pytest.approx(0.012)
     with pytest.raises(ValueError):
         Workload((TaskLoad("t", 1.0),), prompt_tokens=1, output_tokens=11, rate=5.0, requests=4)
+
+
+def test_a_step_waits_for_its_draft_device_and_the_routers_round_trip():
+    # a prompt pass (10 ms: the first token), then steps of k = 2: the draft's 2 passes of 2 ms and
+    # the router's 1 ms hop before each 10 ms verify pass, 3 tokens a step at alpha 1
+    costs = Costs(((1, 10.0),), draft_pass_ms=((1, 2.0),), step_hop_ms=1.0, lookahead=False)
+    workload = Workload((TaskLoad("t", 1.0, alpha=1.0, k=2),), prompt_tokens=1, output_tokens=7, clients=1)
+    run = simulate_replica(workload, costs, replicas=1, seconds=1.0, warmup=0)
+    assert run.latency[0] == pytest.approx(0.010 + 2 * (0.004 + 0.001 + 0.010))
+    assert run.tpot[0] == pytest.approx(0.030 / 6) and run.draft_seconds / len(run.latency) == pytest.approx(0.008, rel=0.05)
+    # drafting ahead: the second step's proposal is drafted during the first verify, and the verdict
+    # (all accepted, the draft's guess right) finds it ready: that step waits for the hop alone
+    ahead = simulate_replica(workload, replace(costs, lookahead=True), replicas=1, seconds=1.0, warmup=0)
+    assert ahead.latency[0] == pytest.approx(0.010 + (0.004 + 0.001 + 0.010) + (0.001 + 0.010))
+    # a draft-free proposer (the router's n-gram) has no draft device to wait for
+    free = Workload((TaskLoad("t", 1.0, alpha=1.0, k=2, draft_free=True),), prompt_tokens=1, output_tokens=7, clients=1)
+    run = simulate_replica(free, costs, replicas=1, seconds=1.0, warmup=0)
+    assert run.latency[0] == pytest.approx(0.010 + 2 * (0.001 + 0.010)) and run.draft_seconds == 0
+
+
+def test_sessions_sharing_a_draft_device_wait_for_each_others_passes():
+    # a draft pass costs 2 ms a session (no gain from batching): two sessions on one device draft
+    # their 2 tokens in 2 passes of 4 ms, on a device each in 2 passes of 2 ms
+    workload = Workload((TaskLoad("t", 1.0, alpha=1.0, k=2),), prompt_tokens=1, output_tokens=7, clients=2)
+    shared = Costs(((1, 10.0),), draft_pass_ms=((1, 2.0), (2, 4.0)), draft_devices=1, lookahead=False)
+    one = simulate_replica(workload, shared, replicas=1, seconds=1.0, warmup=0)
+    two = simulate_replica(workload, replace(shared, draft_devices=2), replicas=1, seconds=1.0, warmup=0)
+    assert two.latency[:2] == pytest.approx([0.010 + 2 * (0.004 + 0.010)] * 2)
+    assert one.latency[:2] == pytest.approx([0.010 + 2 * (0.008 + 0.010)] * 2)
+
+
+def test_the_shipped_examples_are_a_workload_and_costs_the_command_reads():
+    from pathlib import Path
+
+    from specserve.cluster.commands.plan import read_costs, read_workload
+
+    examples = Path(__file__).parents[1] / "deploy" / "plan"
+    workload, costs = read_workload(examples / "workload.example.yaml"), read_costs(examples / "costs.example.json")
+    assert workload.rate and len(workload.tasks) >= 2 and costs.draft_pass_ms and costs.pass_seconds(1) > 0

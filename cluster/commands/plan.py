@@ -15,19 +15,26 @@ from ..plan import Costs, Fleet, TaskLoad, Workload, plan
 
 DESCRIPTION = """\
 Size a fleet for a workload: the fewest target replicas whose p99 time per output token stays within
---budget-tpot-ms while they keep up with the arrivals, with speculation (a pass speculates where that
+--budget-tpot-ms while they keep up with the arrivals, with speculation (a step speculates where that
 gives more tokens a second, as the policy's load pricing does) and target-only; the draft device time
 that needs, in draft workers; and what speculation saves. It simulates a replica's passes with your
 measured costs (continuous batching, chunked prompts, each task's acceptance): replicas share the load
 evenly, so it simulates a few of them whatever the fleet's size.
 
 --workload FILE (YAML or JSON): {"rate": requests/s (or "clients": N, each waiting for its last
-answer), "prompt_tokens": N, "output_tokens": N, "tasks": {NAME: {"share": S, "alpha": A, "k": K}}}
+answer), "prompt_tokens": N, "output_tokens": N (the mean a request gives), "tasks": {NAME: {"share":
+S, "alpha": A, "k": K, "draft_free": true if the router's n-gram or suffix proposer serves it}}}
 (alpha and k left out: that task runs target-only).
 --costs FILE (JSON): {"pass_ms": [[tokens in a pass, ms], ...] (a replica's pass-time curve: a
-worker logs it at start-up, "a pass of 1/2/.../64 tokens takes ... ms"), "draft_token_ms": a draft
-worker's device time per drafted token (the bench's "draft ms/token"), "max_sessions_per_pass",
-"max_tokens_per_pass" (the replica's batching settings; defaults 32 and 512)}."""
+worker logs it at start-up, "a pass of 1/2/.../64 tokens takes ... ms"), "pass_overhead_ms" and
+"session_overhead_ms": what a pass, and each session in it, costs the serving replica beyond the
+model, "draft_pass_ms": [[sessions in a pass, ms], ...] (a draft worker's pass, one token a session)
+or "draft_token_ms": a draft worker's device time per drafted token (the bench's "draft ms/token"),
+"draft_devices": the draft devices one replica's sessions share (0 or left out: enough that none
+waits for another), "step_hop_ms": a speculating step's round trip through the router, "lookahead":
+false if router.lookahead is off, "max_sessions_per_pass", "max_tokens_per_pass" (the replica's
+batching settings; defaults 32 and 512)}. `python -m specserve.bench.plan_check RUN_DIR` measures
+them all from a bench run and writes them into its results.json, which --costs reads as it is."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -48,8 +55,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 def read_workload(path: Path) -> Workload:
     data = _read(path, "workload")
     try:
-        tasks = tuple(TaskLoad(name, float(t.get("share", 0)), float(t.get("alpha", 0)), int(t.get("k", 0)))
-                      for name, t in data["tasks"].items())
+        tasks = tuple(TaskLoad(name, float(t.get("share", 0)), float(t.get("alpha", 0)), int(t.get("k", 0)),
+                               bool(t.get("draft_free", False))) for name, t in data["tasks"].items())
         return Workload(tasks, int(data["prompt_tokens"]), int(data["output_tokens"]),
                         float(data["rate"]) if "rate" in data else None,
                         int(data["clients"]) if "clients" in data else None)
@@ -60,11 +67,21 @@ def read_workload(path: Path) -> Workload:
 
 def read_costs(path: Path) -> Costs:
     data = _read(path, "costs")
+    if isinstance(data.get("costs"), dict):  # a plan check's results.json: the costs it measured from a bench run
+        data = data["costs"]
     try:
-        return Costs(tuple((int(w), float(ms)) for w, ms in data["pass_ms"]), float(data.get("draft_token_ms", 0)),
-                     int(data.get("max_sessions_per_pass", 32)), int(data.get("max_tokens_per_pass", 512)))
+        return Costs(_curve(data["pass_ms"]), float(data.get("draft_token_ms", 0)),
+                     int(data.get("max_sessions_per_pass", 32)), int(data.get("max_tokens_per_pass", 512)),
+                     float(data.get("pass_overhead_ms", 0)), float(data.get("session_overhead_ms", 0)),
+                     _curve(data.get("draft_pass_ms", ())),
+                     int(data.get("draft_devices", 0)), float(data.get("step_hop_ms", 0)),
+                     bool(data.get("lookahead", True)))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SystemExit(_refuse(f"{path}: not a replica's costs ({exc}): it needs pass_ms, [[tokens, ms], ...]"))
+
+
+def _curve(points) -> tuple[tuple[int, float], ...]:
+    return tuple((int(w), float(ms)) for w, ms in points)
 
 
 def _read(path: Path, what: str) -> dict:
@@ -93,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{load}, {workload.prompt_tokens} prompt + {workload.output_tokens} output tokens, p99 time per output token "
           f"<= {args.budget_tpot_ms:g} ms ({time.perf_counter() - started:.1f} s to plan)")
     print(f"{'':<14} {'target replicas':>15} {'draft workers':>13} {'tokens/s':>10} {'p50 / p99 TPOT ms':>18} "
-          f"{'p99 TTFT s':>10} {'passes speculating':>18}")
+          f"{'p99 TTFT s':>10} {'steps speculating':>17}")
     for name, fleet in (("speculation", found.speculating), ("target-only", found.target_only)):
         print(f"{name:<14} " + (_row(fleet) if fleet else f"none within {args.max_replicas} replicas"))
     if found.replicas_saved is not None and found.replicas_saved > 0:
@@ -113,4 +130,4 @@ def run(args: argparse.Namespace) -> int:
 def _row(fleet: Fleet) -> str:
     return (f"{fleet.replicas:>15} {fleet.draft_workers:>13.1f} {fleet.tokens_per_second:>10.0f} "
             f"{fleet.p50_tpot * 1000:>8.1f} / {fleet.p99_tpot * 1000:<7.1f} {fleet.p99_ttft:>10.2f} "
-            f"{fleet.speculated:>18.0%}")
+            f"{fleet.speculated:>17.0%}")
