@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from specserve.cluster.demo import ensure_zoo
-from specserve.cluster.plan import Costs, TaskLoad, Workload, expected_tokens, simulate_fleet
+from specserve.cluster.plan import DRAFT_FREE, Costs, TaskLoad, Workload, served_arm, simulate_fleet
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from specserve.workers.prompt import encode_prompt
@@ -153,48 +153,16 @@ def check(measured: dict, run: str, seeds: int = SEEDS) -> dict:
             "tasks": [asdict(t) for t in auto], "rows": rows}
 
 
-DRAFT_FREE = ("ngram", "suffix")  # the router's proposers: no draft worker
-
-
-def line_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares a + b x through (x, y) points: (a, b); one point: (y, 0)."""
-    if not points:
-        return 0.0, 0.0
-    if len({x for x, _ in points}) < 2:
-        return statistics.mean(y for _, y in points), 0.0
-    slope, intercept = statistics.linear_regression([x for x, _ in points], [y for _, y in points])
-    return intercept, slope
-
-
 def arms(samples: list[dict]) -> tuple[TaskLoad, ...]:
-    """Each (task, proposer) the policy chose, as a task of the workload: its share of the requests,
-    its k (draft tokens a step) and its acceptance alpha (fitted to the accepted tokens a step)."""
+    """Each (task, proposer) the policy chose, as a task of the workload (``cluster/plan.py``
+    ``served_arm``), from the run's requests."""
     by_arm: dict[tuple[str, str], list[dict]] = {}
     for s in samples:
         by_arm.setdefault((s["task"], s["draft"]), []).append(s)
-    found = []
-    for (task, draft), mine in sorted(by_arm.items()):
-        steps = sum(max(s["target_passes"] - 1, 1) for s in mine)  # the prompt's pass proposes nothing
-        k = round(sum(s["proposed"] for s in mine) / steps)
-        name = f"{task}/{draft or 'target-only'}"
-        if not draft or k < 1:
-            found.append(TaskLoad(name, len(mine)))
-            continue
-        found.append(TaskLoad(name, len(mine), fit_alpha(sum(s["accepted"] for s in mine) / steps, k), k,
-                              draft_free=draft in DRAFT_FREE))
-    return tuple(found)
-
-
-def fit_alpha(accepted_per_step: float, k: int) -> float:
-    """The alpha whose truncated geometric law accepts ``accepted_per_step`` of k tokens on average."""
-    low, high = 0.0, 1.0
-    for _ in range(50):
-        alpha = (low + high) / 2
-        if expected_tokens(alpha, k) - 1 < accepted_per_step:
-            low = alpha
-        else:
-            high = alpha
-    return (low + high) / 2
+    return tuple(served_arm(f"{task}/{draft or 'target-only'}", len(mine), draft, sum(s["proposed"] for s in mine),
+                            sum(s["accepted"] for s in mine),
+                            sum(max(s["target_passes"] - 1, 1) for s in mine))  # the prompt's pass proposes nothing
+                 for (task, draft), mine in sorted(by_arm.items()))
 
 
 def calibrate(curve, samples: list[dict], passes: list[dict], meta: dict, levels: list[int], off_rate,

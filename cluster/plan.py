@@ -440,6 +440,32 @@ def expected_tokens(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def fit_alpha(accepted_per_step: float, k: int) -> float:
+    """The alpha whose truncated geometric law accepts ``accepted_per_step`` of k tokens on average
+    (a served arm's counters: its accepted tokens over its verify steps)."""
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        alpha = (low + high) / 2
+        if expected_tokens(alpha, k) - 1 < accepted_per_step:
+            low = alpha
+        else:
+            high = alpha
+    return (low + high) / 2
+
+
+DRAFT_FREE = frozenset({"ngram", "suffix"})  # the router's proposers: no draft worker
+
+
+def served_arm(name: str, requests: float, draft: str, proposed: int, accepted: int, steps: int) -> TaskLoad:
+    """A (task, proposer) as it was served, as a task of the workload: ``requests`` its share, k its
+    proposed tokens a verify step, alpha fitted to its accepted tokens a step; no draft (or k below
+    one): target-only."""
+    k = round(proposed / steps) if steps else 0
+    if not draft or k < 1:
+        return TaskLoad(name, requests)
+    return TaskLoad(name, requests, fit_alpha(accepted / steps, k), k, draft_free=draft in DRAFT_FREE)
+
+
 @dataclass(frozen=True)
 class Fleet:
     """A fleet's simulated behaviour: throughput and latencies over its sampled replicas."""

@@ -201,7 +201,9 @@ class SpecServeService:
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServiceStats:
         workers = [pb.WorkerInfo(kind=e.kind, worker_id=e.worker_id, address=e.address, models=e.models,
-                                 live_sessions=e.live_sessions, node_id=e.node_id)
+                                 live_sessions=e.live_sessions, node_id=e.node_id,
+                                 pass_widths=[tokens for tokens, _ in e.pass_times],
+                                 pass_seconds=[seconds for _, seconds in e.pass_times])
                    for e in await self.directory.refresh(force=True) if e.kind != "router"]
         self.policy.pressure = self.directory.target_pressure()  # judged on the targets as they are now
         self.policy.pass_cap = self.directory.target_pass_cap()

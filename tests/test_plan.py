@@ -129,7 +129,8 @@ def test_the_check_against_a_bench_run_counts_the_predicted_rows_within_the_bar(
 
 
 def test_the_check_fits_each_proposers_acceptance_to_its_accepted_tokens_a_step():
-    from specserve.bench.plan_check import arms, fit_alpha
+    from specserve.bench.plan_check import arms
+    from specserve.cluster.plan import fit_alpha
 
     assert fit_alpha(expected_tokens(0.7, 4) - 1, 4) == pytest.approx(0.7, abs=1e-6)
 
@@ -192,3 +193,43 @@ def test_the_shipped_examples_are_a_workload_and_costs_the_command_reads():
     examples = Path(__file__).parents[1] / "deploy" / "plan"
     workload, costs = read_workload(examples / "workload.example.yaml"), read_costs(examples / "costs.example.json")
     assert workload.rate and len(workload.tasks) >= 2 and costs.draft_pass_ms and costs.pass_seconds(1) > 0
+
+
+def test_a_running_services_stats_give_the_costs_and_the_tasks_it_served():
+    from specserve.cluster.commands.plan import service_costs, service_tasks
+    from specserve.proto.v1 import specserve_pb2 as pb
+
+    stats = pb.ServiceStats(
+        workers=[pb.WorkerInfo(kind="target", pass_widths=[1, 16], pass_seconds=[0.004, 0.010]),
+                 pb.WorkerInfo(kind="target", pass_widths=[1, 16], pass_seconds=[0.005, 0.009]),
+                 pb.WorkerInfo(kind="draft")],
+        tasks=[pb.TaskStats(task="sql", draft="sql", requests=2, proposed_tokens=80, accepted_tokens=50,
+                            target_passes=22, drafted_tokens=100, cost_ratio=0.2),
+               pb.TaskStats(task="code", draft="ngram", requests=1, proposed_tokens=30, accepted_tokens=10,
+                            target_passes=11, drafted_tokens=0, cost_ratio=0.0),
+               pb.TaskStats(task="chat", draft="", requests=3, target_passes=90),
+               pb.TaskStats(task="math", draft="math", requests=0)])
+    costs = service_costs(stats)
+    assert costs.pass_ms == ((1, 5.0), (16, 10.0))  # the slowest replica at each width
+    assert costs.draft_token_ms == pytest.approx(0.2 * 5.0)  # c times a one-token pass
+    tasks = {t.name: t for t in service_tasks(stats)}
+    assert set(tasks) == {"sql/sql", "code/ngram", "chat/target-only"}  # math served nothing
+    sql = tasks["sql/sql"]  # 80 proposed over 20 verify steps (22 passes less 2 prompts): k 4, 2.5 accepted a step
+    assert sql.share == 2 and sql.k == 4 and expected_tokens(sql.alpha, 4) - 1 == pytest.approx(2.5)
+    assert tasks["code/ngram"].draft_free and tasks["chat/target-only"].k == 0
+    # no timings and no fitted line: the command says what to do instead
+    with pytest.raises(SystemExit):
+        service_costs(pb.ServiceStats(workers=[pb.WorkerInfo(kind="target")]))
+
+
+def test_the_command_plans_from_a_running_service(client, service, tmp_path, capsys):
+    from specserve.cluster.cli import main
+    from specserve.proto.v1 import specserve_pb2 as pb
+
+    client.generate(pb.GenerateRequest(prompt="SELECT name FROM", task="sql", max_tokens=12))
+    workload = tmp_path / "workload.yaml"
+    workload.write_text("rate: 5\nprompt_tokens: 8\noutput_tokens: 12\n")  # tasks: the service's
+    main(["plan", "--workload", str(workload), "--address", service.address, "--budget-tpot-ms", "1000",
+          "--seconds", "2", "--max-replicas", "4"])
+    printed = capsys.readouterr().out
+    assert f"costs from {service.address}: a pass of 1:" in printed and "target replicas" in printed

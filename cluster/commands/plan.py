@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import yaml
 
-from ..plan import Costs, Fleet, TaskLoad, Workload, plan
+from specserve.proto.v1 import specserve_pb2 as pb
+
+from ..client import SpecServeClient
+from ..plan import DRAFT_FREE, Costs, Fleet, TaskLoad, Workload, plan, served_arm
 
 DESCRIPTION = """\
 Size a fleet for a workload: the fewest target replicas whose p99 time per output token stays within
@@ -24,7 +27,7 @@ evenly, so it simulates a few of them whatever the fleet's size.
 --workload FILE (YAML or JSON): {"rate": requests/s (or "clients": N, each waiting for its last
 answer), "prompt_tokens": N, "output_tokens": N (the mean a request gives), "tasks": {NAME: {"share":
 S, "alpha": A, "k": K, "draft_free": true if the router's n-gram or suffix proposer serves it}}}
-(alpha and k left out: that task runs target-only).
+(alpha and k left out: that task runs target-only; "tasks" left out with --address: the service's).
 --costs FILE (JSON): {"pass_ms": [[tokens in a pass, ms], ...] (a replica's pass-time curve: a
 worker logs it at start-up, "a pass of 1/2/.../64 tokens takes ... ms"), "pass_overhead_ms" and
 "session_overhead_ms": what a pass, and each session in it, costs the serving replica beyond the
@@ -34,14 +37,21 @@ or "draft_token_ms": a draft worker's device time per drafted token (the bench's
 waits for another), "step_hop_ms": a speculating step's round trip through the router, "lookahead":
 false if router.lookahead is off, "max_sessions_per_pass", "max_tokens_per_pass" (the replica's
 batching settings; defaults 32 and 512)}. `python -m specserve.bench.plan_check RUN_DIR` measures
-them all from a bench run and writes them into its results.json, which --costs reads as it is."""
+them all from a bench run and writes them into its results.json, which --costs reads as it is.
+--address HOST:PORT, instead of --costs: a running service's costs (its target replicas' pass of
+each width as they timed it at start-up, a drafted token's time from its policy's cost ratio c; the
+rest at its defaults) and, where the workload file has no "tasks", the tasks it has served (each
+task and proposer with its share of the requests and the k and alpha its counters show)."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("plan", help="size target replicas and draft workers for a workload, by simulation",
                                  description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", type=Path, required=True, metavar="FILE", help="the workload (see above)")
-    parser.add_argument("--costs", type=Path, required=True, metavar="FILE", help="a replica's measured costs (see above)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--costs", type=Path, metavar="FILE", help="a replica's measured costs (see above)")
+    source.add_argument("--address", metavar="HOST:PORT",
+                        help="take the costs, and the tasks the workload leaves out, from a running service (see above)")
     parser.add_argument("--budget-tpot-ms", type=float, required=True, metavar="MS",
                         help="the p99 time per output token every request must keep within")
     parser.add_argument("--max-replicas", type=int, default=100_000, help="the largest fleet tried (default: %(default)s)")
@@ -52,17 +62,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def read_workload(path: Path) -> Workload:
+def read_workload(path: Path, served: tuple[TaskLoad, ...] = ()) -> Workload:
+    """``served``: the tasks a running service measured, for a workload that gives none."""
     data = _read(path, "workload")
     try:
         tasks = tuple(TaskLoad(name, float(t.get("share", 0)), float(t.get("alpha", 0)), int(t.get("k", 0)),
-                               bool(t.get("draft_free", False))) for name, t in data["tasks"].items())
+                               bool(t.get("draft_free", False))) for name, t in data["tasks"].items()) \
+            if data.get("tasks") or not served else served
         return Workload(tasks, int(data["prompt_tokens"]), int(data["output_tokens"]),
                         float(data["rate"]) if "rate" in data else None,
                         int(data["clients"]) if "clients" in data else None)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SystemExit(_refuse(f"{path}: not a workload ({exc}): it needs rate or clients, prompt_tokens, "
-                                 "output_tokens and tasks"))
+                                 "output_tokens and tasks (tasks may be left out with --address)"))
 
 
 def read_costs(path: Path) -> Costs:
@@ -78,6 +90,41 @@ def read_costs(path: Path) -> Costs:
                      bool(data.get("lookahead", True)))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SystemExit(_refuse(f"{path}: not a replica's costs ({exc}): it needs pass_ms, [[tokens, ms], ...]"))
+
+
+def service_costs(stats: pb.ServiceStats) -> Costs:
+    """A running service's costs: its target replicas' pass of each width as they timed it at start-up
+    (the slowest replica's), or else the pass-time line its router fitted on the passes it has seen;
+    a draft token's time from the policy's cost ratio c of each draft worker's proposals (c times a
+    one-token pass), weighted by the tokens drafted. What its stats do not hold (the overheads, the
+    round trip, draft devices, batching limits) keeps its default."""
+    slowest: dict[int, float] = {}
+    for worker in stats.workers:
+        if worker.kind == "target":
+            for tokens, seconds in zip(worker.pass_widths, worker.pass_seconds):
+                slowest[tokens] = max(seconds, slowest.get(tokens, 0.0))
+    pass_ms = tuple((tokens, 1000 * seconds) for tokens, seconds in sorted(slowest.items()))
+    line = stats.load
+    if not pass_ms and line.pass_fixed_seconds > 0:
+        pass_ms = tuple((t, 1000 * (line.pass_fixed_seconds + line.pass_seconds_per_token * t)) for t in (1, 16, 512))
+    if not pass_ms:
+        raise SystemExit(_refuse("the service's target replicas report no pass timings yet, and its router has "
+                                 "fitted none: give --costs, or send it traffic first"))
+    costs = Costs(pass_ms)
+    drafted = [(row.drafted_tokens, row.cost_ratio) for row in stats.tasks
+               if row.draft and row.draft not in DRAFT_FREE and row.drafted_tokens and row.cost_ratio > 0]
+    if drafted:
+        c = sum(tokens * ratio for tokens, ratio in drafted) / sum(tokens for tokens, _ in drafted)
+        costs = replace(costs, draft_token_ms=c * 1000 * costs.pass_seconds(1))
+    return costs
+
+
+def service_tasks(stats: pb.ServiceStats) -> tuple[TaskLoad, ...]:
+    """Each (task, proposer) the service has served, as a task of the workload: its share of the
+    requests, its k and alpha from its counters (``cluster/plan.py`` ``served_arm``)."""
+    return tuple(served_arm(f"{row.task}/{row.draft or 'target-only'}", row.requests, row.draft, row.proposed_tokens,
+                            row.accepted_tokens, max(row.target_passes - row.requests, 1))  # one prompt pass each
+                 for row in stats.tasks if row.requests)
 
 
 def _curve(points) -> tuple[tuple[int, float], ...]:
@@ -102,7 +149,13 @@ def _refuse(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.budget_tpot_ms <= 0 or args.max_replicas < 1 or args.seconds <= 0 or args.sample_replicas < 1:
         return _refuse("--budget-tpot-ms and --seconds must be above 0, --max-replicas and --sample-replicas at least 1")
-    workload, costs = read_workload(args.workload), read_costs(args.costs)
+    if args.address:
+        stats = SpecServeClient(args.address).stats()
+        workload, costs = read_workload(args.workload, service_tasks(stats)), service_costs(stats)
+        print(f"costs from {args.address}: a pass of " + ", ".join(f"{t}: {ms:.1f}" for t, ms in costs.pass_ms)
+              + f" tokens: ms; a drafted token {costs.draft_token_ms:.2f} ms")
+    else:
+        workload, costs = read_workload(args.workload), read_costs(args.costs)
     started = time.perf_counter()
     found = plan(workload, costs, args.budget_tpot_ms / 1000, max_replicas=args.max_replicas, seconds=args.seconds,
                  sample_replicas=args.sample_replicas)
