@@ -128,3 +128,17 @@ def test_the_pool_acts_on_a_need_once_it_has_lasted_its_delay():
     assert decide(100.0, current=4, wanted=3) == 4  # 59 s
     assert decide(101.0, current=4, wanted=2) == 2  # 60 s
     assert decide(102.0, current=2, wanted=3) == 2  # acted: a new need waits its own delay
+
+
+def test_the_shipped_serve_config_shows_both_autoscaling_blocks_and_they_validate():
+    import re
+
+    import yaml
+
+    from specserve.cluster.config import DEFAULT_CONFIG_FILE
+
+    shown = re.findall(r"# autoscaling: (\{[^}]*\})", DEFAULT_CONFIG_FILE.read_text())
+    assert len(shown) == 2  # commented out: the embedded default keeps its fixed sizes
+    target, pool = (yaml.safe_load(block) for block in shown)
+    assert Autoscaling.model_validate(target).max_replicas >= 1
+    assert PoolAutoscaling.model_validate(pool).max_workers >= 1
