@@ -48,6 +48,7 @@ from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import Segment, run_pass, use_pooled_attention
+from specserve.workers.stats import alpha
 from specserve.workers.zoo.zoo import Zoo
 
 from .prompts import load_prompts
@@ -155,13 +156,14 @@ def check(measured: dict, run: str, seeds: int = SEEDS) -> dict:
 
 def arms(samples: list[dict]) -> tuple[TaskLoad, ...]:
     """Each (task, proposer) the policy chose, as a task of the workload (``cluster/plan.py``
-    ``served_arm``), from the run's requests."""
+    ``served_arm``), from the run's requests: k their proposed tokens a verify step (the prompt's
+    pass proposes nothing), alpha from their accepted tokens and rejections (``workers/stats.py``)."""
     by_arm: dict[tuple[str, str], list[dict]] = {}
     for s in samples:
         by_arm.setdefault((s["task"], s["draft"]), []).append(s)
-    return tuple(served_arm(f"{task}/{draft or 'target-only'}", len(mine), draft, sum(s["proposed"] for s in mine),
-                            sum(s["accepted"] for s in mine),
-                            sum(max(s["target_passes"] - 1, 1) for s in mine))  # the prompt's pass proposes nothing
+    return tuple(served_arm(f"{task}/{draft or 'target-only'}", len(mine), draft,
+                            sum(s["proposed"] for s in mine) / sum(max(s["target_passes"] - 1, 1) for s in mine),
+                            alpha(sum(s["accepted"] for s in mine), sum(s["rejections"] for s in mine)))
                  for (task, draft), mine in sorted(by_arm.items()))
 
 

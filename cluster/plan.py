@@ -39,6 +39,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from specserve.router.cost_model import expected_tokens_per_pass
+from specserve.workers.lookup import DRAFT_FREE  # the router's proposers: no draft worker
+
 
 @dataclass(frozen=True)
 class TaskLoad:
@@ -408,7 +411,7 @@ class _Replica:
         hidden = task.alpha ** (k + 1) if self.costs.lookahead else 0.0  # a lookahead hit hides the draft
         step = (self.costs.pass_seconds(sessions * (k + 1), sessions) + self.costs.step_hop_ms / 1000
                 + (1 - hidden) * draft)
-        return k if expected_tokens(task.alpha, k) / step > 1 / alone else 0
+        return k if expected_tokens_per_pass(task.alpha, k) / step > 1 / alone else 0
 
     def _finish(self, now: float, session: _Session) -> None:
         session.done = now
@@ -435,35 +438,13 @@ def simulate_replica(workload: Workload, costs: Costs, replicas: int, seconds: f
     return _Replica(workload, costs, replicas, seconds, seed, warmup).simulate()
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens a verify step of k draft tokens commits on average: 1 + alpha + ... + alpha^k."""
-    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def fit_alpha(accepted_per_step: float, k: int) -> float:
-    """The alpha whose truncated geometric law accepts ``accepted_per_step`` of k tokens on average
-    (a served arm's counters: its accepted tokens over its verify steps)."""
-    low, high = 0.0, 1.0
-    for _ in range(50):
-        alpha = (low + high) / 2
-        if expected_tokens(alpha, k) - 1 < accepted_per_step:
-            low = alpha
-        else:
-            high = alpha
-    return (low + high) / 2
-
-
-DRAFT_FREE = frozenset({"ngram", "suffix"})  # the router's proposers: no draft worker
-
-
-def served_arm(name: str, requests: float, draft: str, proposed: int, accepted: int, steps: int) -> TaskLoad:
+def served_arm(name: str, requests: float, draft: str, k: float, alpha: float) -> TaskLoad:
     """A (task, proposer) as it was served, as a task of the workload: ``requests`` its share, k its
-    proposed tokens a verify step, alpha fitted to its accepted tokens a step; no draft (or k below
-    one): target-only."""
-    k = round(proposed / steps) if steps else 0
-    if not draft or k < 1:
+    mean proposed tokens a verify step (rounded), alpha its acceptance (``workers/stats.py``); no
+    draft (or k below one): target-only."""
+    if not draft or round(k) < 1:
         return TaskLoad(name, requests)
-    return TaskLoad(name, requests, fit_alpha(accepted / steps, k), k, draft_free=draft in DRAFT_FREE)
+    return TaskLoad(name, requests, alpha, round(k), draft_free=draft in DRAFT_FREE)
 
 
 @dataclass(frozen=True)

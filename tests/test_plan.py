@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from specserve.cluster.plan import (Costs, TaskLoad, Workload, accepted, expected_tokens, plan, simulate_fleet,
+from specserve.cluster.plan import (Costs, TaskLoad, Workload, accepted, plan, simulate_fleet,
                                     simulate_replica, smallest_fleet)
+from specserve.router.cost_model import expected_tokens_per_pass as expected_tokens  # what the planner uses
 
 FLAT = Costs(((1, 10.0),))  # every pass 10 ms, whatever its width
 
@@ -128,19 +129,16 @@ def test_the_check_against_a_bench_run_counts_the_predicted_rows_within_the_bar(
     assert "1 of 2 predicted rows within 15%" in text  # the calibration row is not counted
 
 
-def test_the_check_fits_each_proposers_acceptance_to_its_accepted_tokens_a_step():
+def test_the_check_takes_each_proposers_k_and_alpha_from_the_runs_requests():
     from specserve.bench.plan_check import arms
-    from specserve.cluster.plan import fit_alpha
 
-    assert fit_alpha(expected_tokens(0.7, 4) - 1, 4) == pytest.approx(0.7, abs=1e-6)
-
-    def sample(task, draft, proposed, accepted, passes=11):
-        return {"task": task, "draft": draft, "proposed": proposed, "accepted": accepted, "target_passes": passes}
-    found = {t.name: t for t in arms([sample("sql", "sql", 40, 20), sample("sql", "sql", 40, 30),
-                                      sample("code", "ngram", 30, 10), sample("prose", "", 0, 0)])}
-    sql = found["sql/sql"]  # 80 proposed over 20 steps: k 4; 2.5 accepted a step
-    assert sql.share == 2 and sql.k == 4 and not sql.draft_free
-    assert expected_tokens(sql.alpha, 4) - 1 == pytest.approx(2.5)
+    def sample(task, draft, proposed, accepted, rejections, passes=11):
+        return {"task": task, "draft": draft, "proposed": proposed, "accepted": accepted, "rejections": rejections,
+                "target_passes": passes}
+    found = {t.name: t for t in arms([sample("sql", "sql", 40, 20, 5), sample("sql", "sql", 40, 30, 5),
+                                      sample("code", "ngram", 30, 10, 8), sample("prose", "", 0, 0, 0)])}
+    sql = found["sql/sql"]  # 80 proposed over 20 verify steps: k 4; alpha = 50 / (50 + 10), as workers/stats.py defines it
+    assert sql.share == 2 and sql.k == 4 and not sql.draft_free and sql.alpha == pytest.approx(50 / 60)
     assert found["code/ngram"].draft_free and found["code/ngram"].k == 3
     assert found["prose/target-only"].k == 0 and found["prose/target-only"].share == 1
 
@@ -204,9 +202,9 @@ def test_a_running_services_stats_give_the_costs_and_the_tasks_it_served():
                  pb.WorkerInfo(kind="target", pass_widths=[1, 16], pass_seconds=[0.005, 0.009]),
                  pb.WorkerInfo(kind="draft")],
         tasks=[pb.TaskStats(task="sql", draft="sql", requests=2, proposed_tokens=80, accepted_tokens=50,
-                            target_passes=22, drafted_tokens=100, cost_ratio=0.2),
+                            target_passes=22, drafted_tokens=100, cost_ratio=0.2, alpha=0.8),
                pb.TaskStats(task="code", draft="ngram", requests=1, proposed_tokens=30, accepted_tokens=10,
-                            target_passes=11, drafted_tokens=0, cost_ratio=0.0),
+                            target_passes=11, drafted_tokens=0, cost_ratio=0.0, alpha=0.5),
                pb.TaskStats(task="chat", draft="", requests=3, target_passes=90),
                pb.TaskStats(task="math", draft="math", requests=0)])
     costs = service_costs(stats)
@@ -214,8 +212,8 @@ def test_a_running_services_stats_give_the_costs_and_the_tasks_it_served():
     assert costs.draft_token_ms == pytest.approx(0.2 * 5.0)  # c times a one-token pass
     tasks = {t.name: t for t in service_tasks(stats)}
     assert set(tasks) == {"sql/sql", "code/ngram", "chat/target-only"}  # math served nothing
-    sql = tasks["sql/sql"]  # 80 proposed over 20 verify steps (22 passes less 2 prompts): k 4, 2.5 accepted a step
-    assert sql.share == 2 and sql.k == 4 and expected_tokens(sql.alpha, 4) - 1 == pytest.approx(2.5)
+    sql = tasks["sql/sql"]  # 80 proposed over 20 verify steps (22 passes less 2 prompts): k 4; the policy's alpha
+    assert sql.share == 2 and sql.k == 4 and sql.alpha == pytest.approx(0.8)
     assert tasks["code/ngram"].draft_free and tasks["chat/target-only"].k == 0
     # no timings and no fitted line: the command says what to do instead
     with pytest.raises(SystemExit):

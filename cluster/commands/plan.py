@@ -120,10 +120,11 @@ def service_costs(stats: pb.ServiceStats) -> Costs:
 
 
 def service_tasks(stats: pb.ServiceStats) -> tuple[TaskLoad, ...]:
-    """Each (task, proposer) the service has served, as a task of the workload: its share of the
-    requests, its k and alpha from its counters (``cluster/plan.py`` ``served_arm``)."""
-    return tuple(served_arm(f"{row.task}/{row.draft or 'target-only'}", row.requests, row.draft, row.proposed_tokens,
-                            row.accepted_tokens, max(row.target_passes - row.requests, 1))  # one prompt pass each
+    """Each (task, proposer) the service has served, as a task of the workload (``cluster/plan.py``
+    ``served_arm``): its share of the requests, k its proposed tokens a verify step (one prompt pass
+    a request proposes nothing), alpha the policy's estimate of it."""
+    return tuple(served_arm(f"{row.task}/{row.draft or 'target-only'}", row.requests, row.draft,
+                            row.proposed_tokens / max(row.target_passes - row.requests, 1), row.alpha)
                  for row in stats.tasks if row.requests)
 
 
