@@ -32,6 +32,7 @@ run), the workload from the operator.
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import heapq
 import math
@@ -93,6 +94,8 @@ class Workload:
 
 
 Curve = tuple[tuple[int, float], ...]
+HOST_WINDOW = 0.1  # seconds over which a shared host's router demand is averaged
+MIN_SHARE = 0.1  # of a core, that a device keeps however busy the router is
 
 
 @functools.lru_cache(maxsize=65536)
@@ -142,6 +145,13 @@ class Costs:
     # proposal to the replica), during which its session is in no pass. Target-only decoding runs
     # on the replica (a run of tokens a request), with no round trip per token.
     step_hop_ms: float = 0.0
+    # The router's own CPU time for a speculating step (the verdict read, the next proposal asked for,
+    # the tokens streamed to the client) ...
+    router_step_ms: float = 0.0
+    # ... and where it runs: 0, on machines of its own (production); N, on one host of N cores with the
+    # target and draft devices (the embedded cluster), so that its CPU comes out of theirs: a pass
+    # takes its time over the share of a core the router leaves (its demand over the last HOST_WINDOW).
+    host_cores: int = 0
     # The draft drafts the next proposal while the target verifies (router.lookahead, on by default):
     # after a verdict that accepts the whole proposal and the draft's guess of the target's next
     # token, the next proposal is (or soon will be) ready.
@@ -152,7 +162,7 @@ class Costs:
         if self.draft_pass_ms:
             _check_curve("draft_pass_ms", self.draft_pass_ms)
         if min(self.draft_devices, self.step_hop_ms, self.draft_token_ms, self.pass_overhead_ms,
-               self.session_overhead_ms) < 0:
+               self.session_overhead_ms, self.router_step_ms, self.host_cores) < 0:
             raise ValueError("draft_devices, step_hop_ms, draft_token_ms and the overheads must be at least 0")
 
     def pass_seconds(self, tokens: int, sessions: int = 1) -> float:
@@ -229,6 +239,7 @@ class _Replica:
         self.devices: dict[int, list[_Session]] = {}  # device -> its sessions with tokens to draft
         self.device_busy: set[int] = set()
         self.priced: dict[tuple[int, int, int], int] = {}  # (id(task), k, sessions) -> the k the policy takes
+        self.router_work: collections.deque[tuple[float, float]] = collections.deque()  # (when, CPU seconds)
         arrivals: list[tuple[float, int]] = []
         if workload.rate is not None:
             rate, t = workload.rate / replicas, 0.0
@@ -291,7 +302,7 @@ class _Replica:
                     self.ready.remove(session)
             if members:
                 width = sum(n for _, n in members)
-                step = self.costs.pass_seconds(width, len(members))
+                step = self.costs.pass_seconds(width, len(members)) / self._share(now)
                 self.run.busy += step
                 self.run.passes += 1
                 for session, _ in members:
@@ -380,7 +391,7 @@ class _Replica:
         if not session.k:  # target-only: the replica's decode run, no round trip
             self.ready.append(session)
             return
-        hop = self.costs.step_hop_ms / 1000
+        hop = self._route(now)
         if session.task.draft_free:
             self._at(now + hop, "ready", session)
             return
@@ -390,6 +401,26 @@ class _Replica:
             session.waiting_for_draft = True
         else:
             self._at(now + hop, "ready", session)
+
+    def _route(self, now: float) -> float:
+        """A speculating step through the router: its round trip, in seconds. Its CPU (the router's,
+        and the client's reading the tokens) is demand on a shared host, not latency: the round trip
+        measured unloaded holds the part a step waits for."""
+        if self.costs.router_step_ms and self.costs.host_cores:
+            self.router_work.append((now, self.costs.router_step_ms / 1000))
+        return self.costs.step_hop_ms / 1000
+
+    def _share(self, now: float) -> float:
+        """The share of a core a device keeps on a shared host: what the router's recent demand leaves.
+        A session's router work runs while its own step is out of the passes, so it competes with the
+        passes of the others only: of n sessions, (n - 1) / n of it (none with one session)."""
+        if not (self.costs.host_cores and self.costs.router_step_ms):
+            return 1.0
+        while self.router_work and self.router_work[0][0] < now - HOST_WINDOW:
+            self.router_work.popleft()
+        sessions = max(len(self.active), 1)
+        demand = sum(seconds for _, seconds in self.router_work) / HOST_WINDOW * (sessions - 1) / sessions  # cores
+        return max(MIN_SHARE, 1 - demand / self.costs.host_cores)
 
     def _k(self, session: _Session) -> int:
         """The policy's k for a session's next step: its task's, where a step of it is expected to
@@ -464,10 +495,14 @@ class Fleet:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
+    """Straight lines between the ordered values, as the bench's figures (numpy's default) read them."""
     if not values:
         return math.inf
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+    at = q * (len(ordered) - 1)
+    low = math.floor(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
 # Requests each simulated replica should see at least, for its tails to mean something: a replica's

@@ -126,7 +126,7 @@ def test_the_check_against_a_bench_run_counts_the_predicted_rows_within_the_bar(
                           "tasks": [{"name": "code/code", "share": 4, "alpha": 0.8, "k": 4}],
                           "rows": [row(1, 100, 100), row(2, 110, 100), row(4, 150, 100)]})
     assert "| 2 | auto | 16 | 110 | 100 | 1.10 |" in text and "| 1 (fit) | auto |" in text
-    assert "1 of 2 predicted rows within 15%" in text  # the calibration row is not counted
+    assert "1 of 2 predicted rows within 15% on throughput and p99 TPOT" in text  # the calibration row is not counted
 
 
 def test_the_check_takes_each_proposers_k_and_alpha_from_the_runs_requests():
@@ -231,3 +231,30 @@ def test_the_command_plans_from_a_running_service(client, service, tmp_path, cap
           "--seconds", "2", "--max-replicas", "4"])
     printed = capsys.readouterr().out
     assert f"costs from {service.address}: a pass of 1:" in printed and "target replicas" in printed
+
+
+def test_on_a_shared_host_the_routers_work_slows_the_passes_of_the_other_sessions():
+    # draft-free steps of k = 2 (alpha 1) and 5 ms of router CPU each; on a 1-core host shared with the
+    # target, what the router does for one session comes out of the others' passes
+    separate = Costs(((1, 10.0),), router_step_ms=5.0)
+    shared = replace(separate, host_cores=1)
+    def served(costs, clients):
+        workload = Workload((TaskLoad("t", 1.0, alpha=1.0, k=2, draft_free=True),), prompt_tokens=1,
+                            output_tokens=7, clients=clients)
+        return simulate_fleet(workload, costs, replicas=1, seconds=2.0, sample_replicas=1).tokens_per_second
+    assert served(shared, 1) == pytest.approx(served(separate, 1))  # alone, its router work is between its passes
+    assert served(shared, 4) < 0.9 * served(separate, 4)  # the others' router work takes the target's core
+    from specserve.cluster.plan import percentile
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5 and percentile([1.0, 2.0], 0.99) == pytest.approx(1.99)
+
+
+def test_a_plan_checks_results_are_costs_the_command_reads(tmp_path):
+    from dataclasses import asdict
+
+    from specserve.cluster.commands.plan import read_costs
+
+    costs = Costs(((1, 5.0), (16, 9.0)), pass_overhead_ms=1.0, session_overhead_ms=0.5, draft_pass_ms=((1, 2.0),),
+                  draft_devices=2, step_hop_ms=0.3, router_step_ms=7.0, host_cores=2, lookahead=False)
+    report = tmp_path / "results.json"
+    report.write_text(json.dumps({"rows": [], "costs": asdict(costs)}))
+    assert read_costs(report) == costs  # every field, as the check wrote it

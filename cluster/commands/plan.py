@@ -34,8 +34,10 @@ worker logs it at start-up, "a pass of 1/2/.../64 tokens takes ... ms"), "pass_o
 model, "draft_pass_ms": [[sessions in a pass, ms], ...] (a draft worker's pass, one token a session)
 or "draft_token_ms": a draft worker's device time per drafted token (the bench's "draft ms/token"),
 "draft_devices": the draft devices one replica's sessions share (0 or left out: enough that none
-waits for another), "step_hop_ms": a speculating step's round trip through the router, "lookahead":
-false if router.lookahead is off, "max_sessions_per_pass", "max_tokens_per_pass" (the replica's
+waits for another), "step_hop_ms": a speculating step's round trip through the router,
+"router_step_ms" and "host_cores": the router's and the client's CPU a speculating step, and the
+cores of the one host they share with the devices (0, the default: a machine of their own, as in
+production; the embedded cluster shares one), "lookahead": false if router.lookahead is off, "max_sessions_per_pass", "max_tokens_per_pass" (the replica's
 batching settings; defaults 32 and 512)}. `python -m specserve.bench.plan_check RUN_DIR` measures
 them all from a bench run and writes them into its results.json, which --costs reads as it is.
 --address HOST:PORT, instead of --costs: a running service's costs (its target replicas' pass of
@@ -82,12 +84,14 @@ def read_costs(path: Path) -> Costs:
     if isinstance(data.get("costs"), dict):  # a plan check's results.json: the costs it measured from a bench run
         data = data["costs"]
     try:
-        return Costs(_curve(data["pass_ms"]), float(data.get("draft_token_ms", 0)),
-                     int(data.get("max_sessions_per_pass", 32)), int(data.get("max_tokens_per_pass", 512)),
-                     float(data.get("pass_overhead_ms", 0)), float(data.get("session_overhead_ms", 0)),
-                     _curve(data.get("draft_pass_ms", ())),
-                     int(data.get("draft_devices", 0)), float(data.get("step_hop_ms", 0)),
-                     bool(data.get("lookahead", True)))
+        return Costs(_curve(data["pass_ms"]), draft_token_ms=float(data.get("draft_token_ms", 0)),
+                     max_sessions_per_pass=int(data.get("max_sessions_per_pass", 32)),
+                     max_tokens_per_pass=int(data.get("max_tokens_per_pass", 512)),
+                     pass_overhead_ms=float(data.get("pass_overhead_ms", 0)),
+                     session_overhead_ms=float(data.get("session_overhead_ms", 0)),
+                     draft_pass_ms=_curve(data.get("draft_pass_ms", ())), draft_devices=int(data.get("draft_devices", 0)),
+                     step_hop_ms=float(data.get("step_hop_ms", 0)), router_step_ms=float(data.get("router_step_ms", 0)),
+                     host_cores=int(data.get("host_cores", 0)), lookahead=bool(data.get("lookahead", True)))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SystemExit(_refuse(f"{path}: not a replica's costs ({exc}): it needs pass_ms, [[tokens, ms], ...]"))
 
