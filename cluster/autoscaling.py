@@ -23,7 +23,7 @@ applies the delays as Serve does for targets (a need must last ``upscale_delay_s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 from specserve.workers.config import Autoscaling, PoolAutoscaling, ScalingDelays
@@ -62,8 +62,8 @@ class PoolLoad:
     mean_wait_s: float  # of the draft steps that reached a pass since the last reading (0: none did)
 
 
-def pool_load(before: Mapping[str, HostLoad], now: Mapping[str, HostLoad]) -> PoolLoad:
-    """The pool's load from two readings of its workers (worker id -> totals). A worker new since
+def pool_load(before: Mapping[Hashable, HostLoad], now: Mapping[Hashable, HostLoad]) -> PoolLoad:
+    """The pool's load from two readings of its workers (worker -> totals). A worker new since
     the last reading, or restarted (its totals went back), counts from zero."""
     steps = waited = 0.0
     for worker, load in now.items():

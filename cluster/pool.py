@@ -57,7 +57,8 @@ class DraftPool:
             size = min(max(size, self.scaling.min_workers), self.scaling.max_workers)
         self.workers: dict[int, ray.actor.ActorHandle] = {slot: self._start(slot) for slot in range(size)}
         self.next_slot = size
-        self.draining: set[asyncio.Task] = set()  # workers being removed, letting their sessions end
+        # Workers being removed, letting their sessions end (the task doing it -> the worker).
+        self.draining: dict[asyncio.Task, ray.actor.ActorHandle] = {}
         self.replaced = 0
         self.metrics: RouterMetrics | None = None  # set by ``run``
         bounds = (f", autoscaling within {self.scaling.min_workers}-{self.scaling.max_workers}"
@@ -113,7 +114,7 @@ class DraftPool:
         if self.scaling is None:
             return
         decision = Hysteresis(self.scaling)
-        before: dict[str, HostLoad] = {}
+        before: dict[int, HostLoad] = {}
         while True:
             await asyncio.sleep(self.scaling.metrics_interval_s)
             try:
@@ -130,27 +131,28 @@ class DraftPool:
             except Exception:  # scaling must outlive any one failure (a worker dying mid-reading)
                 log.exception("draft pool: autoscaling failed this round; trying again")
 
-    async def _loads(self) -> dict[str, HostLoad]:
-        """Slot (as text) -> load of each worker that answers in time (a starting one does not)."""
-        async def read(slot: int, worker) -> tuple[str, HostLoad | None]:
+    async def _loads(self) -> dict[int, HostLoad]:
+        """Slot -> load of each worker that answers in time (a starting one does not)."""
+        async def read(slot: int, worker) -> tuple[int, HostLoad | None]:
             try:
                 async with asyncio.timeout(PING_TIMEOUT_SECONDS):
-                    return str(slot), await asyncio.wrap_future(worker.load.remote().future())
+                    return slot, await asyncio.wrap_future(worker.load.remote().future())
             except (RayActorError, TimeoutError):
-                return str(slot), None
+                return slot, None
         readings = await asyncio.gather(*(read(slot, w) for slot, w in list(self.workers.items())))
         return {slot: load for slot, load in readings if load is not None}
 
-    def _resize(self, size: int, loads: dict[str, HostLoad]) -> None:
+    def _resize(self, size: int, loads: dict[int, HostLoad]) -> None:
         while len(self.workers) < size:
             self.workers[self.next_slot] = self._start(self.next_slot)
             self.next_slot += 1
         if len(self.workers) > size:  # the least busy go (a starting one, with no reading, first)
-            by_sessions = sorted(self.workers, key=lambda s: (loads[str(s)].sessions if str(s) in loads else -1, -s))
+            by_sessions = sorted(self.workers, key=lambda s: (loads[s].sessions if s in loads else -1, -s))
             for slot in by_sessions[:len(self.workers) - size]:
-                task = asyncio.create_task(self._remove(slot, self.workers.pop(slot)))
-                self.draining.add(task)
-                task.add_done_callback(self.draining.discard)
+                worker = self.workers.pop(slot)
+                task = asyncio.create_task(self._remove(slot, worker))
+                self.draining[task] = worker
+                task.add_done_callback(self.draining.pop)
 
     async def _remove(self, slot: int, worker: ray.actor.ActorHandle) -> None:
         try:
@@ -169,8 +171,9 @@ class DraftPool:
                 self.metrics.draft_workers.set(wanted, {"state": "wanted"})
 
     def stop(self) -> None:
-        for task in self.draining:
+        for task, worker in list(self.draining.items()):
             task.cancel()
+            ray.kill(worker)
         for worker in self.workers.values():
             ray.kill(worker)
 
