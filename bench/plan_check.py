@@ -45,6 +45,7 @@ import torch
 
 from specserve.cluster.demo import ensure_zoo
 from specserve.cluster.plan import DRAFT_FREE, Costs, TaskLoad, Workload, served_arm, simulate_fleet
+from specserve.workers.config import DraftPoolConfig
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from specserve.workers.prompt import encode_prompt
@@ -141,17 +142,8 @@ def check(measured: dict, run: str, seeds: int = SEEDS) -> dict:
 
     checked = sorted(int(c) for c, paths in levels.items() if int(c) <= 32 and {"off", "auto"} <= set(paths))
     costs, fits = calibrate(curve, samples, measured["load"]["passes"], meta, checked,
-                            lambda costs, c: predict("off", c, costs, seeds=2)[0],
-                            {c: levels[str(c)]["off"]["tokens_per_second"] for c in checked})
-    # On this host the router and the clients share the cores with the devices: their CPU a
-    # speculating step, fitted so the most clients' AUTO throughput is the measured one.
-    most = checked[-1]
-    if most != checked[0]:
-        shared = replace(costs, host_cores=os.cpu_count() or 1)
-        costs = replace(shared, router_step_ms=solve(
-            lambda ms: predict("auto", most, replace(shared, router_step_ms=ms), seeds=2)[0],
-            levels[str(most)]["auto"]["tokens_per_second"], 50.0))
-        fits.add(("auto", most))
+                            lambda path, c, costs: predict(path, c, costs, seeds=2)[0],
+                            lambda path, c: levels[str(c)][path]["tokens_per_second"])
     rows = []
     for clients in checked:
         for path in ("off", "auto"):
@@ -180,11 +172,11 @@ def arms(samples: list[dict]) -> tuple[TaskLoad, ...]:
                  for (task, draft), mine in sorted(by_arm.items()))
 
 
-def calibrate(curve, samples: list[dict], passes: list[dict], meta: dict, levels: list[int], off_rate,
-              measured_off: dict[int, float]) -> tuple[Costs, set[tuple[str, int]]]:
+def calibrate(curve, samples: list[dict], passes: list[dict], meta: dict, levels: list[int], rate,
+              measured) -> tuple[Costs, set[tuple[str, int]]]:
     """A replica's costs as the run measured them around the in-process pass curve (see the module's
-    doc), and the (path, clients) rows they were fitted to. ``off_rate(costs, clients)``: the
-    simulated OFF tokens/s at a level."""
+    doc), and the (path, clients) rows they were fitted to. ``rate(path, clients, costs)``: the
+    simulated tokens/s of a level; ``measured(path, clients)``: the run's."""
     costs = Costs(curve, max_sessions_per_pass=32, max_tokens_per_pass=512)
     # What a pass costs the serving replica beyond the model, fitted to the fewest clients' OFF
     # throughput; then what each session in a pass adds, fitted to the most clients' (both lower
@@ -192,10 +184,10 @@ def calibrate(curve, samples: list[dict], passes: list[dict], meta: dict, levels
     fewest, most = levels[0], levels[-1]
     for _ in range(FIT_ROUNDS if most != fewest else 1):  # each fit moves the other's level too: alternate
         costs = replace(costs, pass_overhead_ms=solve(
-            lambda ms: off_rate(replace(costs, pass_overhead_ms=ms), fewest), measured_off[fewest], 20.0))
+            lambda ms: rate("off", fewest, replace(costs, pass_overhead_ms=ms)), measured("off", fewest), 20.0))
         if most != fewest:
             costs = replace(costs, session_overhead_ms=solve(
-                lambda ms: off_rate(replace(costs, session_overhead_ms=ms), most), measured_off[most], 5.0))
+                lambda ms: rate("off", most, replace(costs, session_overhead_ms=ms)), measured("off", most), 5.0))
     # A speculating step's round trip: one client's draft-free steps, less their verify pass.
     hops = []
     for s in samples:
@@ -214,10 +206,18 @@ def calibrate(curve, samples: list[dict], passes: list[dict], meta: dict, levels
         sessions = max(1, round(draft["pass_sessions"] / draft["passes"]))
         points.setdefault(sessions, []).append(1000 * seconds / draft["pass_sessions"])
     draft_curve = tuple((n, statistics.mean(ms)) for n, ms in sorted(points.items()))
-    workers = meta.get("draft_workers") or 2  # deploy/serve_config.yaml's pool
+    workers = meta.get("draft_workers") or DraftPoolConfig().workers  # a run from before meta said
     costs = replace(costs, step_hop_ms=max(0.0, 1000 * statistics.median(hops)) if hops else 0.0,
                     draft_pass_ms=draft_curve, draft_devices=workers)
-    return costs, {("off", fewest), ("off", most), ("auto", fewest)}
+    fits = {("off", fewest), ("off", most), ("auto", fewest)}
+    if most != fewest:
+        # On this host the router and the clients share the cores with the devices: their CPU a
+        # speculating step, fitted so the most clients' AUTO throughput is the measured one.
+        shared = replace(costs, host_cores=os.cpu_count() or 1)
+        costs = replace(shared, router_step_ms=solve(
+            lambda ms: rate("auto", most, replace(shared, router_step_ms=ms)), measured("auto", most), 50.0))
+        fits.add(("auto", most))
+    return costs, fits
 
 
 def solve(rate, target: float, high: float) -> float:

@@ -302,8 +302,10 @@ def run_bench(settings: BenchSettings) -> Path:
             bench.load_peers(target)
             bench.compare_load_outputs()
     meta = _meta(settings, zoo, held_out, started, target, device_facts(on, str(engine.target.dtype).removeprefix("torch.")))
+    pool = service_config(overrides).draft_pool
     meta["compiled"] = {"target": target.batching.compiled,  # decode passes under torch.compile (workers/graphs.py)
-                        "drafts": service_config(overrides).draft_pool.batching.compiled}
+                        "drafts": pool.batching.compiled}
+    meta["draft_workers"] = pool.workers
     results = {"meta": meta, "samples": [s.record() for s in bench.samples], "memory": memory, "policy": policy,
                "load": bench.load_info}
     write_results(out, results)

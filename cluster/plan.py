@@ -183,10 +183,8 @@ class _Session:
     prompt_left: int = 0
     output_left: int = 0
     first_token: float | None = None
-    done: float | None = None
     output: int = 0  # tokens it gives in all
     k: int = 0  # draft tokens of its step under way (0: a target-only token)
-    verifying: bool = False  # in the running target pass
     waiting_for_draft: bool = False  # its next verify waits for its draft device
     draft_left: int = 0  # tokens its draft device still drafts for it (a proposal, or a lookahead)
     device: int = -1  # its draft device, where they are shared (Costs.draft_devices)
@@ -203,10 +201,8 @@ class ReplicaRun:
     tpot: list[float] = field(default_factory=list)  # per finished request: (done - first token) / (tokens - 1)
     ttft: list[float] = field(default_factory=list)
     latency: list[float] = field(default_factory=list)
-    busy: float = 0.0  # seconds in passes
     draft_seconds: float = 0.0  # draft device time the replica's sessions needed
     passes: int = 0
-    session_steps: int = 0
     backlog: int = 0  # requests still waiting for a place in the passes at the end
     decode_steps: int = 0  # steps after the prompt's
     speculated: int = 0  # of those, the ones that speculated (AUTO serves a step target-only where that is faster)
@@ -235,7 +231,7 @@ class _Replica:
         self.waiting: list[_Session] = []  # arrived, not yet among the active
         self.active: list[_Session] = []
         self.ready: list[_Session] = []  # active sessions waiting for a target pass, first come first served
-        self.target: list[_Session] | None = None  # the running pass's sessions
+        self.passing = False  # a target pass is running
         self.devices: dict[int, list[_Session]] = {}  # device -> its sessions with tokens to draft
         self.device_busy: set[int] = set()
         self.priced: dict[tuple[int, int, int], int] = {}  # (id(task), k, sessions) -> the k the policy takes
@@ -292,7 +288,7 @@ class _Replica:
             self.ready.append(session)
 
     def _start_passes(self, now: float) -> None:
-        if self.target is None and self.ready:
+        if not self.passing and self.ready:
             room, members = self.costs.max_tokens_per_pass, []
             for session in list(self.ready):
                 tokens = min(session.prompt_left, room) if session.prompt_left else session.k + 1
@@ -303,13 +299,11 @@ class _Replica:
             if members:
                 width = sum(n for _, n in members)
                 step = self.costs.pass_seconds(width, len(members)) / self._share(now)
-                self.run.busy += step
                 self.run.passes += 1
                 for session, _ in members:
-                    session.verifying = True
                     if session.k and self.costs.lookahead and not session.task.draft_free:
                         self._draft(now, session, session.k)  # the next proposal, drafted while this one is verified
-                self.target = [session for session, _ in members]
+                self.passing = True
                 self._at(now + step, "target", members)
         for device, sessions in self.devices.items():
             if device not in self.device_busy and sessions:
@@ -354,10 +348,8 @@ class _Replica:
                 self._drafted(now, session)
 
     def _target_done(self, now: float, members: list[tuple[_Session, int]]) -> None:
-        self.target = None
+        self.passing = False
         for session, tokens in members:
-            session.verifying = False
-            self.run.session_steps += 1
             hit = False
             if session.prompt_left:
                 session.prompt_left -= tokens
@@ -445,7 +437,6 @@ class _Replica:
         return k if expected_tokens_per_pass(task.alpha, k) / step > 1 / alone else 0
 
     def _finish(self, now: float, session: _Session) -> None:
-        session.done = now
         self.active.remove(session)
         if session in self.devices.get(session.device, ()):  # its lookahead stops with it
             self.devices[session.device].remove(session)

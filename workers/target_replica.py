@@ -36,7 +36,6 @@ from .verifying import DecodeRun, TargetSession
 from .wire import hidden_message, pass_info, proposal_from, sampling_from, verdict_message
 
 
-
 class TargetReplica:
     """The Serve deployment class (options applied in ``cluster/app.py``)."""
 
