@@ -1,0 +1,421 @@
+"""`specserve host-path`: what the service spends around the forward pass, per process.
+
+The service runs on the host-path zoo (workers/zoo/host_path.py: a target of about 150k parameters
+whose pass costs next to nothing, drafts that are copies of it, a small EAGLE-3 head), so that its
+ceiling in tokens/s and its CPU per token are those of the host path: gRPC, protobuf, the router's
+bookkeeping, the replica's and the workers' scheduling. At each level of concurrent sessions, for
+each path (speculation OFF; ON with the task's draft, the head, n-gram lookup), clients stream
+greedy requests back to back, and each process's CPU time over the level is read from /proc:
+router, target replica, draft workers, Ray's daemons (raylet, GCS, Serve's controller, ...), and the
+client (this process: its grpc.aio streams). Per generated token and per round (a target verify
+step; a token, target-only).
+
+Then, in this process on the replica's core, the same target in the in-process scheduler
+(target-only, N sessions sharing passes: the ceiling without the service) and the in-process
+engine (one request at a time, OFF and each proposer), side by side with the service's figures.
+
+    specserve host-path [--zoo demo] [--sessions 1,16,64,256] [--paths off,draft,eagle3,ngram]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import grpc
+import psutil
+import torch
+
+from specserve.cluster.bringup import start_service
+from specserve.cluster.commands.common import comma_ints
+from specserve.cluster.demo import MEASURED_ON_UNSEEN, ensure_zoo
+from specserve.cluster.local import zoo_engine
+from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.proto.v1 import specserve_pb2_grpc as rpc
+from specserve.workers.acceptance import SamplingParams
+from specserve.workers.batching import Scheduler
+from specserve.workers.config import BatchingConfig
+from specserve.workers.grpc_host import Device
+from specserve.workers.kv_pool import Budget, KVPool, KVShape
+from specserve.workers.lookup import NGRAM
+from specserve.workers.prompt import encode_prompt
+from specserve.workers.ragged_pass import PooledSequence
+from specserve.workers.request import GenerationParams
+from specserve.workers.verifying import TargetSession
+from specserve.workers.zoo.head import HEAD
+from specserve.workers.zoo.host_path import ensure_host_path_zoo
+from specserve.workers.zoo.zoo import Zoo
+
+from .memory import component_of
+from .settings import REPLICA_CORE, RESULTS_DIR
+
+PATHS = ("off", "draft", HEAD, NGRAM)  # "draft": each request's task draft (a copy of the target here)
+COMPONENTS = ("router", "target replica", "draft worker", "ray daemons", "client")
+GOAL_US_PER_TOKEN = 50  # the issue's bar for each of router, replica and draft worker at 64 sessions
+
+
+@dataclass(frozen=True)
+class HostPathSettings:
+    zoo: str = "demo"  # the zoo whose tokenizer, prompts and classifier the host-path zoo takes
+    sessions: tuple[int, ...] = (1, 16, 64, 256)
+    paths: tuple[str, ...] = PATHS
+    max_tokens: int = 64  # per request
+    k: int = 4  # draft tokens a round, ON
+    min_tokens: int = 4096  # per level and path at least this many tokens (and two requests a session)
+    out: Path = RESULTS_DIR
+
+
+@dataclass
+class Level:
+    """One level of one path through the service."""
+
+    path: str
+    sessions: int
+    requests: int = 0
+    tokens: int = 0
+    rounds: int = 0  # target verify steps (target_passes), summed over requests
+    accepted: int = 0
+    proposed: int = 0
+    seconds: float = 0.0
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # by component
+    processes: dict[str, int] = field(default_factory=dict)  # how many processes each component had
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def us_per_token(self, component: str) -> float:
+        return 1e6 * self.cpu_seconds.get(component, 0.0) / max(self.tokens, 1)
+
+    def us_per_round(self, component: str) -> float:
+        return 1e6 * self.cpu_seconds.get(component, 0.0) / max(self.rounds, 1)
+
+
+# ---- the processes ---------------------------------------------------------------------------
+
+
+def component(process: psutil.Process) -> str:
+    title = " ".join(process.cmdline())
+    return component_of(title) or "ray daemons"
+
+
+def process_table() -> dict[int, tuple[psutil.Process, str]]:
+    """This process (the client) and every process it started (the embedded cluster's)."""
+    table = {os.getpid(): (psutil.Process(), "client")}
+    for process in psutil.Process().children(recursive=True):
+        try:
+            table[process.pid] = (process, component(process))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return table
+
+
+def cpu_now(table: dict[int, tuple[psutil.Process, str]]) -> dict[int, float]:
+    seconds = {}
+    for pid, (process, _) in table.items():
+        try:
+            times = process.cpu_times()
+            seconds[pid] = times.user + times.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return seconds
+
+
+def cpu_by_component(table, before: dict[int, float], after: dict[int, float]) -> tuple[dict, dict]:
+    used: dict[str, float] = {}
+    counted: dict[str, int] = {}
+    for pid, seconds in after.items():
+        name = table[pid][1]
+        used[name] = used.get(name, 0.0) + seconds - before.get(pid, 0.0)
+        counted[name] = counted.get(name, 0) + 1
+    return used, counted
+
+
+# ---- the clients -----------------------------------------------------------------------------
+
+
+def request_for(path: str, prompt: str, task: str, zoo: Zoo, settings: HostPathSettings) -> pb.GenerateRequest:
+    request = pb.GenerateRequest(prompt=prompt, max_tokens=settings.max_tokens, temperature=0.0, task=task)
+    if path == "off":
+        request.speculation = pb.SPECULATION_OFF
+        return request
+    request.speculation = pb.SPECULATION_ON
+    request.draft = zoo.default_draft(task) if path == "draft" else path
+    request.k = settings.k
+    return request
+
+
+async def run_level(address: str, requests: list[pb.GenerateRequest], sessions: int, per_session: int,
+                    level: Level) -> list[list[int]]:
+    """``sessions`` clients each streaming ``per_session`` requests back to back; the outputs in order."""
+    outputs: list[list[int]] = [[] for _ in range(sessions * per_session)]
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = rpc.SpecServeStub(channel)
+
+        async def client(i: int) -> None:
+            for j in range(per_session):
+                n = i * per_session + j
+                async for chunk in stub.GenerateStream(requests[n % len(requests)]):
+                    outputs[n].extend(chunk.token_ids)
+                    if chunk.finish_reason:
+                        level.rounds += chunk.stats.target_passes
+                        level.accepted += chunk.stats.accepted_tokens
+                        level.proposed += chunk.stats.proposed_tokens
+                level.requests += 1
+                level.tokens += len(outputs[n])
+
+        await asyncio.gather(*(client(i) for i in range(sessions)))
+    return outputs
+
+
+def measure_service(zoo: Zoo, settings: HostPathSettings, progress) -> tuple[list[Level], dict]:
+    widest = max(settings.sessions)
+    room = {"max_sessions": 2 * widest, "kv_cache_mib": 1024, "batching": {"max_sessions_per_pass": widest}}
+    router = copy.deepcopy(MEASURED_ON_UNSEEN["router"]) | {"max_concurrent_requests": 2 * widest, "http_port": None}
+    overrides = {"models": {"zoo": str(zoo.root)}, "target": copy.deepcopy(room), "draft_pool": copy.deepcopy(room),
+                 "router": router}
+    service = start_service(port=0, overrides=overrides)
+    prompts = [(task, p) for task in zoo.tasks for p in zoo.prompts(task)[:8]]
+    levels, identical = [], {}
+    try:
+        table = process_table()
+        reference: dict[int, list[int]] = {}
+        # One untimed request a path first: whatever a first request pays (opening streams, a
+        # worker's first pass) must not fall on the first level.
+        for path in settings.paths:
+            warm = [request_for(path, p, t, zoo, settings) for t, p in prompts[:2]]
+            asyncio.run(run_level(service.address, warm, 2, 1, Level(path, 2)))
+        for sessions in settings.sessions:
+            per_session = max(2, math.ceil(settings.min_tokens / (sessions * settings.max_tokens)))
+            for path in settings.paths:
+                requests = [request_for(path, p, t, zoo, settings) for t, p in prompts]
+                level = Level(path, sessions)
+                before, start = cpu_now(table), time.perf_counter()
+                outputs = asyncio.run(run_level(service.address, requests, sessions, per_session, level))
+                level.seconds = time.perf_counter() - start
+                level.cpu_seconds, level.processes = cpu_by_component(table, before, cpu_now(table))
+                levels.append(level)
+                # Lossless on the way: every path's output of a prompt is the target-only one.
+                firsts = {n % len(requests): out for n, out in enumerate(outputs)}
+                for n, out in firsts.items():
+                    reference.setdefault(n, out)
+                    identical.setdefault(path, [0, 0])
+                    identical[path][0] += out == reference[n]
+                    identical[path][1] += 1
+                progress(level)
+    finally:
+        service.stop()
+    return levels, identical
+
+
+# ---- the same models in this process ---------------------------------------------------------
+
+
+def pinned_here() -> set[int]:
+    """Pin this process to the replica's core (as the service pins the replica), one torch thread."""
+    before = os.sched_getaffinity(0)
+    if REPLICA_CORE in before:
+        os.sched_setaffinity(0, {REPLICA_CORE})
+    torch.set_num_threads(1)
+    return before
+
+
+def scheduler_target_only(zoo: Zoo, sessions: int, max_tokens: int) -> dict:
+    """Target-only through one in-process scheduler, ``sessions`` at once sharing its passes."""
+    engine = zoo_engine(zoo, [])
+    target, tokenizer = engine.target, engine.tokenizer
+    prompts = [encode_prompt(tokenizer, p) for task in zoo.tasks for p in zoo.prompts(task)[:8]]
+    batch = [prompts[i % len(prompts)] for i in range(sessions)]
+    pool = KVPool(KVShape.of(target), Budget(2**28))
+    scheduler = Scheduler(target, pool, Device(1, (REPLICA_CORE,)), BatchingConfig(max_sessions_per_pass=sessions))
+
+    async def run() -> None:
+        runs = [TargetSession(PooledSequence(pool.take(len(p) + max_tokens + 1), p), SamplingParams(),
+                              torch.Generator().manual_seed(i)) for i, p in enumerate(batch)]
+        await asyncio.gather(*(scheduler.run(s.decode(max_tokens)) for s in runs))
+        for s in runs:
+            pool.give_back(s.sequence.region)
+
+    asyncio.run(run())  # warm
+    rounds = max(1, math.ceil(4096 / (sessions * max_tokens)))
+    cpu, start = time.process_time(), time.perf_counter()
+    for _ in range(rounds):
+        asyncio.run(run())
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    tokens = rounds * sessions * max_tokens
+    return {"sessions": sessions, "tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
+            "cpu_us_per_token": 1e6 * cpu / tokens}
+
+
+def engine_single_stream(zoo: Zoo, settings: HostPathSettings) -> list[dict]:
+    """One request at a time through the in-process engine: OFF and each proposer (k as the service's)."""
+    engine = zoo_engine(zoo, zoo.draft_names)
+    rows = []
+    prompts = [(task, encode_prompt(engine.tokenizer, p)) for task in zoo.tasks for p in zoo.prompts(task)[:4]]
+    for path in settings.paths:
+        tokens, passes = 0, 0
+        cpu, start = time.process_time(), time.perf_counter()
+        for task, ids in prompts:
+            draft = None if path == "off" else zoo.default_draft(task) if path == "draft" else path
+            params = GenerationParams(max_tokens=settings.max_tokens, speculation=draft is not None, k=settings.k)
+            done = engine.generate(ids, params, draft=draft).complete()
+            tokens += len(done.token_ids)
+            passes += done.stats.target_passes
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        rows.append({"path": path, "tokens": tokens, "rounds": passes, "tokens_per_second": tokens / seconds,
+                     "cpu_us_per_token": 1e6 * cpu / tokens})
+    return rows
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+
+def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -> str:
+    lines = [f"# Host path: {meta['when']}", "",
+             f"Zoo: {meta['zoo']} (target {meta['target_parameters']:,} parameters; drafts copies of it; an "
+             f"EAGLE-3 head). Greedy, {meta['max_tokens']} tokens a request, k = {meta['k']} ON. "
+             f"Command: `{meta['command']}`. Machine: {meta['machine']}.", "",
+             "CPU time of each process over a level (user + system, from /proc), per generated token and per round "
+             "(a verify step; target-only, a token). `ray` is Ray's own daemons (raylet, GCS, Serve controller, "
+             "agents); `client` is this bench's grpc.aio clients.", "",
+             "## Through the service", "",
+             "| path | sessions | tokens/s | rounds/token | alpha | router us/tok | replica us/tok | draft us/tok "
+             "| ray us/tok | client us/tok | total us/tok | router us/round | replica us/round | draft us/round |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for lv in levels:
+        total = sum(lv.us_per_token(c) for c in COMPONENTS)
+        alpha = f"{lv.accepted / lv.proposed:.2f}" if lv.proposed else "-"
+        lines.append(f"| {lv.path} | {lv.sessions} | {lv.tokens_per_second:,.0f} | {lv.rounds / max(lv.tokens, 1):.2f} "
+                     f"| {alpha} | " + " | ".join(f"{lv.us_per_token(c):,.0f}" for c in COMPONENTS)
+                     + f" | {total:,.0f} | " + " | ".join(f"{lv.us_per_round(c):,.0f}" for c in COMPONENTS[:3]) + " |")
+    by = {(lv.path, lv.sessions): lv for lv in levels}
+    ceiling = {path: max((lv.tokens_per_second for lv in levels if lv.path == path), default=0.0) for path in meta["paths"]}
+    lines += ["", "Ceiling (the most tokens/s over the levels): "
+              + ", ".join(f"{path} {value:,.0f}" for path, value in ceiling.items()) + ".", ""]
+    if "off" in meta["paths"]:
+        lines += ["## ON over OFF through the service", "", "| sessions | " + " | ".join(p for p in meta["paths"] if p != "off") + " |",
+                  "|---|" + "---|" * (len(meta["paths"]) - 1)]
+        for n in meta["sessions"]:
+            off = by.get(("off", n))
+            cells = [f"{by[(p, n)].tokens_per_second / off.tokens_per_second:.2f}x" if off and (p, n) in by else "-"
+                     for p in meta["paths"] if p != "off"]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## The goal: at most 50 us of CPU a generated token in each process, 64 sessions", ""]
+    for lv in levels:
+        if lv.sessions == 64:
+            worst = max(("router", "target replica", "draft worker"), key=lv.us_per_token)
+            lines.append(f"- {lv.path}: router {lv.us_per_token('router'):,.0f}, replica "
+                         f"{lv.us_per_token('target replica'):,.0f}, draft worker {lv.us_per_token('draft worker'):,.0f} "
+                         f"us/token: {'met' if lv.us_per_token(worst) <= GOAL_US_PER_TOKEN else 'missed'} "
+                         f"(worst: {worst})")
+    lines += ["", "## The same target in this process (pinned to the replica's core, one thread)", "",
+              "| sessions | scheduler tokens/s | CPU us/token | service OFF tokens/s | service / in process |",
+              "|---|---|---|---|---|"]
+    for row in in_process["scheduler"]:
+        off = by.get(("off", row["sessions"]))
+        ratio = f"{off.tokens_per_second / row['tokens_per_second']:.2f}x" if off else "-"
+        lines.append(f"| {row['sessions']} | {row['tokens_per_second']:,.0f} | {row['cpu_us_per_token']:,.0f} | "
+                     f"{off.tokens_per_second if off else 0:,.0f} | {ratio} |")
+    lines += ["", "One request at a time, the in-process engine (each proposer over OFF) against the service at 1 session:", "",
+              "| path | engine tokens/s | engine CPU us/token | engine ON/OFF | service tokens/s | service ON/OFF |",
+              "|---|---|---|---|---|---|"]
+    engine_off = next((r for r in in_process["engine"] if r["path"] == "off"), None)
+    for row in in_process["engine"]:
+        service = by.get((row["path"], 1))
+        service_off = by.get(("off", 1))
+        lines.append(f"| {row['path']} | {row['tokens_per_second']:,.0f} | {row['cpu_us_per_token']:,.0f} | "
+                     f"{row['tokens_per_second'] / engine_off['tokens_per_second']:.2f}x | "
+                     f"{service.tokens_per_second if service else 0:,.0f} | "
+                     f"{service.tokens_per_second / service_off.tokens_per_second if service and service_off else 0:.2f}x |")
+    lines += ["", "Greedy outputs identical to target-only (each prompt's first output per path, all levels): "
+              + ", ".join(f"{path} {same}/{total}" for path, (same, total) in identical.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def run(settings: HostPathSettings, command: str) -> Path:
+    zoo = ensure_host_path_zoo(ensure_zoo(settings.zoo))
+    when = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = settings.out / f"{when}-host-path"
+    print(f"host path: zoo {zoo.root}; levels {settings.sessions} sessions x paths {settings.paths}", flush=True)
+
+    def progress(lv: Level) -> None:
+        print(f"  {lv.path:7s} {lv.sessions:4d} sessions: {lv.tokens_per_second:8,.0f} tok/s; us/token "
+              + ", ".join(f"{c} {lv.us_per_token(c):,.0f}" for c in COMPONENTS), flush=True)
+
+    levels, identical = measure_service(zoo, settings, progress)
+    print("in process, on the replica's core:", flush=True)
+    affinity = pinned_here()
+    try:
+        scheduler = [scheduler_target_only(zoo, n, settings.max_tokens) for n in settings.sessions]
+        engine = engine_single_stream(zoo, settings)
+    finally:
+        os.sched_setaffinity(0, affinity)
+    in_process = {"scheduler": scheduler, "engine": engine}
+    meta = {"when": when, "zoo": str(zoo.root), "target_parameters": zoo.manifest["target"]["parameters"],
+            "max_tokens": settings.max_tokens, "k": settings.k, "paths": list(settings.paths),
+            "sessions": list(settings.sessions), "command": command,
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"}
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"meta": meta, "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
+               "levels": [asdict(lv) | {"tokens_per_second": lv.tokens_per_second} for lv in levels],
+               "in_process": in_process, "identical": identical}
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    text = report(levels, in_process, identical, meta)
+    (out / "report.md").write_text(text)
+    print(text, flush=True)
+    print(f"written to {out}", flush=True)
+    return out
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Adds `specserve host-path` (the ``specserve.commands`` entry point named host-path)."""
+    d = HostPathSettings()
+    parser = commands.add_parser(
+        "host-path", help="the service's CPU per token in each process, on models whose pass costs next to nothing",
+        description=__doc__.split("\n\n    ")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--zoo", default=d.zoo, help="the zoo (preset or directory) whose tokenizer, prompts and "
+                                                     "classifier the host-path zoo takes (default: %(default)s)")
+    parser.add_argument("--sessions", type=comma_ints, default=d.sessions, metavar="N,N",
+                        help="concurrent sessions per level (default: %(default)s)")
+    parser.add_argument("--paths", type=lambda s: tuple(s.split(",")), default=d.paths, metavar="P,P",
+                        help=f"of {', '.join(PATHS)} (default: all)")
+    parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="(default: %(default)s)")
+    parser.add_argument("--k", type=int, default=d.k, help="draft tokens a round, ON (default: %(default)s)")
+    parser.add_argument("--min-tokens", type=int, default=d.min_tokens,
+                        help="tokens per level and path, at least (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
+    parser.set_defaults(run=_run_command)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    unknown = set(args.paths) - set(PATHS)
+    if unknown:
+        raise ValueError(f"--paths takes {', '.join(PATHS)}; got {', '.join(sorted(unknown))}")
+    settings = HostPathSettings(zoo=args.zoo, sessions=tuple(args.sessions), paths=tuple(args.paths),
+                                max_tokens=args.max_tokens, k=args.k, min_tokens=args.min_tokens, out=args.out)
+    run(settings, "specserve host-path " + " ".join(
+        f"--{name.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
+        for name, v in (("zoo", args.zoo), ("sessions", tuple(args.sessions)), ("paths", tuple(args.paths)))))
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m specserve.bench.host_path")
+    register(parser.add_subparsers(required=True))
+    args = parser.parse_args(["host-path", *sys.argv[1:]])
+    raise SystemExit(args.run(args))
+
+
+if __name__ == "__main__":
+    main()
