@@ -26,6 +26,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,10 @@ from pathlib import Path
 
 import grpc
 import psutil
+import shutil
+import signal
+import subprocess
+import collections
 import torch
 
 from specserve.cluster.bringup import start_service
@@ -73,6 +78,7 @@ class HostPathSettings:
     k: int = 4  # draft tokens a round, ON
     min_tokens: int = 4096  # per level and path at least this many tokens (and two requests a session)
     out: Path = RESULTS_DIR
+    profile_sessions: int | None = 64  # levels of this many sessions are sampled with py-spy (None: none)
 
 
 @dataclass
@@ -141,6 +147,70 @@ def cpu_by_component(table, before: dict[int, float], after: dict[int, float]) -
     return used, counted
 
 
+# ---- where the CPU goes -----------------------------------------------------------------------
+
+PROFILED = ("router", "target replica", "draft worker")
+OUR_CODE = ("(router/", "(workers/", "(cluster/", "(proto/")
+LINE = re.compile(r":\d+\)$")  # a frame's line number: one function's lines count as one
+
+
+class Profiles:
+    """py-spy, sampling only the threads that hold the GIL (Python's own CPU), on one process of each
+    profiled component while a level runs; stopped (SIGINT: it writes its samples) when it ends."""
+
+    def __init__(self, table, out: Path) -> None:
+        self.spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        self.out = out
+        self.targets = {}
+        for pid, (_, name) in sorted(table.items()):
+            if name in PROFILED and name not in self.targets.values():
+                self.targets[pid] = name
+        self.running: list[tuple[subprocess.Popen, str, Path]] = []
+
+    @property
+    def available(self) -> bool:
+        return Path(self.spy).exists()
+
+    def start(self, label: str) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        for pid, name in self.targets.items():
+            path = self.out / f"{label}-{name.replace(' ', '-')}.txt"
+            process = subprocess.Popen([self.spy, "record", "--gil", "--nonblocking", "-r", "250", "-f", "raw",
+                                        "-o", str(path), "-p", str(pid)], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
+            self.running.append((process, name, path))
+
+    def stop(self) -> dict[str, dict]:
+        found = {}
+        for process, name, path in self.running:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            if path.exists():
+                found[name] = summarize(path)
+        self.running = []
+        return found
+
+
+def summarize(path: Path, top: int = 12) -> dict:
+    """Of py-spy's raw samples: the functions holding the GIL most (self), and ours by inclusive share."""
+    own, inclusive, total = collections.Counter(), collections.Counter(), 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [LINE.sub(")", frame) for frame in stack.split(";")]
+        total += int(count)
+        own[frames[-1]] += int(count)
+        for frame in set(frames):
+            if any(part in frame for part in OUR_CODE):
+                inclusive[frame] += int(count)
+    share = lambda counter: [(frame, round(n / total, 4)) for frame, n in counter.most_common(top)]  # noqa: E731
+    return {"samples": total, "self": share(own), "ours_inclusive": share(inclusive)}
+
+
 # ---- the clients -----------------------------------------------------------------------------
 
 
@@ -178,7 +248,7 @@ async def run_level(address: str, requests: list[pb.GenerateRequest], sessions: 
     return outputs
 
 
-def measure_service(zoo: Zoo, settings: HostPathSettings, progress) -> tuple[list[Level], dict]:
+def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path) -> tuple[list[Level], dict, dict]:
     widest = max(settings.sessions)
     room = {"max_sessions": 2 * widest, "kv_cache_mib": 1024, "batching": {"max_sessions_per_pass": widest}}
     router = copy.deepcopy(MEASURED_ON_UNSEEN["router"]) | {"max_concurrent_requests": 2 * widest, "http_port": None}
@@ -186,9 +256,10 @@ def measure_service(zoo: Zoo, settings: HostPathSettings, progress) -> tuple[lis
                  "router": router}
     service = start_service(port=0, overrides=overrides)
     prompts = [(task, p) for task in zoo.tasks for p in zoo.prompts(task)[:8]]
-    levels, identical = [], {}
+    levels, identical, profiles = [], {}, {}
     try:
         table = process_table()
+        spy = Profiles(table, out / "profiles")
         reference: dict[int, list[int]] = {}
         # One untimed request a path first: whatever a first request pays (opening streams, a
         # worker's first pass) must not fall on the first level.
@@ -204,6 +275,10 @@ def measure_service(zoo: Zoo, settings: HostPathSettings, progress) -> tuple[lis
                 outputs = asyncio.run(run_level(service.address, requests, sessions, per_session, level))
                 level.seconds = time.perf_counter() - start
                 level.cpu_seconds, level.processes = cpu_by_component(table, before, cpu_now(table))
+                if sessions == settings.profile_sessions and spy.available:  # again, sampled: the sampler
+                    spy.start(f"{path}-{sessions}")  # takes CPU of its own, so not in the figures above
+                    asyncio.run(run_level(service.address, requests, sessions, per_session, Level(path, sessions)))
+                    profiles[f"{path} {sessions}"] = spy.stop()
                 levels.append(level)
                 # Lossless on the way: every path's output of a prompt is the target-only one.
                 firsts = {n % len(requests): out for n, out in enumerate(outputs)}
@@ -215,7 +290,7 @@ def measure_service(zoo: Zoo, settings: HostPathSettings, progress) -> tuple[lis
                 progress(level)
     finally:
         service.stop()
-    return levels, identical
+    return levels, identical, profiles
 
 
 # ---- the same models in this process ---------------------------------------------------------
@@ -343,6 +418,22 @@ def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -
     return "\n".join(lines) + "\n"
 
 
+def profile_report(profiles: dict) -> str:
+    if not profiles:
+        return ""
+    lines = ["", "## Where each process's Python time goes (py-spy, GIL-holding samples)", "",
+             "Per level, per process: our functions by inclusive share of its samples; then the frames that hold "
+             "the GIL themselves most.", ""]
+    for level, by_process in profiles.items():
+        for name, summary in by_process.items():
+            lines.append(f"**{level} sessions, {name}** ({summary['samples']} samples): "
+                         + "; ".join(f"{frame} {share:.0%}" for frame, share in summary["ours_inclusive"][:8]))
+            lines.append("")
+            lines.append("self: " + "; ".join(f"{frame} {share:.0%}" for frame, share in summary["self"][:8]))
+            lines.append("")
+    return "\n".join(lines)
+
+
 def run(settings: HostPathSettings, command: str) -> Path:
     zoo = ensure_host_path_zoo(ensure_zoo(settings.zoo))
     when = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -353,7 +444,7 @@ def run(settings: HostPathSettings, command: str) -> Path:
         print(f"  {lv.path:7s} {lv.sessions:4d} sessions: {lv.tokens_per_second:8,.0f} tok/s; us/token "
               + ", ".join(f"{c} {lv.us_per_token(c):,.0f}" for c in COMPONENTS), flush=True)
 
-    levels, identical = measure_service(zoo, settings, progress)
+    levels, identical, profiles = measure_service(zoo, settings, progress, out)
     print("in process, on the replica's core:", flush=True)
     affinity = pinned_here()
     try:
@@ -369,9 +460,9 @@ def run(settings: HostPathSettings, command: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     results = {"meta": meta, "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
                "levels": [asdict(lv) | {"tokens_per_second": lv.tokens_per_second} for lv in levels],
-               "in_process": in_process, "identical": identical}
+               "in_process": in_process, "identical": identical, "profiles": profiles}
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    text = report(levels, in_process, identical, meta)
+    text = report(levels, in_process, identical, meta) + profile_report(profiles)
     (out / "report.md").write_text(text)
     print(text, flush=True)
     print(f"written to {out}", flush=True)
@@ -394,6 +485,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--k", type=int, default=d.k, help="draft tokens a round, ON (default: %(default)s)")
     parser.add_argument("--min-tokens", type=int, default=d.min_tokens,
                         help="tokens per level and path, at least (default: %(default)s)")
+    parser.add_argument("--profile-sessions", type=int, default=d.profile_sessions, metavar="N",
+                        help="sample the router, the replica and a draft worker with py-spy during the levels of N "
+                             "sessions (0: none; default: %(default)s)")
     parser.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
     parser.set_defaults(run=_run_command)
 
@@ -403,7 +497,8 @@ def _run_command(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"--paths takes {', '.join(PATHS)}; got {', '.join(sorted(unknown))}")
     settings = HostPathSettings(zoo=args.zoo, sessions=tuple(args.sessions), paths=tuple(args.paths),
-                                max_tokens=args.max_tokens, k=args.k, min_tokens=args.min_tokens, out=args.out)
+                                max_tokens=args.max_tokens, k=args.k, min_tokens=args.min_tokens, out=args.out,
+                                profile_sessions=args.profile_sessions or None)
     run(settings, "specserve host-path " + " ".join(
         f"--{name.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
         for name, v in (("zoo", args.zoo), ("sessions", tuple(args.sessions)), ("paths", tuple(args.paths)))))

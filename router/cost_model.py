@@ -34,6 +34,7 @@ speedup of k over target-only decoding is E(alpha, k) / cost(k).
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -87,12 +88,17 @@ class PassCurve:
     def per_token(self) -> float:
         return self.line.per_token
 
+    def __post_init__(self) -> None:
+        # The widths alone, for bisect: the router prices every arm at every k per request, and
+        # scanning the points each time was a tenth of its CPU under load (the host-path bench).
+        object.__setattr__(self, "_widths", tuple(t for t, _ in self.points))
+
     def seconds(self, tokens: float) -> float:
-        below = [p for p in self.points if p[0] <= tokens]
-        above = [p for p in self.points if p[0] >= tokens]
-        if not below or not above:
+        below = bisect.bisect_right(self._widths, tokens) - 1  # the last point at or below tokens
+        above = bisect.bisect_left(self._widths, tokens)  # the first at or above
+        if below < 0 or above == len(self.points):
             return self.line.seconds(tokens)
-        (t0, s0), (t1, s1) = below[-1], above[0]
+        (t0, s0), (t1, s1) = self.points[below], self.points[above]
         return s0 if t1 == t0 else s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
 
     def verify_cost(self, k: int, sessions: float) -> float:
@@ -187,12 +193,17 @@ class PassFit:
             self.widths[width] = [a * factor + b for a, b in zip(mine, theirs, strict=True)]
 
     def curve(self) -> PassCurve | None:
-        """s(t) by width where the passes say it (PassCurve), or None while the line is unknown."""
+        """s(t) by width where the passes say it (PassCurve), or None while the line is unknown.
+        Kept until the sums change: the policy reads it for every arm it prices."""
+        key = (self.weight, self.tokens, self.seconds, self.tokens_sq, len(self.widths))
+        cached = self.__dict__.get("_curve")
+        if cached is not None and cached[0] == key:
+            return cached[1]
         line = self.line()
-        if line is None:
-            return None
         points = sorted((t / w, s / w) for w, t, s in self.widths.values() if w >= MIN_WIDTH_PASSES)
-        return PassCurve(line, tuple(points))
+        curve = None if line is None else PassCurve(line, tuple(points))
+        self.__dict__["_curve"] = (key, curve)
+        return curve
 
     def line(self) -> PassTime | None:
         """The fitted s(t), or None until enough passes of different sizes were seen. The slope and

@@ -14,11 +14,13 @@ from collections.abc import Collection
 
 import grpc
 
+from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 from specserve.workers.grpc_host import CHANNEL_OPTIONS
 from specserve.workers.registry import Endpoint
 from specserve.workers.security import SecuritySettings, internal_aio_channel
 
+from .multiplexing import Multiplexed
 from .streams import WorkerStream
 
 log = logging.getLogger("specserve.router")
@@ -44,6 +46,7 @@ class WorkerDirectory:
         # restarted process, not the failed one, and is not passed over.
         self.failed: dict[str, tuple[str, float]] = {}
         self.channels: dict[str, grpc.aio.Channel] = {}
+        self.multiplexed: dict[str, Multiplexed] = {}  # worker_id -> the stream all sessions there share
         self._lock = asyncio.Lock()
 
     async def refresh(self, force: bool = False) -> list[Endpoint]:
@@ -110,7 +113,18 @@ class WorkerDirectory:
         return self.channels[endpoint.address]
 
     def stream(self, worker: Endpoint, step_timeout: float, first_step_timeout: float | None = None) -> WorkerStream:
-        """A new session stream to ``worker``: Verify on a target replica, Draft on a draft worker."""
-        channel = self.channel(worker)
-        call = rpc.VerifierStub(channel).Verify() if worker.kind == "target" else rpc.DrafterStub(channel).Draft()
+        """A new session stream to ``worker``: on a target replica, a session of this router's one
+        multiplexed stream there (VerifyMany); on a draft worker, a Draft stream of its own."""
+        if worker.kind == "target":
+            call = self._multiplexed(worker).session()
+        else:
+            call = rpc.DrafterStub(self.channel(worker)).Draft()
         return WorkerStream(worker, call, step_timeout, self.load, first_step_timeout)
+
+    def _multiplexed(self, worker: Endpoint) -> Multiplexed:
+        """This router's stream to ``worker`` for all its sessions there (a new one once it failed)."""
+        stream = self.multiplexed.get(worker.worker_id)
+        if stream is None or stream.broken:
+            verify_many = rpc.VerifierStub(self.channel(worker)).VerifyMany
+            stream = self.multiplexed[worker.worker_id] = Multiplexed(verify_many(), pb.VerifyReply.FromString)
+        return stream

@@ -29,6 +29,7 @@ from .config import TargetConfig
 from .loading import ModelSpec, load_model
 from .logs import log_to_stderr
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
+from .multiplexing import serve_multiplexed
 from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import verifier_generator
@@ -167,6 +168,16 @@ class VerifierServicer(rpc.VerifierServicer):
         self.replica = replica
 
     async def Verify(self, requests, context: grpc.aio.ServicerContext):
+        async for reply in self.serve(requests, context):
+            yield reply
+
+    async def VerifyMany(self, frames, context: grpc.aio.ServicerContext):
+        """A router's sessions on this replica over one stream, each served as ``Verify`` serves one."""
+        async for message in serve_multiplexed(frames, self.serve, pb.VerifyRequest.FromString):
+            yield message
+
+    async def serve(self, requests, context):
+        """One session: its requests (the first opens it), answered one reply a step or a token."""
         opened = await first_open(requests, context)
         host = self.replica.host
         try:

@@ -1,10 +1,22 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class End(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    END_NONE: _ClassVar[End]
+    END_DONE: _ClassVar[End]
+    END_CANCEL: _ClassVar[End]
+    END_ENDED: _ClassVar[End]
+END_NONE: End
+END_DONE: End
+END_CANCEL: End
+END_ENDED: End
 
 class Sampling(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed")
@@ -228,3 +240,23 @@ class ScoreReply(_message.Message):
     matches: int
     seconds: float
     def __init__(self, positions: _Optional[int] = ..., matches: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class Frame(_message.Message):
+    __slots__ = ("session", "message", "end", "code", "details")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    session: int
+    message: bytes
+    end: End
+    code: int
+    details: str
+    def __init__(self, session: _Optional[int] = ..., message: _Optional[bytes] = ..., end: _Optional[_Union[End, str]] = ..., code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
+class Frames(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...

@@ -197,6 +197,11 @@ class VerifierStub:
                 request_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.VerifyReply.FromString,
                 _registered_method=True)
+        self.VerifyMany = channel.stream_stream(
+                '/specserve.v1.internal.Verifier/VerifyMany',
+                request_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.SerializeToString,
+                response_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.FromString,
+                _registered_method=True)
         self.Inspect = channel.unary_unary(
                 '/specserve.v1.internal.Verifier/Inspect',
                 request_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.InspectRequest.SerializeToString,
@@ -209,6 +214,13 @@ class VerifierServicer:
 
     def Verify(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifyMany(self, request_iterator, context):
+        """The router's sessions on this replica over one stream: each frame is a Verify stream's message.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -226,6 +238,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.VerifyRequest.FromString,
                     response_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.VerifyReply.SerializeToString,
+            ),
+            'VerifyMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.VerifyMany,
+                    request_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.FromString,
+                    response_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.SerializeToString,
             ),
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
@@ -260,6 +277,33 @@ class Verifier:
             '/specserve.v1.internal.Verifier/Verify',
             specserve_dot_proto_dot_v1_dot_internal__pb2.VerifyRequest.SerializeToString,
             specserve_dot_proto_dot_v1_dot_internal__pb2.VerifyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specserve.v1.internal.Verifier/VerifyMany',
+            specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.SerializeToString,
+            specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.FromString,
             options,
             channel_credentials,
             insecure,
