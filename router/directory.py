@@ -113,18 +113,19 @@ class WorkerDirectory:
         return self.channels[endpoint.address]
 
     def stream(self, worker: Endpoint, step_timeout: float, first_step_timeout: float | None = None) -> WorkerStream:
-        """A new session stream to ``worker``: on a target replica, a session of this router's one
-        multiplexed stream there (VerifyMany); on a draft worker, a Draft stream of its own."""
-        if worker.kind == "target":
-            call = self._multiplexed(worker).session()
-        else:
-            call = rpc.DrafterStub(self.channel(worker)).Draft()
+        """A new session stream to ``worker``: a session of this router's one multiplexed stream
+        there (VerifyMany on a target replica, DraftMany on a draft worker)."""
+        call = self._multiplexed(worker).session()
         return WorkerStream(worker, call, step_timeout, self.load, first_step_timeout)
 
     def _multiplexed(self, worker: Endpoint) -> Multiplexed:
         """This router's stream to ``worker`` for all its sessions there (a new one once it failed)."""
         stream = self.multiplexed.get(worker.worker_id)
         if stream is None or stream.broken:
-            verify_many = rpc.VerifierStub(self.channel(worker)).VerifyMany
-            stream = self.multiplexed[worker.worker_id] = Multiplexed(verify_many(), pb.VerifyReply.FromString)
+            channel = self.channel(worker)
+            if worker.kind == "target":
+                call, parse = rpc.VerifierStub(channel).VerifyMany(), pb.VerifyReply.FromString
+            else:
+                call, parse = rpc.DrafterStub(channel).DraftMany(), pb.Proposal.FromString
+            stream = self.multiplexed[worker.worker_id] = Multiplexed(call, parse)
         return stream

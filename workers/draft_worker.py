@@ -28,6 +28,7 @@ from .kv_cache import session_capacity
 from .loading import ModelSpec, gemv_layout, load_model
 from .logs import log_to_stderr
 from .model_host import HostLoad, ModelHost, SessionIdle, SessionLimit, first_open
+from .multiplexing import serve_multiplexed
 from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import DraftDraws
@@ -224,6 +225,16 @@ class DrafterServicer(rpc.DrafterServicer):
         self.worker = worker
 
     async def Draft(self, requests, context: grpc.aio.ServicerContext):
+        async for proposal in self.serve(requests, context):
+            yield proposal
+
+    async def DraftMany(self, frames, context: grpc.aio.ServicerContext):
+        """A router's sessions on this worker over one stream, each served as ``Draft`` serves one."""
+        async for message in serve_multiplexed(frames, self.serve, pb.DraftRequest.FromString):
+            yield message
+
+    async def serve(self, requests, context):
+        """One session: its requests (the first opens it), answered one proposal a step."""
         opened = await first_open(requests, context)
         if opened.model in self.worker.heads:
             async for proposal in self._head(opened, requests, context):

@@ -39,6 +39,11 @@ class DrafterStub:
                 request_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.DraftRequest.SerializeToString,
                 response_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Proposal.FromString,
                 _registered_method=True)
+        self.DraftMany = channel.stream_stream(
+                '/specserve.v1.internal.Drafter/DraftMany',
+                request_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.SerializeToString,
+                response_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.FromString,
+                _registered_method=True)
         self.Score = channel.unary_unary(
                 '/specserve.v1.internal.Drafter/Score',
                 request_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.ScoreRequest.SerializeToString,
@@ -56,6 +61,13 @@ class DrafterServicer:
 
     def Draft(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DraftMany(self, request_iterator, context):
+        """The router's sessions on this worker over one stream: each frame is a Draft stream's message.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -79,6 +91,11 @@ def add_DrafterServicer_to_server(servicer, server):
                     servicer.Draft,
                     request_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.DraftRequest.FromString,
                     response_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Proposal.SerializeToString,
+            ),
+            'DraftMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.DraftMany,
+                    request_deserializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.FromString,
+                    response_serializer=specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.SerializeToString,
             ),
             'Score': grpc.unary_unary_rpc_method_handler(
                     servicer.Score,
@@ -118,6 +135,33 @@ class Drafter:
             '/specserve.v1.internal.Drafter/Draft',
             specserve_dot_proto_dot_v1_dot_internal__pb2.DraftRequest.SerializeToString,
             specserve_dot_proto_dot_v1_dot_internal__pb2.Proposal.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DraftMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specserve.v1.internal.Drafter/DraftMany',
+            specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.SerializeToString,
+            specserve_dot_proto_dot_v1_dot_internal__pb2.Frames.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,59 @@
+"""The host-path bench's parts that need no cluster: its zoo, its CPU accounting and its report."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from specserve.bench.host_path import COMPONENTS, Level, cpu_by_component, report, summarize
+from specserve.workers.zoo.head import HEAD
+from specserve.workers.zoo.host_path import ensure_host_path_zoo
+from specserve.workers.zoo.zoo import Zoo
+
+
+def test_the_host_path_zoo_has_drafts_that_accept_every_greedy_token(tiny_zoo, tmp_path):
+    zoo = ensure_host_path_zoo(tiny_zoo, tmp_path / "host-path")
+    assert Zoo.open(zoo.root).tasks == tiny_zoo.tasks and zoo.prompts(zoo.tasks[0]) == tiny_zoo.prompts(zoo.tasks[0])
+    target = AutoModelForCausalLM.from_pretrained(zoo.target_dir)
+    assert sum(p.numel() for p in target.parameters()) < 200_000  # its pass costs next to nothing
+    for name in zoo.draft_names:
+        if name == HEAD:
+            assert (zoo.root / zoo.manifest["drafts"][HEAD]["path"] / "config.json").exists()
+            continue
+        draft = AutoModelForCausalLM.from_pretrained(zoo.draft_dir(name))
+        for (key, mine), theirs in zip(draft.state_dict().items(), target.state_dict().values(), strict=True):
+            assert torch.equal(mine, theirs), f"draft {name}'s {key} differs from the target's"
+    ids = torch.tensor([[1, 5, 9, 11]])
+    eos = target.config.eos_token_id
+    out = target.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    assert eos not in out[0, 4:].tolist(), "greedy requests run to their max_tokens"
+    assert ensure_host_path_zoo(tiny_zoo, tmp_path / "host-path").root == zoo.root  # built once
+
+
+def test_cpu_is_summed_by_component_and_priced_per_token_and_round():
+    table = {1: (None, "router"), 2: (None, "draft worker"), 3: (None, "draft worker"), 4: (None, "client")}
+    used, counted = cpu_by_component(table, {1: 1.0, 2: 0.5, 3: 0.0}, {1: 1.5, 2: 1.0, 3: 0.25, 4: 0.1})
+    assert used == {"router": 0.5, "draft worker": 0.75, "client": 0.1} and counted["draft worker"] == 2
+    level = Level("draft", 64, requests=2, tokens=1000, rounds=250, seconds=2.0, cpu_seconds=used)
+    assert level.tokens_per_second == 500
+    assert level.us_per_token("draft worker") == 750 and level.us_per_round("router") == 2000
+    off = Level("off", 64, requests=2, tokens=1000, rounds=1000, seconds=1.0, cpu_seconds=used)
+    meta = {"when": "now", "zoo": "z", "target_parameters": 1, "max_tokens": 64, "k": 4, "command": "c",
+            "machine": "m", "paths": ["off", "draft"], "sessions": [64]}
+    engine = [{"path": p, "tokens": 10, "rounds": 10, "tokens_per_second": 100.0, "cpu_us_per_token": 1.0}
+              for p in ("off", "draft")]
+    text = report([off, level], {"scheduler": [{"sessions": 64, "tokens_per_second": 2000.0, "cpu_us_per_token": 5}],
+                                 "engine": engine}, {"off": [2, 2], "draft": [2, 2]}, meta)
+    assert "| 64 | 0.50x |" in text  # draft over off at 64 sessions
+    assert "| 64 | 2,000 | 5 | 1,000 | 0.50x |" in text  # service OFF over the in-process scheduler
+    assert all(name in COMPONENTS for name in used)
+
+
+def test_a_profile_names_the_functions_holding_the_gil(tmp_path):
+    raw = tmp_path / "router.txt"
+    raw.write_text("main (router/service.py:10);step (workers/loop.py:5) 3\n"
+                   "main (router/service.py:12);write (grpc/aio/_call.py:500) 1\n")
+    summary = summarize(raw)
+    assert summary["samples"] == 4
+    assert summary["ours_inclusive"][0] == ("main (router/service.py)", 1.0)
+    assert ("step (workers/loop.py)", 0.75) in summary["self"]
