@@ -3,10 +3,14 @@ spends around the pass (messages, bookkeeping, scheduling) is what a benchmark o
 
 It is derived from a built zoo (its tokenizer, corpora, prompts and task classifier, so requests,
 routing and detokenizing cost what they cost on that zoo) with:
-- a target of real Llama modules at tiny widths (about 150k parameters on the demo tokenizer),
-  initialised, not trained: its greedy output is as good as any for timing the path around it;
-- every draft a copy of the target, so every greedy proposal is accepted: the best case for
-  speculation, where it must win if the host path is cheap;
+- a target of real Llama modules at tiny widths (4 layers, about 160k parameters on the demo
+  tokenizer), initialised, not trained, its layers' output projections zero: every layer runs its
+  kernels and adds exactly nothing, so the target is a bigram model (its sharpened logits read off
+  the token's own embedding), as good as any for timing the path around its pass;
+- every draft the same function in one such layer (the target's embeddings, norm and head): its
+  logits are the target's bit for bit, so every greedy proposal is accepted, and its pass costs
+  about a third of the target's (c ~ 0.3 here): the case where speculation must win if the host
+  path is cheap;
 - an EAGLE-3 head trained for a few seconds on the tiny target (it drafts from the target's hidden
   states: the path that moves them is what costs).
 The target's end-of-text logit is pinned to 0 so that greedy requests run to their max_tokens
@@ -34,12 +38,27 @@ from .zoo import CLASSIFIER, MANIFEST, Zoo
 
 log = logging.getLogger("specserve.zoo")
 
-HOST_PATH_TARGET = ModelShape(hidden_size=32, num_layers=2, intermediate_size=64, num_heads=2, tie_embeddings=False)
+HOST_PATH_TARGET = ModelShape(hidden_size=32, num_layers=4, intermediate_size=64, num_heads=2, tie_embeddings=False)
+HOST_PATH_DRAFT = ModelShape(hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2, tie_embeddings=False)
 HOST_PATH_HEAD = HeadTraining(sequence_tokens=64, train_tokens=6_000, on_policy_share=0.75, chat_share=0.0,
                               budget=TrainBudget(steps=300, batch_size=8, learning_rate=3e-3), seed=0)
 SEED = 0
+# An initialised model's logits are near zero, its distributions near uniform: a head trained on
+# them by KL matches them without learning their argmax. Sharpened, the target has a mind of its own.
 LOGIT_SCALE = 30.0
-LAYER_SCALE = 0.1
+
+
+def _bigram(model, tokenizer):
+    """``model`` with every layer's output projections zero (each layer adds exactly nothing to
+    the token's embedding); with a tokenizer, its head sharpened and end-of-text never its argmax."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        if tokenizer is not None:
+            model.lm_head.weight.mul_(LOGIT_SCALE)
+            model.lm_head.weight[tokenizer.eos_token_id].zero_()  # greedy never ends a request early
+    return model.eval()
 
 
 def host_path_dir(source: Zoo) -> Path:
@@ -62,25 +81,21 @@ def ensure_host_path_zoo(source: Zoo, out: Path | None = None) -> Zoo:
     if source.classifier_path.exists():
         shutil.copy(source.classifier_path, partial / CLASSIFIER)
     context_window = json.loads((source.target_dir / "config.json").read_text())["max_position_embeddings"]
-    target = new_model(HOST_PATH_TARGET, tokenizer, context_window, SEED).eval()
-    with torch.no_grad():
-        # An initialised model's logits are near zero: its distributions near uniform, which a head
-        # trained on them by KL matches without learning the argmax. Sharpened, it has a mind of its own.
-        target.lm_head.weight.mul_(LOGIT_SCALE)
-        # Mostly a bigram model (the layers add little to the token's own embedding), so that a head
-        # trained for seconds can predict it: the head's path must carry accepted tokens to be measured.
-        for layer in target.model.layers:
-            layer.self_attn.o_proj.weight.mul_(LAYER_SCALE)
-            layer.mlp.down_proj.weight.mul_(LAYER_SCALE)
-        target.lm_head.weight[tokenizer.eos_token_id].zero_()  # greedy never ends a request early
+    target = _bigram(new_model(HOST_PATH_TARGET, tokenizer, context_window, SEED), tokenizer)
     target.save_pretrained(partial / "target")
     tokenizer.save_pretrained(partial / "target")
+    draft = new_model(HOST_PATH_DRAFT, tokenizer, context_window, SEED + 1)
+    draft.load_state_dict({name: tensor for name, tensor in target.state_dict().items()
+                           if not name.startswith("model.layers.")}, strict=False)
+    draft = _bigram(draft, None)
     drafts = {}
     for name in source.draft_names:
         if name == HEAD:
             continue
-        shutil.copytree(partial / "target", partial / "drafts" / name)
-        drafts[name] = {"path": f"drafts/{name}", "parameters": parameter_count(target), "copy_of": "target"}
+        draft.save_pretrained(partial / "drafts" / name)
+        tokenizer.save_pretrained(partial / "drafts" / name)
+        drafts[name] = {"path": f"drafts/{name}", "parameters": parameter_count(draft),
+                        "same_function_as": "target"}
     documents = [doc for task in source.tasks for doc in source.corpus(task).train[:40]]
     head, facts = train_head_on(target, tokenizer, documents, HOST_PATH_HEAD)
     save_head(head, partial / HEAD_PATH, "target", list(target.config.architectures or []), HOST_PATH_HEAD.ttt_steps)
