@@ -35,11 +35,15 @@ def test_the_host_path_zoo_has_cheaper_drafts_that_accept_every_greedy_token(tin
 
 def test_cpu_is_summed_by_component_and_priced_per_token_and_round():
     table = {1: (None, "router"), 2: (None, "draft worker"), 3: (None, "draft worker"), 4: (None, "client")}
-    used, counted = cpu_by_component(table, {1: 1.0, 2: 0.5, 3: 0.0}, {1: 1.5, 2: 1.0, 3: 0.25, 4: 0.1})
+    before = {1: (1.0, 0.0), 2: (0.5, 0.25), 3: (0.0, 0.0)}
+    after = {1: (1.5, 0.0), 2: (1.0, 0.5), 3: (0.25, 0.25), 4: (0.1, 0.0)}
+    used, device, counted = cpu_by_component(table, before, after)
     assert used == {"router": 0.5, "draft worker": 0.75, "client": 0.1} and counted["draft worker"] == 2
-    level = Level("draft", 64, requests=2, tokens=1000, rounds=250, seconds=2.0, cpu_seconds=used)
+    assert device["draft worker"] == 0.5
+    level = Level("draft", 64, requests=2, tokens=1000, rounds=250, seconds=2.0, cpu_seconds=used, device_seconds=device)
     assert level.tokens_per_second == 500
     assert level.us_per_token("draft worker") == 750 and level.us_per_round("router") == 2000
+    assert level.host_us_per_token("draft worker") == 250
     off = Level("off", 64, requests=2, tokens=1000, rounds=1000, seconds=1.0, cpu_seconds=used)
     meta = {"when": "now", "zoo": "z", "target_parameters": 1, "max_tokens": 64, "k": 4, "command": "c",
             "machine": "m", "paths": ["off", "draft"], "sessions": [64]}
@@ -48,7 +52,7 @@ def test_cpu_is_summed_by_component_and_priced_per_token_and_round():
     text = report([off, level], {"scheduler": [{"sessions": 64, "tokens_per_second": 2000.0, "cpu_us_per_token": 5}],
                                  "engine": engine}, {"off": [2, 2], "draft": [2, 2]}, meta)
     assert "| 64 | 0.50x |" in text  # draft over off at 64 sessions
-    assert "| 64 | 2,000 | 5 | 1,000 | 0.50x |" in text  # service OFF over the in-process scheduler
+    assert "| 64 | 2,000 | 5 | 0 | 1,000 | 0.50x |" in text  # service OFF over the in-process scheduler
     assert all(name in COMPONENTS for name in used)
 
 
@@ -60,3 +64,16 @@ def test_a_profile_names_the_functions_holding_the_gil(tmp_path):
     assert summary["samples"] == 4
     assert summary["ours_inclusive"][0] == ("main (router/service.py)", 1.0)
     assert ("step (workers/loop.py)", 0.75) in summary["self"]
+
+
+def test_the_device_thread_is_named_for_tools_outside_the_process():
+    import asyncio
+    import threading
+
+    from specserve.workers.grpc_host import DEVICE_THREAD, Device
+
+    def own_name() -> str:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as comm:
+            return comm.read().strip()
+
+    assert asyncio.run(Device(1).run(own_name)) == DEVICE_THREAD
