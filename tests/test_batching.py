@@ -20,7 +20,7 @@ from specserve.workers.drafting import BranchRun, DraftSession, DraftTokens
 from specserve.workers.grpc_host import Device
 from specserve.workers.kv_cache import CachedLM
 from specserve.workers.kv_pool import Budget, KVPool, KVShape, PoolFull
-from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass
+from specserve.workers.ragged_pass import ATTENTION_BLOCK, PooledSequence, Segment, run_pass
 from specserve.workers.steps import private_sequence, run_alone
 from specserve.workers.verifying import TargetSession
 from specserve.workers.seeds import DraftDraws
@@ -89,16 +89,40 @@ def test_cpu_pools_grow_in_small_arenas(target):
     assert arena_positions(Budget(2**30), KVShape.of(target), 1) == ARENA_POSITIONS
 
 
-def test_chunked_prefill_cuts_a_long_prompt_and_keeps_every_row_with_logits(target):
+def test_chunked_prefill_cuts_a_long_prompt_at_attention_blocks_and_keeps_every_row_with_logits(target):
+    assert ATTENTION_BLOCK == 16  # the cuts below are at its multiples
     pool = KVPool(KVShape.of(target), Budget(2**26))
     sequence = PooledSequence(pool.take(128), list(range(3, 83)))  # 80 prompt tokens
     chunk = sequence.segment([5, 6], logits=3, room=32)
     assert (chunk.start, len(chunk.tokens), chunk.logits) == (0, 32, 0)
     sequence.ran(chunk)
     assert len(sequence.segment([5, 6], logits=3, room=64).tokens) == 50  # the rest, then the proposal
-    sequence.ran(sequence.segment([5, 6], logits=3, room=47))  # all but the last prompt token
-    assert sequence.segment([5, 6], logits=3, room=2) is None  # never split the rows that want logits
-    assert len(sequence.segment([5, 6], logits=3, room=3).tokens) == 3
+    chunk = sequence.segment([5, 6], logits=3, room=47)  # room up to slot 79: cut back to the block at 64
+    assert (chunk.start, len(chunk.tokens), chunk.logits) == (32, 32, 0)
+    sequence.ran(chunk)
+    assert sequence.segment([5, 6], logits=3, room=15) is None  # no block boundary before the rows with logits
+    assert sequence.segment([5, 6], logits=3, room=17) is None  # never split the rows that want logits
+    assert len(sequence.segment([5, 6], logits=3, room=18).tokens) == 18
+
+
+def test_a_rows_logits_are_the_same_bits_alone_and_batched_whole_or_chunked(target):
+    """What batching must never change (the module docstring): a 51-token prompt prefilled whole in
+    a pass of its own, and in chunks of 32 and 19 sharing passes with other sessions, gives the same
+    logits to the last bit; so does a one-row decode step alone and beside others' verify steps."""
+    pool = KVPool(KVShape.of(target), Budget(2**26))
+    prompt, others = list(range(3, 54)), prompts(3, seed=8)
+    alone = pool.take(128)
+    whole = run_pass(target, pool, [Segment(alone, 0, prompt, 1)])[0]
+    step_alone = run_pass(target, pool, [Segment(alone, 51, [9], 1)])[0]
+    shared, regions = pool.take(128), [pool.take(128) for _ in others]
+    run_pass(target, pool, [Segment(shared, 0, prompt[:32], 0)]
+             + [Segment(r, 0, p, 1) for r, p in zip(regions, others, strict=True)])
+    chunked = run_pass(target, pool, [Segment(r, len(p), [4, 5, 6], 3) for r, p in zip(regions, others, strict=True)]
+                       + [Segment(shared, 32, prompt[32:], 1)])[-1]
+    step_shared = run_pass(target, pool, [Segment(shared, 51, [9], 1)]
+                           + [Segment(r, len(p) + 3, [7, 8], 2) for r, p in zip(regions, others, strict=True)])[0]
+    assert torch.equal(whole, chunked)
+    assert torch.equal(step_alone, step_shared)
 
 
 def verify_session(model, prompt, sampling, seed):

@@ -52,3 +52,24 @@ def test_the_gemv_layout_stores_linear_weights_transposed_keeps_ties_and_the_mod
     ids = torch.randint(0, 97, (2, 9))
     with torch.inference_mode():
         assert torch.allclose(model(ids).logits, before(ids).logits, rtol=1e-5, atol=1e-6)
+
+
+def test_the_gemv_layouts_products_give_a_row_the_same_bits_whatever_rows_share_them():
+    """One row alone and the same row among 2 to 64 others (workers/loading.py ``RowInvariantLinear``),
+    on the shapes of the demo zoo's target: what lets batching leave a session's tokens unchanged."""
+    from specserve.workers.loading import RowInvariantLinear, gemv_layout
+
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a model process runs (the guarantee needs it)
+    try:
+        for features, out in [(64, 384), (576, 1536), (1536, 576)]:
+            layer = gemv_layout(torch.nn.Sequential(torch.nn.Linear(features, out)))[0]
+            assert type(layer) is RowInvariantLinear
+            rows = torch.randn(65, features)
+            with torch.inference_mode():
+                alone = layer(rows[:1])
+                assert all(torch.equal(layer(rows[:n])[:1], alone) for n in range(2, 66))
+                assert torch.equal(layer(rows[0]), alone[0])  # a vector keeps its shape
+    finally:
+        torch.set_num_threads(threads)

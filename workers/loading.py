@@ -71,10 +71,15 @@ def gemv_layout(model: torch.nn.Module) -> torch.nn.Module:
     one row per session through every weight, read from memory: on the 2-core host (one thread,
     float32, MKL), SmolLM2-135M's 49,152 x 576 output head took 10.1 ms as loaded and 5.3 ms so
     stored, its 30 layers' products 36.4 against 30.4 ms, and a step with 5 or 64 rows the same
-    either way (bench/single_stream.py measures the whole step). Tied weights stay tied. A model
-    served so must not be saved as it is (safetensors wants contiguous tensors); no server saves one."""
+    either way (bench/single_stream.py measures the whole step). The layers become
+    ``RowInvariantLinear``: a row's product never depends on the rows beside it. Tied weights stay
+    tied. A model served so must not be saved as it is (safetensors wants contiguous tensors); no
+    server saves one."""
     if next(model.parameters()).device.type != "cpu":
         return model  # cuBLAS reads either layout at full speed
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.__class__ = RowInvariantLinear
     linear = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     stored: dict[int, torch.nn.Parameter] = {}
     for module in model.modules():  # an embedding tied to the output head takes the same new tensor
@@ -85,6 +90,29 @@ def gemv_layout(model: torch.nn.Module) -> torch.nn.Module:
                                                             requires_grad=weight.requires_grad)
                 setattr(module, name, stored[id(weight)])
     return model
+
+
+class RowInvariantLinear(torch.nn.Linear):
+    """A linear layer whose every row comes out the same whatever rows share its product.
+
+    Batching must not change a session's tokens (greedy, or sampled from its own generator), so a
+    row's logits must not depend on how many rows a pass holds. On a CPU, one thread, the gemv
+    layout: MKL computes a one-row product as a matrix-vector product, rounded differently from
+    the matrix-matrix kernel that every product of two rows or more runs with the same rounding
+    per row (bit for bit, 2 to 300 rows, measured on SmolLM2-135M's shapes). So one row runs as
+    two: +20-25% on a one-row product (the output head 7.6 -> 9.3 ms), paid only by a pass of one
+    row (a lone session decoding without a draft), and still no slower than the layout as loaded.
+    Without it, a top-p nucleus edge within 2e-7 of p flipped a sampled session's tokens when it
+    shared passes (tests/test_batching.py). With several torch threads MKL splits some shapes
+    differently by row count, and the guarantee needs one thread per model process (the default).
+    """
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        if rows.numel() != rows.shape[-1]:
+            return super().forward(rows)
+        flat = rows.reshape(1, -1)
+        two = torch.nn.functional.linear(torch.cat([flat, flat]), self.weight, self.bias)[:1]
+        return two.reshape(*rows.shape[:-1], self.out_features)
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:

@@ -29,6 +29,13 @@ GATHERED = "specserve_gathered_attention"  # the model's attribute: how its pass
 # Output-head row counts a CPU GEMM runs slower than PADDED_GEMM_ROWS rows (see _padded_rows).
 SLOW_GEMM_ROWS = (2, 3)
 PADDED_GEMM_ROWS = 4
+# A session's rows attend in blocks of this many region slots, each over the slots up to its own
+# end, and a prompt is cut into chunks only at such a boundary: what attention computes for a row
+# is then fixed by the session alone, not by how its prompt was chunked to share passes. (An SDPA
+# call rounds a row differently with more query rows or more keys, even masked ones: one 51-token
+# prompt prefilled whole and in chunks of 32 and 19 gave logits 1e-6 apart, enough to move a top-p
+# nucleus edge and a sampled token; tests/test_batching.py.)
+ATTENTION_BLOCK = 16
 
 
 @dataclass
@@ -116,10 +123,20 @@ def pooled_attention(module, query, key, value, attention_mask, scaling=None, dr
         keys, values = pool.keys(segment.region, layer), pool.values(segment.region, layer)
         keys[:, segment.start : stop] = key[0, :, begin:end]
         values[:, segment.start : stop] = value[0, :, begin:end]
-        out[0, :, begin:end] = torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, begin:end], keys[None, :, :stop], values[None, :, :stop], attn_mask=mask, scale=scaling,
-            enable_gqa=keys.shape[0] != query.shape[1])
+        for first, last in attention_blocks(segment.start, stop):  # region slots; a row sees none past its own
+            rows = slice(begin + first - segment.start, begin + last - segment.start)
+            seen = None if mask is None else mask[first - segment.start : last - segment.start, :last]
+            out[0, :, rows] = torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, rows], keys[None, :, :last], values[None, :, :last], attn_mask=seen, scale=scaling,
+                enable_gqa=keys.shape[0] != query.shape[1])
     return out.transpose(1, 2), None  # [1, T, Hq, D], as transformers' attention functions return
+
+
+def attention_blocks(start: int, stop: int) -> list[tuple[int, int]]:
+    """Slots start .. stop - 1 cut at every multiple of ATTENTION_BLOCK: [(first, last), ...]."""
+    cuts = range(start - start % ATTENTION_BLOCK + ATTENTION_BLOCK, stop, ATTENTION_BLOCK)
+    edges = [start, *cuts, stop]
+    return list(zip(edges, edges[1:], strict=False))
 
 
 def _gathered_attention(groups: Sequence[GatheredGroup], pool: KVPool, layer: int, query: torch.Tensor, key: torch.Tensor,
@@ -313,7 +330,8 @@ class PooledSequence:
                              f"{self.region.capacity} it reserved")
         if len(pending) <= room:
             return Segment(self.region, self.length, pending, logits, parents)
-        chunk = min(room, len(pending) - logits)  # the final segment keeps every row with logits
+        end = self.length + min(room, len(pending) - logits)  # the final segment keeps every row with logits
+        chunk = end - end % ATTENTION_BLOCK - self.length  # cut where attention's blocks are cut
         return Segment(self.region, self.length, pending[:chunk], 0) if chunk > 0 else None
 
     def ran(self, segment: Segment) -> None:
