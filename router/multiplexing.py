@@ -126,7 +126,8 @@ class Multiplexed:
         try:
             while True:
                 await self.wake.wait()
-                await asyncio.sleep(0)  # what the other sessions woken with this one write, goes with it
+                if len(self.sessions) > 1:
+                    await asyncio.sleep(0)  # what the other sessions woken with this one write, goes with it
                 self.wake.clear()
                 frames, self.outbox = self.outbox, []
                 await self.call.write(pb.Frames(frames=frames))

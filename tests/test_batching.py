@@ -105,6 +105,16 @@ def test_chunked_prefill_cuts_a_long_prompt_at_attention_blocks_and_keeps_every_
     assert len(sequence.segment([5, 6], logits=3, room=18).tokens) == 18
 
 
+def test_attention_blocks_cut_where_a_chunked_prefill_may_cut_and_nowhere_else():
+    from specserve.workers.ragged_pass import attention_blocks
+
+    assert attention_blocks(0, 51, 1) == [(0, 16), (16, 32), (32, 48), (48, 51)]  # a prompt whole
+    assert attention_blocks(0, 32, 0) + attention_blocks(32, 51, 1) == attention_blocks(0, 51, 1)  # chunked
+    assert attention_blocks(0, 48, 0) == [(0, 16), (16, 32), (32, 48)]  # no empty block at the end
+    assert attention_blocks(0, 53, 5) == [(0, 16), (16, 32), (32, 48), (48, 53)]  # the proposal's rows stay whole
+    assert attention_blocks(94, 99, 5) == [(94, 99)]  # a verify step across a block edge: one call
+
+
 def test_a_rows_logits_are_the_same_bits_alone_and_batched_whole_or_chunked(target):
     """What batching must never change (the module docstring): a 51-token prompt prefilled whole in
     a pass of its own, and in chunks of 32 and 19 sharing passes with other sessions, gives the same

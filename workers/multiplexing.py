@@ -81,19 +81,28 @@ class Inbox:
 class Outbox:
     """Frames ready to go out; the stream's writer takes all that are there at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, sessions: dict) -> None:
+        self.sessions = sessions  # the stream's open sessions: one alone has nobody to wait for
         self.frames: list[pb.Frame] = []
         self.ready = asyncio.Event()
+        self.closed = False  # the router's side ended: what is here goes, then the stream ends
 
     def put(self, frame: pb.Frame) -> None:
         self.frames.append(frame)
         self.ready.set()
 
+    def close(self) -> None:
+        self.closed = True
+        self.ready.set()
+
     async def take(self) -> list[pb.Frame]:
+        """What is ready (empty only once closed)."""
         await self.ready.wait()
-        # Let every session woken by the same pass add its reply first: one message for all of them.
-        await asyncio.sleep(0)
-        self.ready.clear()
+        if len(self.sessions) > 1 and not self.closed:
+            # Let every session woken by the same pass add its reply first: one message for all of them.
+            await asyncio.sleep(0)
+        if not self.closed:
+            self.ready.clear()
         frames, self.frames = self.frames, []
         return frames
 
@@ -102,7 +111,7 @@ async def serve_multiplexed(frames: AsyncIterator[pb.Frames], handler: Handler,
                             parse: Callable[[bytes], object]) -> AsyncIterator[pb.Frames]:
     """The replies to a multiplexed stream's requests, each message all the frames ready at once."""
     sessions: dict[int, tuple[Inbox, asyncio.Task]] = {}
-    outbox = Outbox()
+    outbox = Outbox(sessions)
 
     async def run(session: int, inbox: Inbox) -> None:
         context = SessionContext()
@@ -123,30 +132,31 @@ async def serve_multiplexed(frames: AsyncIterator[pb.Frames], handler: Handler,
         outbox.put(pb.Frame(session=session, end=pb.END_ENDED, code=code.value[0], details=details))
 
     async def read() -> None:
-        async for message in frames:
-            for frame in message.frames:
-                if frame.end == pb.END_NONE:
-                    if frame.session not in sessions:
-                        inbox = Inbox(parse)
-                        sessions[frame.session] = (inbox, asyncio.ensure_future(run(frame.session, inbox)))
-                    sessions[frame.session][0].queue.put_nowait(frame.message)
-                elif frame.session in sessions:
-                    inbox, task = sessions[frame.session]
-                    if frame.end == pb.END_DONE:
-                        inbox.queue.put_nowait(None)
-                    else:
-                        task.cancel()
+        try:
+            async for message in frames:
+                for frame in message.frames:
+                    if frame.end == pb.END_NONE:
+                        if frame.session not in sessions:
+                            inbox = Inbox(parse)
+                            sessions[frame.session] = (inbox, asyncio.ensure_future(run(frame.session, inbox)))
+                        sessions[frame.session][0].queue.put_nowait(frame.message)
+                    elif frame.session in sessions:
+                        inbox, task = sessions[frame.session]
+                        if frame.end == pb.END_DONE:
+                            inbox.queue.put_nowait(None)
+                        else:
+                            task.cancel()
+        finally:
+            outbox.close()
 
     reader = asyncio.ensure_future(read())
     try:
-        while not reader.done() or outbox.frames:
-            taking = asyncio.ensure_future(outbox.take())
-            await asyncio.wait((taking, reader), return_when=asyncio.FIRST_COMPLETED)
-            if not taking.done():
-                taking.cancel()
+        while True:  # one await a message: no task per message to race the reader's end
+            if ready := await outbox.take():
+                yield pb.Frames(frames=ready)
+            if outbox.closed and not outbox.frames:
                 break
-            yield pb.Frames(frames=taking.result())
-        reader.result()  # the router's side failed: say so in the stream's status
+        await reader  # the router's side failed: say so in the stream's status
     finally:
         reader.cancel()
         for _, task in list(sessions.values()):

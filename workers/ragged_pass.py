@@ -29,7 +29,7 @@ GATHERED = "specserve_gathered_attention"  # the model's attribute: how its pass
 # Output-head row counts a CPU GEMM runs slower than PADDED_GEMM_ROWS rows (see _padded_rows).
 SLOW_GEMM_ROWS = (2, 3)
 PADDED_GEMM_ROWS = 4
-# A session's rows attend in blocks of this many region slots, each over the slots up to its own
+# A session's prompt rows attend in blocks of this many region slots, each over the slots up to its
 # end, and a prompt is cut into chunks only at such a boundary: what attention computes for a row
 # is then fixed by the session alone, not by how its prompt was chunked to share passes. (An SDPA
 # call rounds a row differently with more query rows or more keys, even masked ones: one 51-token
@@ -123,7 +123,7 @@ def pooled_attention(module, query, key, value, attention_mask, scaling=None, dr
         keys, values = pool.keys(segment.region, layer), pool.values(segment.region, layer)
         keys[:, segment.start : stop] = key[0, :, begin:end]
         values[:, segment.start : stop] = value[0, :, begin:end]
-        for first, last in attention_blocks(segment.start, stop):  # region slots; a row sees none past its own
+        for first, last in attention_blocks(segment.start, stop, segment.logits):  # a row sees no slot past its own
             rows = slice(begin + first - segment.start, begin + last - segment.start)
             seen = None if mask is None else mask[first - segment.start : last - segment.start, :last]
             out[0, :, rows] = torch.nn.functional.scaled_dot_product_attention(
@@ -132,9 +132,11 @@ def pooled_attention(module, query, key, value, attention_mask, scaling=None, dr
     return out.transpose(1, 2), None  # [1, T, Hq, D], as transformers' attention functions return
 
 
-def attention_blocks(start: int, stop: int) -> list[tuple[int, int]]:
-    """Slots start .. stop - 1 cut at every multiple of ATTENTION_BLOCK: [(first, last), ...]."""
-    cuts = range(start - start % ATTENTION_BLOCK + ATTENTION_BLOCK, stop, ATTENTION_BLOCK)
+def attention_blocks(start: int, stop: int, logits: int) -> list[tuple[int, int]]:
+    """A segment's slots start .. stop - 1 as [(first, last), ...], cut wherever a chunked prefill may
+    have cut it (``PooledSequence.segment``): at the multiples of ATTENTION_BLOCK up to its rows
+    with logits, which are never cut. A decode or verify step is one block (nothing to cut)."""
+    cuts = range(start - start % ATTENTION_BLOCK + ATTENTION_BLOCK, stop - max(logits, 1) + 1, ATTENTION_BLOCK)
     edges = [start, *cuts, stop]
     return list(zip(edges, edges[1:], strict=False))
 
