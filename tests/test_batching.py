@@ -90,7 +90,7 @@ def test_cpu_pools_grow_in_small_arenas(target):
 
 
 def test_chunked_prefill_cuts_a_long_prompt_at_attention_blocks_and_keeps_every_row_with_logits(target):
-    assert ATTENTION_BLOCK == 16  # the cuts below are at its multiples
+    assert ATTENTION_BLOCK == 32  # the cuts below are at its multiples
     pool = KVPool(KVShape.of(target), Budget(2**26))
     sequence = PooledSequence(pool.take(128), list(range(3, 83)))  # 80 prompt tokens
     chunk = sequence.segment([5, 6], logits=3, room=32)
@@ -108,10 +108,10 @@ def test_chunked_prefill_cuts_a_long_prompt_at_attention_blocks_and_keeps_every_
 def test_attention_blocks_cut_where_a_chunked_prefill_may_cut_and_nowhere_else():
     from specserve.workers.ragged_pass import attention_blocks
 
-    assert attention_blocks(0, 51, 1) == [(0, 16), (16, 32), (32, 48), (48, 51)]  # a prompt whole
+    assert attention_blocks(0, 51, 1) == [(0, 32), (32, 51)]  # a prompt whole
     assert attention_blocks(0, 32, 0) + attention_blocks(32, 51, 1) == attention_blocks(0, 51, 1)  # chunked
-    assert attention_blocks(0, 48, 0) == [(0, 16), (16, 32), (32, 48)]  # no empty block at the end
-    assert attention_blocks(0, 53, 5) == [(0, 16), (16, 32), (32, 48), (48, 53)]  # the proposal's rows stay whole
+    assert attention_blocks(0, 64, 0) == [(0, 32), (32, 64)]  # no empty block at the end
+    assert attention_blocks(0, 69, 5) == [(0, 32), (32, 64), (64, 69)]  # the proposal's rows stay whole
     assert attention_blocks(94, 99, 5) == [(94, 99)]  # a verify step across a block edge: one call
 
 

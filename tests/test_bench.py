@@ -1,4 +1,4 @@
-"""`specserve bench`: a smoke run on the tiny zoo (a couple of prompts per task, two load levels, the
+"""`specserve bench`: a smoke run (the slow suite) on the tiny zoo (a couple of prompts per task, two load levels, the
 first also with batching off, the transformers peers) in a subprocess with a cluster of its own,
 then checks that the report has every section and that every figure in it was computed from the
 run's measurements: the saved samples re-derive the saved figures and re-render the saved report
@@ -33,6 +33,9 @@ from specserve.cluster.cli import main
 from specserve.workers.prompt import encode_prompt
 
 PROMPTS, CONCURRENCY, LOAD_REQUESTS = 2, (1, 2), 4
+# The smoke run takes 2-3 minutes with a cluster of its own: the slow suite's (make test-slow); the
+# parts below without it run by default.
+SMOKE_RUN = pytest.mark.slow
 SECTIONS = ("## Goals", "## 1. Speedup by task", "## 2. Cost of distribution", "## 3. The peer",
             "## 4. Routing", "## 5. Load", "## 6. Sampling", "## 7. Resident memory",
             "## 8. Where the time goes", "## 9. The capacity planner against this run")
@@ -58,6 +61,7 @@ def results(run_dir) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
 
+@SMOKE_RUN
 def test_the_run_writes_a_report_its_results_and_three_plots(run_dir, results):
     report = (run_dir / "report.md").read_text()
     positions = [report.index(s) for s in SECTIONS]
@@ -94,6 +98,7 @@ def test_asking_for_cuda_without_one_says_so():
         resolve("cuda")
 
 
+@SMOKE_RUN
 def test_every_figure_is_derived_from_the_samples_and_the_report_from_the_figures(run_dir, results):
     samples = [Sample.from_record(r) for r in results["samples"]]
     assert F.derive(results["meta"], samples, results["memory"], results["load"]) == results["figures"]
@@ -101,6 +106,7 @@ def test_every_figure_is_derived_from_the_samples_and_the_report_from_the_figure
     assert render_report(results, plots) == (run_dir / "report.md").read_text()
 
 
+@SMOKE_RUN
 def test_the_plots_show_the_figures(run_dir, results, tmp_path, monkeypatch):
     """Each saved plot is, pixel for pixel, what results.json's figures draw, and what they draw is
     those figures: a bar per task and path at its median speedup with the bound beside it, a heat-map
@@ -143,6 +149,7 @@ def test_the_plots_show_the_figures(run_dir, results, tmp_path, monkeypatch):
         assert lines == sorted((n, [levels[str(c)][path][key] for c in n]) for path, n in clients.items()), key
 
 
+@SMOKE_RUN
 def test_the_figures_move_with_the_measurements(results):
     """A figure that did not come from the samples would not notice them change."""
     samples = [Sample.from_record(r) for r in results["samples"]]
@@ -156,6 +163,7 @@ def test_the_figures_move_with_the_measurements(results):
         assert after["tasks"][task]["bound"] == row["bound"]  # alpha, c and k did not change
 
 
+@SMOKE_RUN
 def test_every_section_was_measured_and_every_output_is_the_targets(results, tiny_zoo):
     f, meta = results["figures"], results["meta"]
     assert meta["prompts"]["checked"] == 16 * len(tiny_zoo.tasks)

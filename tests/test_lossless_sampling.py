@@ -173,11 +173,12 @@ def _pool(observed, expected, minimum=5.0):
 
 # The acceptance rule itself is checked case by case, batched and without a model, in
 # test_acceptance_distribution.py: temperature, top-k, top-p, k = 1..8, dense, truncated, one-hot,
-# equal and disjoint q, in seconds. Here the whole engine runs: one setting in the default run, the
-# rest with the slow suite. Each costs 1.5-3 minutes on an idle 2-core machine (20,000 generations),
-# many more on a loaded one. (sampling, k, draft max support)
+# equal and disjoint q, in seconds. Here the whole engine runs, every setting with the slow suite:
+# each costs 1.5-3 minutes on an idle 2-core machine (20,000 generations), many more on a loaded
+# one. The default run keeps the first setting through batching workers (the service's path, below)
+# and the in-process engine with a head and with a reduced vocabulary. (sampling, k, draft max support)
 SETTINGS = [
-    (SamplingParams(temperature=1.0, top_p=0.9), 2, 32),
+    pytest.param(SamplingParams(temperature=1.0, top_p=0.9), 2, 32, marks=pytest.mark.slow),
     pytest.param(SamplingParams(temperature=0.7, top_k=3), 3, 32, marks=pytest.mark.slow),
     pytest.param(SamplingParams(temperature=1.0), 3, 2, marks=pytest.mark.slow),
     pytest.param(SamplingParams(temperature=1.3, top_k=4, top_p=0.9), 4, 32, marks=pytest.mark.slow),
@@ -349,7 +350,7 @@ def sample_the_default_setting_batched(tokenizer, samples: int, **how):
     return exact, counts, passes
 
 
-@pytest.mark.parametrize("fail", ["draft", "target"])
+@pytest.mark.parametrize("fail", [pytest.param("draft", marks=pytest.mark.slow), "target"])  # the same re-opening
 def test_sampling_across_a_failover_matches_target_distribution(tokenizer, fail):
     """Each request's draft worker (or target replica) fails at its first or second step, and the
     request goes on on another, reopened with a seed of its own (``replacement_seed``) and

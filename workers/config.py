@@ -30,7 +30,7 @@ class BatchingConfig(FrozenConfig):
     max_sessions_per_pass: int = Field(32, ge=1)
     # Tokens one pass may run over all its sessions. A prompt longer than what is left is cut into
     # chunks that ride along with decode steps (chunked prefill), so it never stalls them.
-    max_tokens_per_pass: int = Field(512, ge=64)  # >= a whole verify step (MAX_K + 1)
+    max_tokens_per_pass: int = Field(512, ge=64)  # >= a prompt's last attention block and a verify step (48)
     # Prefer passes of one task (code, sql, ...): a step of another task waits at most this long
     # for its task's turn. 0: passes take every pending step (the default; see the bench's load notes).
     same_task_wait_ms: float = Field(0.0, ge=0)
