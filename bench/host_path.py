@@ -412,6 +412,10 @@ def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -
     ceiling = {path: max((lv.tokens_per_second for lv in levels if lv.path == path), default=0.0) for path in meta["paths"]}
     lines += ["", "Ceiling (the most tokens/s over the levels): "
               + ", ".join(f"{path} {value:,.0f}" for path, value in ceiling.items()) + ".", ""]
+    lines += ["What one router process sustains: its Python runs on one core (one event loop under the GIL), "
+              "so at its CPU per token it serves at most 1,000,000 / (router us/token) tokens/s; per path, "
+              "at the level where a token cost it least: "
+              + ", ".join(router_bound(levels, path) for path in meta["paths"]) + ".", ""]
     if "off" in meta["paths"]:
         lines += ["## ON over OFF through the service", "", "| sessions | " + " | ".join(p for p in meta["paths"] if p != "off") + " |",
                   "|---|" + "---|" * (len(meta["paths"]) - 1)]
@@ -453,6 +457,15 @@ def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -
     lines += ["", "Greedy outputs identical to target-only (each prompt's first output per path, all levels): "
               + ", ".join(f"{path} {same}/{total}" for path, (same, total) in identical.items()) + "."]
     return "\n".join(lines) + "\n"
+
+
+def router_bound(levels: list[Level], path: str) -> str:
+    """The most tokens/s one router core could serve on ``path``, at its cheapest level."""
+    measured = [lv for lv in levels if lv.path == path and lv.us_per_token("router") > 0]
+    if not measured:
+        return f"{path} -"
+    best = min(measured, key=lambda lv: lv.us_per_token("router"))
+    return f"{path} {1e6 / best.us_per_token('router'):,.0f} ({best.sessions} sessions)"
 
 
 def profile_report(profiles: dict) -> str:

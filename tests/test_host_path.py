@@ -53,6 +53,7 @@ def test_cpu_is_summed_by_component_and_priced_per_token_and_round():
                                  "engine": engine}, {"off": [2, 2], "draft": [2, 2]}, meta)
     assert "| 64 | 0.50x |" in text  # draft over off at 64 sessions
     assert "| 64 | 2,000 | 5 | 0 | 1,000 | 0.50x |" in text  # service OFF over the in-process scheduler
+    assert "at its cheapest level" not in text and "off 2,000 (64 sessions), draft 2,000 (64 sessions)." in text
     assert all(name in COMPONENTS for name in used)
 
 

@@ -361,6 +361,7 @@ def test_sampling_across_a_failover_matches_target_distribution(tokenizer, fail)
     assert_same_distribution(exact, counts, samples)
 
 
+@pytest.mark.slow  # 40 s here; the tree rule's own distribution runs by default (tests/test_tree_acceptance.py)
 def test_sampling_through_a_token_tree_matches_target_distribution(tokenizer):
     """Each step a tree: the draft's sampled chain beside prompt lookup's and suffix decoding's
     (deterministic, learning from the other requests' outputs as they finish), verified by recursive
