@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from specserve.router.config import RouterConfig
 from specserve.workers.config import DraftPoolConfig, FrozenConfig, TargetConfig
+from specserve.workers.ragged_pass import ATTENTION_BLOCK
 
 NAMESPACE = "specserve"  # the Ray namespace of the registry and the draft pool
 DEFAULT_METRICS_PORT = 8080  # Prometheus scrapes each node here (KubeRay's convention for Ray metrics)
@@ -70,6 +71,18 @@ class ServiceConfig(FrozenConfig):
                 f"target.session_idle_seconds ({self.target.session_idle_seconds:g}) must exceed "
                 f"router.timeouts.draft_prefill_seconds + draft_step_seconds ({draft_wait:g}): a request's target "
                 f"session idles while its draft is reopened on another worker, and would be evicted mid-wait")
+        return self
+
+    @model_validator(mode="after")
+    def _a_tree_fits_a_pass(self) -> ServiceConfig:
+        """A token tree's step is one segment, never cut: its nodes and the token before them, after
+        at most a prompt's last attention block. A step that fits no pass would wait for ever."""
+        rows = self.router.tree_max_tokens + 1 + ATTENTION_BLOCK - 1
+        if rows > self.target.batching.max_tokens_per_pass:
+            raise ValueError(
+                f"router.tree_max_tokens ({self.router.tree_max_tokens}) needs target.batching.max_tokens_per_pass "
+                f"of at least {rows} (the tree, the token before it and up to {ATTENTION_BLOCK - 1} prompt tokens "
+                f"in one segment), not {self.target.batching.max_tokens_per_pass}: raise it or lower the tree's")
         return self
 
 

@@ -43,6 +43,8 @@ def test_port_and_overrides_apply_to_the_args():
     ({"draft_pool": {"session_idle_seconds": 40}}, r"draft_pool.session_idle_seconds \(40\) must exceed "
                                                     r"router.timeouts.target_wait_seconds \+ target_full_wait_seconds \(40\)"),
     ({"target": {"session_idle_seconds": 12}}, r"target.session_idle_seconds \(12\) must exceed"),
+    ({"router": {"tree_max_tokens": 64}, "target": {"batching": {"max_tokens_per_pass": 64}}},
+     r"router.tree_max_tokens \(64\) needs target.batching.max_tokens_per_pass of at least 96"),
 ])
 def test_bad_config_is_refused_with_the_key(args, message):
     with pytest.raises(ValidationError, match=message):
