@@ -95,8 +95,18 @@ class PassLayout:
     pool: KVPool
     segments: Sequence[Segment]
     offsets: list[int]  # row where each segment starts; offsets[-1] = total rows
-    masks: list[torch.Tensor | None]  # per segment, built once for every layer (None: one query row)
+    blocks: list[list[AttentionBlock]]  # per segment, its attention calls, built once for every layer
     gathered: list[GatheredGroup] | None = None  # the same pass as a few batched SDPA calls (see _gathered)
+
+
+@dataclass
+class AttentionBlock:
+    """One attention call of a segment (``attention_blocks``): its rows in the packed pass, which
+    attend over the region's first ``last`` slots as ``mask`` says (None: all of them)."""
+
+    rows: slice
+    last: int
+    mask: torch.Tensor | None
 
 
 @dataclass
@@ -121,18 +131,16 @@ def pooled_attention(module, query, key, value, attention_mask, scaling=None, dr
     if layout.gathered is not None:
         return _gathered_attention(layout.gathered, pool, layer, query, key, value, scaling)
     out = torch.empty_like(query)
-    for segment, begin, end, mask in zip(layout.segments, layout.offsets, layout.offsets[1:], layout.masks,
-                                         strict=False):
+    for segment, begin, end, blocks in zip(layout.segments, layout.offsets, layout.offsets[1:], layout.blocks,
+                                           strict=False):
         stop = segment.start + end - begin
         keys, values = pool.keys(segment.region, layer), pool.values(segment.region, layer)
         keys[:, segment.start : stop] = key[0, :, begin:end]
         values[:, segment.start : stop] = value[0, :, begin:end]
-        for first, last in attention_blocks(segment.start, stop, segment.logits):  # a row sees no slot past its own
-            rows = slice(begin + first - segment.start, begin + last - segment.start)
-            seen = None if mask is None else mask[first - segment.start : last - segment.start, :last]
-            out[0, :, rows] = torch.nn.functional.scaled_dot_product_attention(
-                query[:, :, rows], keys[None, :, :last], values[None, :, :last], attn_mask=seen, scale=scaling,
-                enable_gqa=keys.shape[0] != query.shape[1])
+        for block in blocks:
+            out[0, :, block.rows] = torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, block.rows], keys[None, :, : block.last], values[None, :, : block.last],
+                attn_mask=block.mask, scale=scaling, enable_gqa=keys.shape[0] != query.shape[1])
     return out.transpose(1, 2), None  # [1, T, Hq, D], as transformers' attention functions return
 
 
@@ -143,6 +151,20 @@ def attention_blocks(start: int, stop: int, logits: int) -> list[tuple[int, int]
     cuts = range(start - start % ATTENTION_BLOCK + ATTENTION_BLOCK, stop - max(logits, 1) + 1, ATTENTION_BLOCK)
     edges = [start, *cuts, stop]
     return list(zip(edges, edges[1:], strict=False))
+
+
+def _attention_blocks(segments: Sequence[Segment], offsets: Sequence[int],
+                      masks: Sequence[torch.Tensor | None]) -> list[list[AttentionBlock]]:
+    """Each segment's attention calls with their rows and mask rows (a row sees no slot past its own)."""
+    blocks = []
+    for segment, begin, mask in zip(segments, offsets, masks, strict=False):
+        calls = []
+        for first, last in attention_blocks(segment.start, segment.start + len(segment.tokens), segment.logits):
+            low, high = first - segment.start, last - segment.start
+            calls.append(AttentionBlock(slice(begin + low, begin + high), last,
+                                        None if mask is None else mask[low:high, :last]))
+        blocks.append(calls)
+    return blocks
 
 
 def _gathered_attention(groups: Sequence[GatheredGroup], pool: KVPool, layer: int, query: torch.Tensor, key: torch.Tensor,
@@ -286,12 +308,13 @@ def run_pass(model: PreTrainedModel, pool: KVPool, segments: Sequence[Segment]) 
     keep = _padded_rows(wanted, device)
     masks = [segment_mask(s) for s in segments]  # on the host: a gathered pass packs them before one copy
     if getattr(model, GATHERED, False):
-        gathered, masks = _gathered(segments, offsets, masks, device), []
+        gathered, blocks = _gathered(segments, offsets, masks, device), []
     else:
-        gathered, masks = None, [None if m is None else m.to(device) for m in masks]
+        gathered = None
+        blocks = _attention_blocks(segments, offsets, [None if m is None else m.to(device) for m in masks])
     out = model(input_ids=ids, position_ids=torch.tensor([positions], device=device), attention_mask=NO_MASK,
                 use_cache=False, logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
-                output_hidden_states=hidden, ragged_layout=PassLayout(pool, segments, offsets, masks, gathered))
+                output_hidden_states=hidden, ragged_layout=PassLayout(pool, segments, offsets, blocks, gathered))
     for segment, begin, end in zip(segments, offsets, offsets[1:], strict=False):
         if segment.aux_layers:
             segment.aux = torch.cat([out.hidden_states[layer][0, begin:end] for layer in segment.aux_layers], -1)
