@@ -91,6 +91,7 @@ class Level:
     requests: int = 0
     tokens: int = 0
     rounds: int = 0  # target verify steps (target_passes), summed over requests
+    chunks: int = 0  # stream messages the clients received: the router's writes to them
     accepted: int = 0
     proposed: int = 0
     seconds: float = 0.0
@@ -266,6 +267,7 @@ async def run_level(address: str, requests: list[pb.GenerateRequest], sessions: 
                 n = i * per_session + j
                 async for chunk in stub.GenerateStream(requests[n % len(requests)]):
                     outputs[n].extend(chunk.token_ids)
+                    level.chunks += 1
                     if chunk.finish_reason:
                         level.rounds += chunk.stats.target_passes
                         level.accepted += chunk.stats.accepted_tokens
@@ -395,17 +397,18 @@ def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -
              "CPU time of each process over a level (user + system, from /proc), per generated token and per round "
              "(a verify step; target-only, a token); for the replica and the draft workers also what they spend off "
              "their device threads (the passes: on this CPU, the model's compute). `ray` is Ray's own daemons (raylet, GCS, Serve controller, "
-             "agents); `client` is this bench's grpc.aio clients.", "",
+             "agents); `client` is this bench's grpc.aio clients; `tokens/chunk`, the tokens in each message of a client's "
+             "stream (one write of the router's).", "",
              "## Through the service", "",
-             "| path | sessions | tokens/s | rounds/token | alpha | router us/tok | replica us/tok | draft us/tok "
+             "| path | sessions | tokens/s | rounds/token | tokens/chunk | alpha | router us/tok | replica us/tok | draft us/tok "
              "| ray us/tok | client us/tok | total us/tok | router us/round | replica us/round | draft us/round "
              "| replica off its device thread us/tok | draft off its device thread us/tok |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for lv in levels:
         total = sum(lv.us_per_token(c) for c in COMPONENTS)
         alpha = f"{lv.accepted / lv.proposed:.2f}" if lv.proposed else "-"
         lines.append(f"| {lv.path} | {lv.sessions} | {lv.tokens_per_second:,.0f} | {lv.rounds / max(lv.tokens, 1):.2f} "
-                     f"| {alpha} | " + " | ".join(f"{lv.us_per_token(c):,.0f}" for c in COMPONENTS)
+                     f"| {lv.tokens / max(lv.chunks, 1):.2f} | {alpha} | " + " | ".join(f"{lv.us_per_token(c):,.0f}" for c in COMPONENTS)
                      + f" | {total:,.0f} | " + " | ".join(f"{lv.us_per_round(c):,.0f}" for c in COMPONENTS[:3])
                      + f" | {lv.host_us_per_token('target replica'):,.0f} | {lv.host_us_per_token('draft worker'):,.0f} |")
     by = {(lv.path, lv.sessions): lv for lv in levels}

@@ -136,6 +136,10 @@ class RouterConfig(FrozenConfig):
     # by one, so it stays in every batched pass instead of sitting out a round trip per token; at
     # most this many minus one are drawn in vain past a stop. 1: one round trip per token.
     decode_run_tokens: int = Field(8, ge=1, le=256)
+    # Learning from finished requests (scoring the draft-free proposers on greedy ones, adding
+    # outputs to the suffix proposer's task tries) takes at most this share of one core on average
+    # (router/learning_budget.py): every request at low traffic, a sample under load. 0: none.
+    learning_cpu_share: float = Field(0.02, ge=0.0, le=1.0)
     # The drafts allowed to serve each task, preferred first. Empty: the zoo's own table.
     tasks: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     # Draft-free proposers (workers/lookup.py): prompt lookup (ngram) and suffix decoding (suffix),

@@ -32,6 +32,7 @@ class SessionCall:
         self.stream = stream
         self.session = session
         self.replies: asyncio.Queue = asyncio.Queue()
+        self._held = None  # an end taken from ``replies`` by ``read_now``: ``read`` gives it next
         self._code: grpc.StatusCode | None = None  # set once it ended
         self._details = ""
 
@@ -41,9 +42,23 @@ class SessionCall:
         self.stream.send(pb.Frame(session=self.session, message=request.SerializeToString()))
 
     async def read(self):
-        item = await self.replies.get()
+        if self._held is not None:
+            item, self._held = self._held, None
+        else:
+            item = await self.replies.get()
         if isinstance(item, BaseException):
             raise item
+        return item
+
+    def read_now(self):
+        """The next reply if it is already here, without waiting; None if none is (or the session
+        ended: ``read`` says how)."""
+        if self._held is not None or self.replies.empty():
+            return None
+        item = self.replies.get_nowait()
+        if isinstance(item, BaseException) or item is grpc.aio.EOF:
+            self._held = item
+            return None
         return item
 
     async def done_writing(self) -> None:

@@ -205,8 +205,13 @@ class Policy:
                        for task, drafts in self.tasks.items()}
         self.passes = PassFit()  # faded, over every task's target passes: they share the replicas
         self.realized = LoadCheck(self.config.measured_min_requests)
-        for task in self._tasks:  # judged on the priors before the first request
-            self._decide(task)
+        # A finished request folds in up to three times (its own arm, then each draft-free proposer
+        # scored on it) and is read four (its route, the metrics' view, GetStats): each arm's price
+        # is worked out once per change of what it depends on, and a task judged again once, when
+        # it is next read. ``_version`` counts the changes; a task in ``_unsettled`` is judged on read.
+        self._version = 0
+        self._prices: dict[str, tuple[tuple, tuple[ArmView, ...], Load]] = {}
+        self._unsettled = set(self._tasks)  # judged on the priors before the first request
 
     def _prior(self, task: str, name: str) -> Prior | None:
         if name in DRAFT_FREE:
@@ -222,9 +227,10 @@ class Policy:
         or off (target-only)."""
         if pressure is not None and pressure != self.pressure:
             self.pressure = pressure
-            self._decide(task)  # a step's price moved with the load: judge the task again now
+            self._unsettled.add(task)  # a step's price moved with the load: judge the task again now
         if mode == "off":
             return Route(None, 0, "off")
+        self._settle(task)
         state = self._tasks[task]
         if draft is not None:  # the client's choice, even a draft not allowed for the task
             return Route(draft, k, "requested") if k else _priced(self._arm_view(task, draft), "requested")
@@ -270,6 +276,7 @@ class Policy:
         for tokens, seconds in timed:
             for _ in range(math.ceil(MIN_WIDTH_PASSES)):  # each width counts on the curve from the start
                 self.passes.add(tokens, seconds, 1)
+        self._version += 1
 
     def observe(self, task: str, draft: str | None, obs: Observation) -> None:
         """Fold in a finished request, then revisit the task's decision."""
@@ -282,7 +289,7 @@ class Policy:
             plain = Counts(verify_passes=obs.plain_passes, verify_seconds=obs.plain_seconds,
                            verify_device_seconds=obs.plain_device_seconds)
             state.plain.add(plain, self._fading(obs.plain_passes))
-        self._decide(task)
+        self._changed(task)
 
     def observe_scored(self, task: str, draft: str, positions: int, matches: int, proposed: int | None = None) -> None:
         """Full information: along a verified greedy continuation, each position where this
@@ -293,7 +300,17 @@ class Policy:
         arm.add(Counts(accepted=matches, rejections=proposed - matches, misses=positions - proposed),
                 self._fading(positions))
         arm.scored_tokens += positions
-        self._decide(task)
+        self._changed(task)
+
+    def _changed(self, task: str) -> None:
+        """What prices the arms changed: the task is judged again when it is next read."""
+        self._version += 1
+        self._unsettled.add(task)
+
+    def _settle(self, task: str) -> None:
+        if task in self._unsettled:
+            self._unsettled.discard(task)
+            self._decide(task)
 
     def _fading(self, tokens: float) -> float:
         """What the old measurements weigh after `tokens` new ones: a half-life in tokens."""
@@ -302,7 +319,7 @@ class Policy:
     def _decide(self, task: str) -> None:
         """Hysteresis: fall back below `fallback_below` (once the best arm has enough trials),
         resume above `resume_above`."""
-        state, view = self._tasks[task], self.view(task)
+        state, view = self._tasks[task], self._view(task)
         speedup = view.best.expected_speedup
         why = _why(view)
         if state.decision == SPECULATE and speedup < self.config.fallback_below:
@@ -326,10 +343,24 @@ class Policy:
 
     def view(self, task: str, passed_over: set[str] = frozenset()) -> TaskView:
         """``passed_over``: arms left out of the choice of the best (measured slower at this load)."""
+        self._settle(task)
+        return self._view(task, passed_over)
+
+    def _view(self, task: str, passed_over: set[str] = frozenset()) -> TaskView:
         state = self._tasks[task]
-        arms = tuple(self._arm_view(task, name) for name in state.arms)
+        arms, load = self._priced(task)
         best = max((arm for arm in arms if arm.draft not in passed_over), key=lambda view: view.expected_speedup)
-        return TaskView(task, state.decision, state.reason, state.cause, best, arms, self.load())
+        return TaskView(task, state.decision, state.reason, state.cause, best, arms, load)
+
+    def _priced(self, task: str) -> tuple[tuple[ArmView, ...], Load]:
+        """Every arm of the task priced at the current load, as of the latest change (memoized:
+        pressure and pass_cap are set from outside, so they are part of the key)."""
+        key = (self._version, self.pressure, self.pass_cap)
+        cached = self._prices.get(task)
+        if cached is None or cached[0] != key:
+            arms = tuple(self._arm_view(task, name) for name in self._tasks[task].arms)
+            cached = self._prices[task] = (key, arms, self.load())
+        return cached[1], cached[2]
 
     def load(self, w: float = 0.0, r: float = 0.0) -> Load:
         """The load a step is priced at now. N: the pressure, this router's sessions per target

@@ -4,7 +4,8 @@ After a sampled fraction of finished greedy requests, each other draft allowed f
 the verified continuation with one teacher-forced pass on a draft worker: at each position, would
 its greedy choice have been the target's token? That is an acceptance trial per position at no
 cost to the target, so the policy learns every draft's alpha while routing to one. The draft-free
-proposers score every finished greedy request, in the router: it costs them microseconds a token.
+proposers score finished greedy requests in the router, within its learning budget
+(router/learning_budget.py): every one at low traffic, a sample under load.
 """
 
 from __future__ import annotations
@@ -39,15 +40,19 @@ class ContinuationScorer:
         self.heads = heads
         self.running: asyncio.Task | None = None  # one scoring job at a time: never a queue
 
-    def offer(self, task: str, served_draft: str | None, prompt_ids: list[int], output_ids: list[int]) -> bool:
-        """Score this finished greedy request by the draft-free proposers now, and maybe by the
-        other drafts; True when a drafts' scoring job started."""
-        others = [d for d in self.policy.tasks[task] if d != served_draft]
-        for name in (d for d in others if d in DRAFT_FREE):
+    def score_draft_free(self, task: str, served_draft: str | None, prompt_ids: list[int],
+                         output_ids: list[int]) -> None:
+        """Score this finished greedy request by the task's draft-free proposers, now, in the router."""
+        for name in (d for d in self.policy.tasks[task] if d != served_draft and d in DRAFT_FREE):
             positions, proposed, matches = self.draft_free.score(name, task, prompt_ids, output_ids)
             if positions:
                 self.policy.observe_scored(task, name, positions, matches, proposed)
-        others = [d for d in others if d not in DRAFT_FREE and d != TREE and d not in self.heads]  # served only
+
+    def offer(self, task: str, served_draft: str | None, prompt_ids: list[int], output_ids: list[int]) -> bool:
+        """Maybe score this finished greedy request by the task's other drafts, off the request
+        path; True when a scoring job started."""
+        others = [d for d in self.policy.tasks[task] if d != served_draft and d not in DRAFT_FREE and d != TREE
+                  and d not in self.heads]  # heads: served only
         if not (others and output_ids) or (self.running and not self.running.done()):
             return False
         if self.rng.random() >= self.fraction:

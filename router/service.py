@@ -27,6 +27,7 @@ from specserve.workers.stopping import Chunk
 
 from .admission import Admission, Overloaded
 from .directory import NoWorker, WorkerDirectory
+from .learning_budget import LearningBudget
 from .lookahead_budget import LookaheadBudget
 from .metrics import RouterMetrics
 from .passes import PassWindow
@@ -91,6 +92,7 @@ class SpecServeService:
         self.workers = Workers(tokenizer, directory, config.timeouts, proposers, config.lookahead,
                                config.decode_run_tokens,
                                config.lookahead_branch_min_odds if config.lookahead_branch else None)
+        self.learning = LearningBudget(config.learning_cpu_share)
         self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free,
                                          frozenset(heads or {}))
         self.metrics = RouterMetrics()
@@ -186,7 +188,8 @@ class SpecServeService:
 
     def _learn(self, request: Request) -> None:
         """A finished request: into the totals and the policy; scored by the other proposers (the
-        draft-free ones always, drafts sometimes); its output joins its task's suffix trie."""
+        draft-free ones within the learning budget, drafts sometimes); its output joins its task's
+        suffix trie (within the budget too)."""
         self.totals.add(request)
         self.passes["target"].add(request.times.target_passes)
         self.passes["draft"].add(request.times.draft_passes)
@@ -195,9 +198,16 @@ class SpecServeService:
         stats = request.decoding.stats
         self.lookahead_budget.observe(task, request.route.draft, request.params.sampling.greedy, stats.lookaheads,
                                       stats.lookahead_hits)
-        if request.params.sampling.greedy:  # scoring compares greedy choices
-            self.scorer.offer(task, request.route.draft, request.valid.prompt_ids, request.decoding.committed)
-        self.draft_free.learn(task, request.decoding.committed)  # after scoring: no proposer sees its own answer
+        greedy, prompt, output = request.params.sampling.greedy, request.valid.prompt_ids, request.decoding.committed
+
+        def learn_draft_free() -> None:
+            if greedy:  # scoring compares greedy choices
+                self.scorer.score_draft_free(task, request.route.draft, prompt, output)
+            self.draft_free.learn(task, output)  # after scoring: no proposer sees its own answer
+
+        self.learning.run(learn_draft_free)
+        if greedy:
+            self.scorer.offer(task, request.route.draft, prompt, output)
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ServiceStats:
         workers = [pb.WorkerInfo(kind=e.kind, worker_id=e.worker_id, address=e.address, models=e.models,

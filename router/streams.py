@@ -85,6 +85,13 @@ class WorkerStream:
         self.step_timeout = self._later_steps_timeout
         return reply
 
+    def ready(self):
+        """The next answer if it is already here (None: not yet, an end the next ``receive``
+        raises, or a stream that cannot tell without waiting)."""
+        read_now = getattr(self.call, "read_now", None)  # a session of a multiplexed stream can
+        reply = read_now() if read_now is not None and not self._reading.locked() else None
+        return None if reply is None else self._checked(reply)
+
     async def _exchange(self, request):
         await self._write(request)
         return await self._read()
@@ -96,6 +103,9 @@ class WorkerStream:
     async def _read(self):
         async with self._reading:
             reply = await self.call.read()
+        return self._checked(reply)
+
+    def _checked(self, reply):
         if reply is grpc.aio.EOF:
             raise WorkerFailed(self.worker, "ended its session stream unexpectedly")
         if reply.refused:  # full: said as a reply, and the worker waits for us to end the stream

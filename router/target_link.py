@@ -57,6 +57,7 @@ class TargetLink:
         self.refused_by: set[str] = set()
         self.all_full_since: float | None = None
         self.full_refusals = 0  # over the whole request
+        self.failed: WorkerFailed | None = None  # met by ``arrived``, raised by the next ``verify``
 
     async def open(self, after: WorkerFailed | None = None) -> None:
         """A session on a target replica, waiting for one to be registered (a replica restarting
@@ -91,6 +92,9 @@ class TargetLink:
         reply = None
         while reply is None:
             try:
+                if self.failed is not None:
+                    failed, self.failed = self.failed, None
+                    raise failed
                 reply = await self._answer(proposal, runs)
             except WorkerFailed as exc:
                 await self._resume(exc)
@@ -109,6 +113,23 @@ class TargetLink:
         if AUX_HIDDEN in needs and reply.HasField("aux"):  # forwarded as they came: the router never unpacks them
             return Verified(outcome, reply.seconds, {AUX_HIDDEN: reply.aux})
         return Verified(outcome, reply.seconds)
+
+    def arrived(self) -> Verified | None:
+        """A decode run's next token if its reply is already here. The last token owed is left to
+        ``verify``, which tops the run up before it waits, so the replica never runs dry."""
+        if self.owed <= 1 or self.stream is None:
+            return None
+        try:
+            reply = self.stream.ready()
+        except WorkerFailed as exc:  # the next ``verify`` raises it, and resumes as for any failure
+            self.failed = exc
+            return None
+        if reply is None:
+            return None
+        self.owed -= 1
+        self.recorder.times.record(False, reply.seconds, reply)  # queued: it cost its pass
+        self.verdicts += 1
+        return Verified(Outcome(reply.verdict.num_accepted, reply.verdict.token), reply.seconds)
 
     async def _answer(self, proposal: DraftTokens, runs: bool) -> pb.VerifyReply:
         """The target's answer to this step: one round trip, or target-only for good, the next token

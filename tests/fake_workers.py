@@ -179,6 +179,16 @@ class FakeStream:
             raise WorkerFailed(self.worker, "failed: UNAVAILABLE: killed mid-run by the test", grpc.StatusCode.UNAVAILABLE)
         return self.unread.pop(0)
 
+    def ready(self):
+        """As ``WorkerStream.ready``: a reply already here, taken without waiting (None: none yet,
+        or a failure the next ``receive`` raises)."""
+        owner = self.owner
+        if (not self.unread or isinstance(self.session, WorkerFailed) or owner.dead
+                or owner.tokens_read + 1 == owner.fail_at_token):
+            return None
+        owner.tokens_read += 1
+        return self.unread.pop(0)
+
     async def close(self) -> None:
         self.closed = True
         self._end()

@@ -55,6 +55,9 @@ class ScriptedVerifier:
         self.committed += accepted + 1
         return Verified(Outcome(accepted, token), 0.001, self.extras)
 
+    def arrived(self) -> Verified | None:
+        return None
+
     async def close(self) -> None:
         self.closed = True
 

@@ -133,3 +133,30 @@ def test_a_broken_stream_fails_every_session_as_a_lost_worker():
             await late.read()
         await channel.close()
     asyncio.run(run())
+
+
+def test_replies_already_here_are_taken_without_waiting_and_an_end_is_kept_for_the_read():
+    async def run():
+        toy = Toy()
+        server, channel, stream = await started(toy)
+        session = WorkerStream(WORKER, stream.session(), step_timeout=5.0, load=Counter())
+        await session.send(pb.VerifyRequest(decode=5))
+        first = await session.receive()  # waits for the first; the rest come in the same turns
+        for _ in range(50):
+            if session.call.replies.qsize() == 4:
+                break
+            await asyncio.sleep(0.01)
+        ready = [session.ready() for _ in range(5)]
+        assert [first.verdict.token] + [r.verdict.token for r in ready[:4]] == [0, 1, 2, 3, 4]
+        assert ready[4] is None  # nothing more is here: None, not a wait
+        await session.call.done_writing()
+        for _ in range(50):  # the worker's end of the session arrives
+            if session.call.done():
+                break
+            await asyncio.sleep(0.01)
+        assert session.ready() is None  # an end is not a reply: the read says it
+        assert await session.call.read() is grpc.aio.EOF
+        stream.close()
+        await channel.close()
+        await server.stop(None)
+    asyncio.run(run())

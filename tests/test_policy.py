@@ -434,3 +434,25 @@ def test_the_directory_gives_the_slowest_replicas_timing_per_width():
                            Endpoint("target", "t1", "a:2", pass_times=((1, 0.03),)), Endpoint("target", "t2", "a:3"),
                            Endpoint("draft", "d0", "a:4", pass_times=((1, 9.0),))]
     assert directory.target_pass_times() == ((1, 0.03), (2, 0.02))
+
+
+def test_the_learning_budget_holds_learning_to_its_share_of_a_core():
+    from specserve.router.learning_budget import BURST_SECONDS, LearningBudget
+
+    now = [0.0]
+    budget = LearningBudget(0.02, clock=lambda: now[0])
+
+    def job(seconds: float):
+        def run():
+            now[0] += seconds
+        return run
+
+    # Idle, it has saved up a burst: jobs run until it is spent...
+    assert sum(budget.run(job(0.01)) for _ in range(10)) == round(BURST_SECONDS / 0.01)
+    # ...then one 10 ms job per 0.5 s of the clock: 2% of a core.
+    ran = 0
+    for _ in range(1000):  # 10 s of requests every 10 ms
+        now[0] += 0.01
+        ran += budget.run(job(0.01))
+    assert ran == pytest.approx(10 / 0.5, abs=2)
+    assert not LearningBudget(0.0, clock=lambda: now[0]).run(job(0.001))  # 0: learning off

@@ -338,11 +338,21 @@ TARGET_ONLY = Route(None, 0, "requested")
 def test_target_only_decodes_in_runs_granted_ahead(models, target_only):
     target = FakeWorker("target", "t0", models[0])
     session = make_session(models, FakeDirectory(target), lookahead=False, route=TARGET_ONLY, decode_run=8)
-    assert run(session) == target_only
+    chunks = asyncio.run(chunks_of(session))
+    assert [t for chunk in chunks for t in chunk.token_ids] == target_only
     runs = target.streams[0].decode_runs
-    # Topped up to 8 ahead once half has arrived, never past the request's budget: 8, then 4s.
-    assert runs[0] == 8 and set(runs[1:]) <= {4} and sum(runs) == MAX_TOKENS, runs
+    # Topped up to 8 ahead once half or less is owed, never past the request's budget. The fake
+    # replica answers a run at once, so the loop finds all but the last token it is owed already
+    # there, and commits them as one chunk: 8, then 7s, then the rest of the budget.
+    assert runs[0] == 8 and all(4 <= r <= 8 for r in runs[1:]) and sum(runs) == MAX_TOKENS, runs
     assert target.streams[0].closed and not target.streams[0].unread
+    assert len(chunks) < len(target_only) // 4, [len(c.token_ids) for c in chunks]
+    # The chunks' text is the output's, token for token, as if emitted one by one.
+    assert "".join(c.text for c in chunks) == session.decoding.output.text
+
+
+async def chunks_of(session: Request) -> list:
+    return [chunk async for chunk in session.run()]
 
 
 def test_a_stop_mid_run_drops_the_rest_of_it(models, target_only):

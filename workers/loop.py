@@ -37,6 +37,10 @@ class Verifier(Protocol):
         ``alone``: no proposal will come again (the verifier may decode ahead); ``needs``: what the
         proposer wants from the pass besides the verdict."""
 
+    def arrived(self) -> Verified | None:
+        """A target-only token's verdict that is already here (a decode run's next token, answered
+        while the loop was busy), taken without waiting; None when there is none."""
+
     async def close(self) -> None:
         """The request is done: free the target's side."""
 
@@ -67,7 +71,7 @@ class SpeculativeLoop:
                 if self.proposer is not None:  # on the draft's device, while the target verifies
                     self.proposer.draft_ahead(proposal)
                 verified = await self.verify(proposal)
-                yield self.commit(proposal, verified)  # emit
+                yield self.arrivals(self.commit(proposal, verified))  # emit
             if self.proposer is not None:
                 await self.proposer.close()
             await self.verifier.close()
@@ -93,6 +97,18 @@ class SpeculativeLoop:
         # A token tree counts as a proposal of its depth: what its accepted path could have reached.
         self.recorder.verified(proposal_depth(proposal), verified.verdict.num_accepted, verified.seconds)
         return verified
+
+    def arrivals(self, chunk: Chunk) -> Chunk:
+        """The chunk, with the target-only tokens whose verdicts are already here committed into it:
+        a router busy with many sessions finds a decode run's next tokens waiting, and emits them
+        once (one client write, one turn of this loop) instead of once per token."""
+        while self.proposer is None and not self.decoding.finished:
+            verified = self.verifier.arrived()
+            if verified is None:
+                break
+            self.recorder.verified(0, 0, verified.seconds)
+            chunk = chunk.followed_by(self.commit(NO_PROPOSAL, verified))
+        return chunk
 
     def commit(self, proposal: DraftTokens, verified: Verified) -> Chunk:
         """Commit the verdict everywhere the loop keeps it: the k schedule, the proposer, and the

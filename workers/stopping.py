@@ -26,6 +26,10 @@ class Chunk:
     text: str = ""
     finish_reason: str | None = None  # "eos", "stop" (a stop string), "length" (max_tokens)
 
+    def followed_by(self, later: Chunk) -> Chunk:
+        """This chunk and the next one as one: what the two steps committed, in order."""
+        return Chunk(self.token_ids + later.token_ids, self.text + later.text, later.finish_reason)
+
 
 class OutputAssembler:
     def __init__(
