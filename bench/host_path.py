@@ -92,6 +92,7 @@ class Level:
     tokens: int = 0
     rounds: int = 0  # target verify steps (target_passes), summed over requests
     chunks: int = 0  # stream messages the clients received: the router's writes to them
+    pass_sessions: float = 0.0  # sessions in a target pass, mean over the level's latest steps (GetStats)
     accepted: int = 0
     proposed: int = 0
     seconds: float = 0.0
@@ -276,6 +277,8 @@ async def run_level(address: str, requests: list[pb.GenerateRequest], sessions: 
                 level.tokens += len(outputs[n])
 
         await asyncio.gather(*(client(i) for i in range(sessions)))
+        stats = await stub.GetStats(pb.GetStatsRequest())
+        level.pass_sessions = next((p.mean_sessions for p in stats.passes if p.kind == "target"), 0.0)
     return outputs
 
 
@@ -398,17 +401,18 @@ def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -
              "(a verify step; target-only, a token); for the replica and the draft workers also what they spend off "
              "their device threads (the passes: on this CPU, the model's compute). `ray` is Ray's own daemons (raylet, GCS, Serve controller, "
              "agents); `client` is this bench's grpc.aio clients; `tokens/chunk`, the tokens in each message of a client's "
-             "stream (one write of the router's).", "",
+             "stream (one write of the router's); `sessions/pass`, the sessions in a target pass (the replica's "
+             "passes the level's latest steps ran in).", "",
              "## Through the service", "",
-             "| path | sessions | tokens/s | rounds/token | tokens/chunk | alpha | router us/tok | replica us/tok | draft us/tok "
+             "| path | sessions | tokens/s | rounds/token | tokens/chunk | sessions/pass | alpha | router us/tok | replica us/tok | draft us/tok "
              "| ray us/tok | client us/tok | total us/tok | router us/round | replica us/round | draft us/round "
              "| replica off its device thread us/tok | draft off its device thread us/tok |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for lv in levels:
         total = sum(lv.us_per_token(c) for c in COMPONENTS)
         alpha = f"{lv.accepted / lv.proposed:.2f}" if lv.proposed else "-"
         lines.append(f"| {lv.path} | {lv.sessions} | {lv.tokens_per_second:,.0f} | {lv.rounds / max(lv.tokens, 1):.2f} "
-                     f"| {lv.tokens / max(lv.chunks, 1):.2f} | {alpha} | " + " | ".join(f"{lv.us_per_token(c):,.0f}" for c in COMPONENTS)
+                     f"| {lv.tokens / max(lv.chunks, 1):.2f} | {lv.pass_sessions:.1f} | {alpha} | " + " | ".join(f"{lv.us_per_token(c):,.0f}" for c in COMPONENTS)
                      + f" | {total:,.0f} | " + " | ".join(f"{lv.us_per_round(c):,.0f}" for c in COMPONENTS[:3])
                      + f" | {lv.host_us_per_token('target replica'):,.0f} | {lv.host_us_per_token('draft worker'):,.0f} |")
     by = {(lv.path, lv.sessions): lv for lv in levels}

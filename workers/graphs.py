@@ -257,7 +257,7 @@ class PassGraphs:
                               torch.zeros(sessions, 1, rows, keys, dtype=torch.bool, device=device))
         held = _Bucket(torch.zeros(1, total, dtype=torch.long, device=device),
                        torch.zeros(1, total, dtype=torch.long, device=device),
-                       torch.arange(total, device=device), PassLayout(self.pool, (), [], [], [group]))
+                       torch.arange(total, device=device), PassLayout(self.pool, (), [], [], [], gathered=[group]))
         self.buckets[(sessions, rows, keys)] = held
         return held
 

@@ -96,17 +96,29 @@ class PassLayout:
     segments: Sequence[Segment]
     offsets: list[int]  # row where each segment starts; offsets[-1] = total rows
     blocks: list[list[AttentionBlock]]  # per segment, its attention calls, built once for every layer
+    writes: list[KVWrite]  # the pass's new keys and values, per arena (with ``blocks``)
     gathered: list[GatheredGroup] | None = None  # the same pass as a few batched SDPA calls (see _gathered)
 
 
 @dataclass
 class AttentionBlock:
     """One attention call of a segment (``attention_blocks``): its rows in the packed pass, which
-    attend over the region's first ``last`` slots as ``mask`` says (None: all of them)."""
+    attend over the region's first slots, ``keys`` in its arena, as ``mask`` says (None: all of them)."""
 
     rows: slice
-    last: int
+    arena: int
+    keys: slice  # arena positions: the region's start .. start + the block's last slot
     mask: torch.Tensor | None
+
+
+@dataclass
+class KVWrite:
+    """A pass's new keys and values for one arena, written in one operation per layer: the packed
+    pass's ``rows`` (None: all of them, in order) go to the arena positions ``slots``."""
+
+    arena: int
+    rows: torch.Tensor | None
+    slots: torch.Tensor
 
 
 @dataclass
@@ -130,17 +142,21 @@ def pooled_attention(module, query, key, value, attention_mask, scaling=None, dr
     layer, pool = module.layer_idx, layout.pool
     if layout.gathered is not None:
         return _gathered_attention(layout.gathered, pool, layer, query, key, value, scaling)
+    # Every session's new keys and values first, one write per arena: the loop below then reads
+    # them in place. (Nothing a segment reads is another's: regions are a session's own, and a
+    # draft's branch in its session's region writes past what the sequence's own rows read.)
+    for write in layout.writes:
+        arena = pool.arenas[write.arena]
+        arena.keys[layer][:, write.slots] = key[0] if write.rows is None else key[0][:, write.rows]
+        arena.values[layer][:, write.slots] = value[0] if write.rows is None else value[0][:, write.rows]
     out = torch.empty_like(query)
-    for segment, begin, end, blocks in zip(layout.segments, layout.offsets, layout.offsets[1:], layout.blocks,
-                                           strict=False):
-        stop = segment.start + end - begin
-        keys, values = pool.keys(segment.region, layer), pool.values(segment.region, layer)
-        keys[:, segment.start : stop] = key[0, :, begin:end]
-        values[:, segment.start : stop] = value[0, :, begin:end]
+    gqa = pool.shape.heads != query.shape[1]
+    for blocks in layout.blocks:  # a session at a time: its rows attend over its own keys only
         for block in blocks:
+            arena = pool.arenas[block.arena]
             out[0, :, block.rows] = torch.nn.functional.scaled_dot_product_attention(
-                query[:, :, block.rows], keys[None, :, : block.last], values[None, :, : block.last],
-                attn_mask=block.mask, scale=scaling, enable_gqa=keys.shape[0] != query.shape[1])
+                query[:, :, block.rows], arena.keys[layer][None, :, block.keys],
+                arena.values[layer][None, :, block.keys], attn_mask=block.mask, scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2), None  # [1, T, Hq, D], as transformers' attention functions return
 
 
@@ -158,13 +174,27 @@ def _attention_blocks(segments: Sequence[Segment], offsets: Sequence[int],
     """Each segment's attention calls with their rows and mask rows (a row sees no slot past its own)."""
     blocks = []
     for segment, begin, mask in zip(segments, offsets, masks, strict=False):
-        calls = []
+        calls, base = [], segment.region.start
         for first, last in attention_blocks(segment.start, segment.start + len(segment.tokens), segment.logits):
             low, high = first - segment.start, last - segment.start
-            calls.append(AttentionBlock(slice(begin + low, begin + high), last,
+            calls.append(AttentionBlock(slice(begin + low, begin + high), segment.region.arena, slice(base, base + last),
                                         None if mask is None else mask[low:high, :last]))
         blocks.append(calls)
     return blocks
+
+
+def _kv_writes(segments: Sequence[Segment], offsets: Sequence[int], device: torch.device) -> list[KVWrite]:
+    """Where the pass's rows' keys and values go, per arena: a segment's rows to its region's
+    slots start .. start + its tokens - 1."""
+    by_arena: dict[int, tuple[list[int], list[int]]] = {}
+    for segment, begin, end in zip(segments, offsets, offsets[1:], strict=False):
+        rows, slots = by_arena.setdefault(segment.region.arena, ([], []))
+        rows.extend(range(begin, end))
+        first = segment.region.start + segment.start
+        slots.extend(range(first, first + end - begin))
+    whole = len(by_arena) == 1  # one arena (the usual case): every row, in order, no gather
+    return [KVWrite(arena, None if whole else torch.tensor(rows, device=device), torch.tensor(slots, device=device))
+            for arena, (rows, slots) in by_arena.items()]
 
 
 def _gathered_attention(groups: Sequence[GatheredGroup], pool: KVPool, layer: int, query: torch.Tensor, key: torch.Tensor,
@@ -308,13 +338,15 @@ def run_pass(model: PreTrainedModel, pool: KVPool, segments: Sequence[Segment]) 
     keep = _padded_rows(wanted, device)
     masks = [segment_mask(s) for s in segments]  # on the host: a gathered pass packs them before one copy
     if getattr(model, GATHERED, False):
-        gathered, blocks = _gathered(segments, offsets, masks, device), []
+        gathered, blocks, writes = _gathered(segments, offsets, masks, device), [], []
     else:
         gathered = None
         blocks = _attention_blocks(segments, offsets, [None if m is None else m.to(device) for m in masks])
+        writes = _kv_writes(segments, offsets, device)
     out = model(input_ids=ids, position_ids=torch.tensor([positions], device=device), attention_mask=NO_MASK,
                 use_cache=False, logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
-                output_hidden_states=hidden, ragged_layout=PassLayout(pool, segments, offsets, blocks, gathered))
+                output_hidden_states=hidden,
+                ragged_layout=PassLayout(pool, segments, offsets, blocks, writes, gathered))
     for segment, begin, end in zip(segments, offsets, offsets[1:], strict=False):
         if segment.aux_layers:
             segment.aux = torch.cat([out.hidden_states[layer][0, begin:end] for layer in segment.aux_layers], -1)
