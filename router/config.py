@@ -136,6 +136,11 @@ class RouterConfig(FrozenConfig):
     # by one, so it stays in every batched pass instead of sitting out a round trip per token; at
     # most this many minus one are drawn in vain past a stop. 1: one round trip per token.
     decode_run_tokens: int = Field(8, ge=1, le=256)
+    # A client's stream gets a message for every this many committed tokens (at least; the first
+    # token's chunk and the last go at once), as vLLM's and SGLang's --stream-interval: a message on
+    # a stream costs the router ~25-50 us of CPU whatever it holds (bench/stream_floor.py), more than
+    # the rest of a target-only token's work. 1: every step's tokens as they are committed.
+    stream_interval_tokens: int = Field(1, ge=1, le=256)
     # Learning from finished requests (scoring the draft-free proposers on greedy ones, adding
     # outputs to the suffix proposer's task tries) takes at most this share of one core on average
     # (router/learning_budget.py): every request at low traffic, a sample under load. 0: none.

@@ -451,3 +451,33 @@ def test_a_tree_of_the_draft_and_the_draft_free_proposers_keeps_the_output(model
     stats = session.decoding.stats
     assert stats.accepted > 0 and session.draft_reopens == 1 and spare.steps > 0
     assert any(p.parents for p in target.proposals), "no step held a real tree (only chains)"
+
+
+def test_a_stream_interval_merges_chunks_but_sends_the_first_and_the_last_at_once():
+    from specserve.router.service import paced
+    from specserve.workers.stopping import Chunk
+
+    async def steps(*sizes: int):
+        for n, size in enumerate(sizes):
+            last = n == len(sizes) - 1
+            yield Chunk(list(range(size)), "x" * size, "length" if last else None)
+
+    async def sent(interval: int, *sizes: int) -> list[tuple[int, str | None]]:
+        return [(len(c.token_ids), c.finish_reason) async for c in paced(steps(*sizes), interval)]
+
+    assert asyncio.run(sent(1, 1, 1, 3, 1)) == [(1, None), (1, None), (3, None), (1, "length")]
+    assert asyncio.run(sent(4, 1, 1, 1, 1, 1, 5, 2, 1)) == [(1, None), (4, None), (5, None), (3, "length")]
+    merged = asyncio.run(chunks_of_paced(4))
+    assert "".join(merged) == "x" * 9
+    assert asyncio.run(sent(8, 2)) == [(2, "length")]  # a one-step request: its only chunk
+
+
+async def chunks_of_paced(interval: int) -> list[str]:
+    from specserve.router.service import paced
+    from specserve.workers.stopping import Chunk
+
+    async def steps():
+        for size in (1, 2, 3, 3):
+            yield Chunk([0] * size, "x" * size)
+
+    return [c.text async for c in paced(steps(), interval)]
