@@ -2,10 +2,12 @@
 
 Scoring the draft-free proposers on a finished greedy request (full information: would prompt
 lookup or suffix decoding have proposed the target's tokens?) and adding its output to its task's
-suffix trie cost the router per output token what serving it did: ~10-70 us a token for the
-suffix trie (depth 24: a dict step per token and depth, evictions too), ~7 for prompt lookup,
-measured on the host-path zoo and on random text. At a few requests a second that is nothing; at
-thousands of tokens a second it was a fifth of the router's CPU. Learning is statistics: a sample
+suffix trie cost the router per output token as much as serving it: on random text over 200 token
+ids, with the task's trie full (32k tokens), adding an output ~70 us a token (depth 24: a dict step
+per token and depth, and as many to take the oldest out), scoring suffix decoding ~340 (a proposal
+a position, from wide nodes), prompt lookup ~7; on the host-path zoo's repetitive outputs, far
+less. At a few requests a second that is nothing; at thousands of tokens a second it was a fifth
+of the router's CPU (py-spy, 64 sessions). Learning is statistics: a sample
 of the requests teaches the policy the same alphas and the trie the same recent outputs. So it runs
 while it stays within ``share`` of a core on average: credit accrues at ``share`` seconds a second
 of the clock, up to ``BURST_SECONDS``, and each job spends what it took. At low traffic every
