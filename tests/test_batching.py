@@ -60,6 +60,28 @@ def test_a_ragged_pass_gives_each_session_its_own_logits(target):
         assert torch.allclose(second, alone.extend([7, 8, 9][: i % 3 + 1], i % 3 + 1), atol=1e-5)
 
 
+def test_a_greedy_step_gets_its_rows_argmax_and_the_others_their_logits_from_one_pass(target):
+    """A segment that asks for ids only gets [rows] ids, the argmax of the [rows, V] logits the
+    same pass gives a segment that does not; the others' logits are unchanged by its asking."""
+    pool = KVPool(KVShape.of(target), Budget(2**26))
+    sequences = prompts(4, seed=3)
+    regions = [pool.take(128) for _ in sequences]
+    run_pass(target, pool, [Segment(r, 0, p, 0) for r, p in zip(regions, sequences, strict=True)])
+
+    def step(ids_only: list[bool]) -> list[torch.Tensor]:
+        return run_pass(target, pool, [Segment(r, len(p), [7, 8, 9], 3, ids_only=only)
+                                       for r, p, only in zip(regions, sequences, ids_only, strict=True)])
+
+    logits = step([False] * 4)
+    for mixed in ([True, False, True, False], [True] * 4):
+        rows = step(mixed)
+        for only, got, full in zip(mixed, rows, logits, strict=True):
+            if only:
+                assert got.dtype == torch.long and torch.equal(got, full.argmax(-1))
+            else:
+                assert torch.equal(got, full)
+
+
 def test_the_pool_reuses_freed_regions_and_refuses_past_its_budget(target):
     shape = KVShape.of(target)
     pool = KVPool(shape, Budget(1000 * shape.bytes_per_position), arena_positions=600)

@@ -54,8 +54,8 @@ import torch
 from transformers import PreTrainedModel
 
 from .kv_pool import KVPool, PoolFull, Region
-from .ragged_pass import (NO_MASK, GatheredGroup, PassLayout, Segment, padded_key_index, require_pooled_attention,
-                          segment_mask)
+from .ragged_pass import (NO_MASK, GatheredGroup, PassLayout, Segment, host_rows, padded_key_index,
+                          require_pooled_attention, segment_mask)
 
 log = logging.getLogger("specserve.graphs")
 
@@ -139,10 +139,9 @@ class _Bucket:
         """Each segment's wanted rows of the bucket's [S * q, V] logits, on the host as ``run_pass`` gives them."""
         q = self.rows
         if all(s.logits == len(s.tokens) == q for s in segments):  # every row wanted (decode, uniform verify):
-            return list(logits[: len(segments) * q].float().cpu().split(q))  # a slice, no index copied over
+            return host_rows(logits[: len(segments) * q], segments)  # a slice, no index copied over
         rows = [n * q + len(s.tokens) - s.logits + i for n, s in enumerate(segments) for i in range(s.logits)]
-        picked = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)].float().cpu()
-        return list(picked.split([s.logits for s in segments]))
+        return host_rows(logits[torch.tensor(rows, dtype=torch.long, device=logits.device)], segments)
 
     def forward(self, model) -> torch.Tensor:  # the model, or its compiled forward
         return model(input_ids=self.ids, position_ids=self.positions, attention_mask=NO_MASK, use_cache=False,
@@ -190,8 +189,8 @@ class PassGraphs:
 
     @torch.inference_mode()
     def run(self, segments: Sequence[Segment]) -> list[torch.Tensor] | None:
-        """Each segment's wanted logits ([logits, V] float32, on the host) as ``run_pass`` gives them,
-        or None when the pass must run eagerly (its shape, or a capture that failed)."""
+        """Each segment's wanted rows, on the host as ``run_pass`` gives them (``host_rows``), or None
+        when the pass must run eagerly (its shape, or a capture that failed)."""
         shape = self.shape(segments)
         if shape is None or not self._has_scratch():
             return None

@@ -40,7 +40,8 @@ class TargetSession:
         self.aux_start = 0  # the position of the first row not handed out
 
     def plan(self, segment: Segment | None) -> Segment | None:
-        if segment is not None and self.aux_layers:
+        if segment is not None:
+            segment.ids_only = self.sampling.greedy  # its verdict reads the argmax alone
             segment.aux_layers = self.aux_layers
         return segment
 
@@ -74,13 +75,14 @@ class TargetSession:
 
     def judge(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
         """The verdict on ``proposal`` from the target's logits after the committed tokens and after
-        each proposed one ([k+1, V]), committed to the session. Only the session's own generator
-        draws, so a sampled verdict depends on its seed, never on what shared its pass."""
+        each proposed one ([k+1, V]; for a greedy session the pass may give their argmax alone, [k+1]),
+        committed to the session. Only the session's own generator draws, so a sampled verdict
+        depends on its seed, never on what shared its pass."""
         if proposal.parents is not None:
             return self._judge_tree(proposal, logits)
         draft_ids = torch.tensor(proposal.ids, dtype=torch.long)
         if self.sampling.greedy:
-            verdict = verify_greedy(logits.argmax(-1), draft_ids)
+            verdict = verify_greedy(_argmax(logits), draft_ids)
         else:
             uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
             verdict = verify(warp(logits, self.sampling), draft_ids, proposal.q, uniforms)
@@ -90,12 +92,17 @@ class TargetSession:
     def _judge_tree(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
         """A token tree's verdict: logits at the root, then after each node ([T+1, V])."""
         if self.sampling.greedy:
-            tree = verify_tree_greedy(logits.argmax(-1), proposal.ids, proposal.parents)
+            tree = verify_tree_greedy(_argmax(logits), proposal.ids, proposal.parents)
         else:
             uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
             tree = verify_tree(warp(logits, self.sampling), proposal.ids, proposal.parents, proposal.q, uniforms)
         self.sequence.commit_path(proposal.ids, tree.path, tree.token)
         return Outcome(len(tree.path), tree.token, tree.path)
+
+
+def _argmax(rows: torch.Tensor) -> torch.Tensor:
+    """The target's choice per row: given ([rows], the pass took it) or taken here ([rows, V])."""
+    return rows if rows.dim() == 1 else rows.argmax(-1)
 
 
 class VerifyStep:
