@@ -80,6 +80,7 @@ class HostPathSettings:
     min_tokens: int = 4096  # per level and path at least this many tokens (and two requests a session)
     out: Path = RESULTS_DIR
     profile_sessions: int | None = 64  # levels of this many sessions are sampled with py-spy (None: none)
+    stream_interval: int = 1  # the router's stream_interval_tokens
 
 
 @dataclass
@@ -285,7 +286,8 @@ async def run_level(address: str, requests: list[pb.GenerateRequest], sessions: 
 def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path) -> tuple[list[Level], dict, dict]:
     widest = max(settings.sessions)
     room = {"max_sessions": 2 * widest, "kv_cache_mib": 1024, "batching": {"max_sessions_per_pass": widest}}
-    router = copy.deepcopy(MEASURED_ON_UNSEEN["router"]) | {"max_concurrent_requests": 2 * widest, "http_port": None}
+    router = copy.deepcopy(MEASURED_ON_UNSEEN["router"]) | {"max_concurrent_requests": 2 * widest, "http_port": None,
+                                                            "stream_interval_tokens": settings.stream_interval}
     overrides = {"models": {"zoo": str(zoo.root)}, "target": copy.deepcopy(room), "draft_pool": copy.deepcopy(room),
                  "router": router}
     service = start_service(port=0, overrides=overrides)
@@ -545,6 +547,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--profile-sessions", type=int, default=d.profile_sessions, metavar="N",
                         help="sample the router, the replica and a draft worker with py-spy during the levels of N "
                              "sessions (0: none; default: %(default)s)")
+    parser.add_argument("--stream-interval", type=int, default=d.stream_interval, metavar="N",
+                        help="the router's stream_interval_tokens: tokens per client message, at least "
+                             "(default: %(default)s)")
     parser.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
     parser.set_defaults(run=_run_command)
 
@@ -555,10 +560,11 @@ def _run_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--paths takes {', '.join(PATHS)}; got {', '.join(sorted(unknown))}")
     settings = HostPathSettings(zoo=args.zoo, sessions=tuple(args.sessions), paths=tuple(args.paths),
                                 max_tokens=args.max_tokens, k=args.k, min_tokens=args.min_tokens, out=args.out,
-                                profile_sessions=args.profile_sessions or None)
+                                profile_sessions=args.profile_sessions or None, stream_interval=args.stream_interval)
     run(settings, "specserve host-path " + " ".join(
         f"--{name.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
-        for name, v in (("zoo", args.zoo), ("sessions", tuple(args.sessions)), ("paths", tuple(args.paths)))))
+        for name, v in (("zoo", args.zoo), ("sessions", tuple(args.sessions)), ("paths", tuple(args.paths)),
+                        ("stream_interval", args.stream_interval))))
     return 0
 
 

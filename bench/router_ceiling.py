@@ -6,7 +6,7 @@ CPU) sets the pace, so its router never falls behind and every token is its own 
 replica is a stand-in process (the real multiplexed wire, ``VerifyMany``, with the real worker side,
 ``serve_multiplexed``) that runs a "pass" every ``--pass-ms`` milliseconds: each session with tokens
 granted gets one token a pass, all of a pass's replies in one message, as a replica answers a decode
-run. The router is the real one (``SpecServeService`` on a ``BackgroundServer``), its registry a
+run (in groups, as a replica sends them, when the router's stream interval asks for them). The router is the real one (``SpecServeService`` on a ``BackgroundServer``), its registry a
 fixed table naming the stand-in. Clients (this process, on the other core) stream target-only
 requests (speculation OFF) back to back at each level of concurrent sessions.
 
@@ -42,16 +42,18 @@ def stand_in_replica(port: multiprocessing.Value, ready, pass_ms: float, core: i
 
     if core is not None:
         os.sched_setaffinity(0, {core})
-    owed: dict[asyncio.Queue, int] = {}  # each decoding session's queue: tokens granted, not yet passed
+    sessions: dict[asyncio.Queue, Run] = {}  # each open session's queue: its run
 
     async def session(requests, context):
         queue: asyncio.Queue = asyncio.Queue()
-        owed[queue] = 0
+        run = sessions[queue] = Run()
 
         async def read() -> None:
             async for request in requests:
-                owed[queue] += request.decode  # the open grants nothing
-            owed.pop(queue, None)
+                if request.WhichOneof("kind") == "open":
+                    run.group = max(1, request.open.decode_group)
+                run.owed += request.decode
+            sessions.pop(queue, None)
             queue.put_nowait(None)
 
         reader = asyncio.ensure_future(read())
@@ -60,17 +62,22 @@ def stand_in_replica(port: multiprocessing.Value, ready, pass_ms: float, core: i
                 yield reply
         finally:
             reader.cancel()
-            owed.pop(queue, None)
+            sessions.pop(queue, None)
 
     async def passes() -> None:
         while True:
             await asyncio.sleep(pass_ms / 1000)
-            decoding = [q for q, n in owed.items() if n > 0]
+            decoding = [(q, run) for q, run in sessions.items() if run.owed > 0]
             info = pb.PassInfo(tokens=len(decoding), sessions=len(decoding))
-            for queue in decoding:
-                owed[queue] -= 1
-                queue.put_nowait(pb.VerifyReply(verdict=pb.Verdict(token=TOKEN), seconds=pass_ms / 1000,
-                                                pass_info=info))
+            for queue, run in decoding:
+                run.owed -= 1
+                run.drawn += 1
+                run.held.append(pb.VerifyReply(verdict=pb.Verdict(token=TOKEN), seconds=pass_ms / 1000,
+                                               pass_info=info))
+                if run.drawn == 1 or len(run.held) >= run.group or run.owed == 0:  # as DecodeRuns groups
+                    for reply in run.held:
+                        queue.put_nowait(reply)
+                    run.held.clear()
 
     class Replica(rpc.VerifierServicer):
         async def VerifyMany(self, frames, context):
@@ -87,6 +94,15 @@ def stand_in_replica(port: multiprocessing.Value, ready, pass_ms: float, core: i
         await server.wait_for_termination()
 
     asyncio.run(main())
+
+
+class Run:
+    """A stand-in session's decode run: tokens granted and not drawn, drawn, held for a group."""
+
+    def __init__(self) -> None:
+        self.owed = self.drawn = 0
+        self.group = 1
+        self.held: list = []
 
 
 class FixedRegistry:

@@ -139,7 +139,9 @@ class RouterConfig(FrozenConfig):
     # A client's stream gets a message for every this many committed tokens (at least; the first
     # token's chunk and the last go at once), as vLLM's and SGLang's --stream-interval: a message on
     # a stream costs the router ~25-50 us of CPU whatever it holds (bench/stream_floor.py), more than
-    # the rest of a target-only token's work. 1: every step's tokens as they are committed.
+    # the rest of a target-only token's work. Target-only, the replica sends a decode run's tokens
+    # in groups of as many (at most half of decode_run_tokens), so the router also wakes and reads
+    # once a group. 1: every step's tokens as they are committed.
     stream_interval_tokens: int = Field(1, ge=1, le=256)
     # Learning from finished requests (scoring the draft-free proposers on greedy ones, adding
     # outputs to the suffix proposer's task tries) takes at most this share of one core on average

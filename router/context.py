@@ -43,6 +43,9 @@ class RequestContext:
     # A lookahead drafts beside it for the likeliest rejection, where the draft gives it these odds
     # (router.lookahead_branch_min_odds); None: no branches.
     branch_odds: float | None = None
+    # A decode run's tokens come from the replica in groups of this many (router.stream_interval_tokens,
+    # at most half a run: SessionOpen.decode_group).
+    decode_group: int = 1
 
     def opening(self, model: str = "", replaced: int = 0, aux_layers: tuple[int, ...] = ()) -> pb.SessionOpen:
         """The open message of a worker's session holding every committed token: the target's
@@ -53,7 +56,8 @@ class RequestContext:
         seed = replacement_seed(self.history.stats.seed, "draft" if model else "target", replaced)
         return pb.SessionOpen(session_id=self.request_id, prompt_ids=self.history.committed_ids(), model=model,
                               sampling=sampling_message(self.params.sampling, seed),
-                              max_new_tokens=self.history.remaining, task=self.task, aux_layers=aux_layers)
+                              max_new_tokens=self.history.remaining, task=self.task, aux_layers=aux_layers,
+                              decode_group=0 if model else self.decode_group)
 
     def before_deadline(self, give_up: float) -> float:
         """When to stop waiting: at ``give_up``, or just before the client's deadline if sooner."""

@@ -55,6 +55,7 @@ class Workers:
     lookahead: bool = False  # drafts draft ahead while the target verifies (router.lookahead)
     decode_run: int = 1  # target-only tokens granted ahead (router config decode_run_tokens)
     branch_odds: float | None = None  # lookaheads' branches (router.lookahead_branch_min_odds); None: none
+    decode_group: int = 1  # a decode run's tokens per message from the replica (router.stream_interval_tokens)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ class Request:
         self.recorder = RequestRecorder(self.decoding.stats)
         context = RequestContext(self.request_id, routing.task.task, valid.params, self.decoding, workers.directory,
                                  workers.timeouts, deadline, workers.lookahead, workers.decode_run,
-                                 ahead=routing.lookahead, branch_odds=workers.branch_odds)
+                                 ahead=routing.lookahead, branch_odds=workers.branch_odds,
+                                 decode_group=workers.decode_group)
         self.proposed_by = self._proposer(workers.proposers, context, routing.length)  # for its counts, once gone
         self.target = TargetLink(context, self.recorder, self.proposed_by.aux_layers if self.proposed_by else ())
         self.loop = SpeculativeLoop(self.decoding, self.target, self.proposed_by, routing.length, self.recorder,

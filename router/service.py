@@ -89,9 +89,12 @@ class SpecServeService:
         self.lookahead_budget = LookaheadBudget(config.lookahead_min_hit_rate)
         self.draft_free = DraftFree(config.ngram, config.suffix)
         proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {})
+        # A group of more than half a run would hold the replica's run up at its end (the router
+        # tops a run up once half of it has arrived).
+        decode_group = min(config.stream_interval_tokens, max(1, config.decode_run_tokens // 2))
         self.workers = Workers(tokenizer, directory, config.timeouts, proposers, config.lookahead,
                                config.decode_run_tokens,
-                               config.lookahead_branch_min_odds if config.lookahead_branch else None)
+                               config.lookahead_branch_min_odds if config.lookahead_branch else None, decode_group)
         self.learning = LearningBudget(config.learning_cpu_share)
         self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free,
                                          frozenset(heads or {}))

@@ -391,6 +391,37 @@ def test_a_replica_extends_a_run_with_grants_and_drops_it_when_its_rpc_ends(targ
     assert not scheduler.waiting and not scheduler.active  # the dropped run left the batch
 
 
+def test_a_replica_sends_a_runs_tokens_in_groups_when_asked_the_first_at_once_the_last_at_the_end(target):
+    """SessionOpen.decode_group: the run's first token as its pass settles, then groups of 4 (put
+    out in one turn, so they leave in one message), and where the grant ends, what is left; the
+    tokens are the same as one by one."""
+    from specserve.proto.v1 import internal_pb2 as pb
+    from specserve.workers.target_replica import DecodeRuns
+
+    prompt = prompts(1, seed=5)[0]
+
+    async def scenario(group: int) -> tuple[list[int], list[int]]:
+        pool = KVPool(KVShape.of(target), Budget(2**28))
+        scheduler = Scheduler(target, pool, Device(1), BatchingConfig())
+        session = TargetSession(PooledSequence(pool.take(256), prompt), GREEDY, torch.Generator())
+
+        async def inbox():
+            if False:
+                yield pb.VerifyRequest()
+
+        tokens, seen_at = [], []
+        async for reply in DecodeRuns(scheduler, session, "", inbox(), FakeContext(), group).replies(11):
+            tokens.append(reply.verdict.token)
+            seen_at.append(scheduler.counts.passes)
+        return tokens, seen_at
+
+    one_by_one, passes = asyncio.run(scenario(1))
+    assert passes == list(range(1, 12))
+    grouped, seen_at = asyncio.run(scenario(4))
+    assert grouped == one_by_one
+    assert seen_at == [1, 5, 5, 5, 5, 9, 9, 9, 9, 11, 11]  # first; two groups of 4; the 2 the grant left
+
+
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_a_proposal_drafted_ahead_is_the_one_drafted_afresh_after_the_verdict(draft, sampling):
     """A lookahead drafts past a proposal as if all of it is accepted, first its guess of the

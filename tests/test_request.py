@@ -9,6 +9,7 @@ asserts that the committed tokens equal target-only decoding.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 
@@ -481,3 +482,14 @@ async def chunks_of_paced(interval: int) -> list[str]:
             yield Chunk([0] * size, "x" * size)
 
     return [c.text async for c in paced(steps(), interval)]
+
+
+def test_a_target_session_asks_for_the_stream_intervals_groups_and_a_draft_session_for_none(models):
+    """The target's open carries the request's decode group (router.stream_interval_tokens, at most
+    half a run); a draft worker's carries none (its proposals are one reply a step anyway)."""
+    session = make_session(models, FakeDirectory(FakeWorker("target", "t0", models[0])), lookahead=False)
+    context = session.target.context
+    assert context.opening().decode_group == 1
+    grouped = dataclasses.replace(context, decode_group=4)
+    assert grouped.opening().decode_group == 4
+    assert grouped.opening(model=DRAFT).decode_group == 0

@@ -87,18 +87,20 @@ class DecodeRuns:
     """A session decoding target-only, from its first decode request to the end of its stream.
 
     Each grant is a run of tokens the scheduler keeps in every pass, answered one reply per token
-    as its pass settles. The router grants more before a run ends; a grant that has arrived by the
+    as its pass settles (or, with a ``group`` > 1, a group's replies together: the run's first at
+    once, then each full group, and what is left where the run's granted tokens end). The router grants more before a run ends; a grant that has arrived by the
     end of a pass extends the run under way, so the session stays in the batch for as long as the
     router keeps granting (one that comes too late starts the next run). A session decoding in
     runs takes decode requests only: it has no draft, and never gets one back.
     """
 
     def __init__(self, scheduler: Scheduler, session: TargetSession, task: str, inbox: AsyncIterator,
-                 context: grpc.aio.ServicerContext) -> None:
+                 context: grpc.aio.ServicerContext, group: int = 1) -> None:
         self.scheduler = scheduler
         self.session = session
         self.task = task
         self.inbox = inbox
+        self.group = max(1, group)  # replies sent together (SessionOpen.decode_group)
         self.reader = self._read()
         self.runner: asyncio.Future | None = None
         # The RPC may end while its handler is paused at a reply; the run must leave the batch then,
@@ -121,6 +123,7 @@ class DecodeRuns:
 
     async def _run(self, run: DecodeRun) -> AsyncIterator[pb.VerifyReply]:
         replies: asyncio.Queue = asyncio.Queue()
+        held: list[pb.VerifyReply] = []  # this group's replies so far
 
         drawn = 0
 
@@ -128,11 +131,15 @@ class DecodeRuns:
             nonlocal drawn
             if len(run.verdicts) > drawn:  # a prefill chunk draws no token
                 drawn += 1  # the run's queue wait is its first token's only
-                replies.put_nowait(verify_reply(run.verdicts[-1], done if drawn == 1 else replace(done, queue_seconds=0.0),
-                                                self.session))
+                held.append(verify_reply(run.verdicts[-1], done if drawn == 1 else replace(done, queue_seconds=0.0),
+                                         self.session))
             grant = self._arrived_grant()
             if grant and run.extend(grant):
                 self.reader = self._read()
+            if held and (drawn == 1 or len(held) >= self.group or drawn >= run.n):  # first, full, or last
+                for reply in held:  # put in one turn: they leave in one message
+                    replies.put_nowait(reply)
+                held.clear()
 
         self.runner = asyncio.ensure_future(self.scheduler.run(run, self.task, on_pass))
         self.runner.add_done_callback(replies.put_nowait)  # after the last pass's reply
@@ -186,7 +193,7 @@ class VerifierServicer(rpc.VerifierServicer):
                 inbox = host.steps(requests)
                 async for request in inbox:
                     if request.WhichOneof("kind") == "decode":  # target-only from here to the end
-                        runs = DecodeRuns(scheduler, session, opened.task, inbox, context)
+                        runs = DecodeRuns(scheduler, session, opened.task, inbox, context, opened.decode_group)
                         async for reply in runs.replies(request.decode):
                             yield reply
                         return

@@ -39,7 +39,7 @@ class SparseRow(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers", "alternatives")
+    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers", "alternatives", "decode_group")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class SessionOpen(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     AUX_LAYERS_FIELD_NUMBER: _ClassVar[int]
     ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_GROUP_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: Sampling
@@ -56,7 +57,8 @@ class SessionOpen(_message.Message):
     task: str
     aux_layers: _containers.RepeatedScalarFieldContainer[int]
     alternatives: bool
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ..., alternatives: _Optional[bool] = ...) -> None: ...
+    decode_group: int
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ..., alternatives: _Optional[bool] = ..., decode_group: _Optional[int] = ...) -> None: ...
 
 class HiddenStates(_message.Message):
     __slots__ = ("start", "rows", "width", "dtype", "data")
