@@ -88,7 +88,8 @@ class WorkerStream:
     def ready(self):
         """The next answer if it is already here (None: not yet, an end the next ``receive``
         raises, or a stream that cannot tell without waiting)."""
-        read_now = getattr(self.call, "read_now", None)  # a session of a multiplexed stream can
+        # Only a multiplexed stream's session can tell without waiting; and never while a read waits.
+        read_now = getattr(self.call, "read_now", None)
         reply = read_now() if read_now is not None and not self._reading.locked() else None
         return None if reply is None else self._checked(reply)
 
