@@ -10,7 +10,7 @@ run (in groups, as a replica sends them, when the router's stream interval asks 
 fixed table naming the stand-in. Clients (this process, on the other core) stream target-only
 requests (speculation OFF) back to back at each level of concurrent sessions.
 
-It prints per level: tokens/s, the router's CPU microseconds per token (user + system, /proc), the
+It prints per level: tokens/s, the router's CPU microseconds per token (user + system), the
 tokens per client chunk (above 1: the router found a decode run's tokens waiting and sent them in
 one write), and 1e6 / (router us per token), the tokens/s a saturated router core gives at that cost.
 

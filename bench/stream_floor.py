@@ -11,7 +11,7 @@ A server process (its own core, like the router) serves ``GenerateStream`` to S 
     woken x4    the same, four tokens a chunk (what a router behind its replica finds waiting)
 
 It prints the server's CPU microseconds per message and per token (user + system of the server
-process over the run, from /proc) and messages per second. Nothing else runs in the server: no
+process over the run) and messages per second. Nothing else runs in the server: no
 model, no bookkeeping, no detokenizing.
 
     .venv/bin/python -m specserve.bench.stream_floor [--streams 1,16,64] [--chunks 256]
@@ -26,14 +26,15 @@ import os
 import time
 
 import grpc
+import psutil
 
 MODES = {"yield": 1, "woken": 1, "woken x4": 4}  # mode: tokens a chunk
 
 
 def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process ``pid`` so far (psutil, as the host-path bench reads them)."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def serve(port: multiprocessing.Value, ready, core: int | None) -> None:

@@ -88,10 +88,11 @@ class DecodeRuns:
 
     Each grant is a run of tokens the scheduler keeps in every pass, answered one reply per token
     as its pass settles (or, with a ``group`` > 1, a group's replies together: the run's first at
-    once, then each full group, and what is left where the run's granted tokens end). The router grants more before a run ends; a grant that has arrived by the
-    end of a pass extends the run under way, so the session stays in the batch for as long as the
-    router keeps granting (one that comes too late starts the next run). A session decoding in
-    runs takes decode requests only: it has no draft, and never gets one back.
+    once, then each full group, and what is left where the run's granted tokens end). The router
+    grants more before a run ends; a grant that has arrived by the end of a pass extends the run
+    under way, so the session stays in the batch for as long as the router keeps granting (one that
+    comes too late starts the next run). A session decoding in runs takes decode requests only: it
+    has no draft, and never gets one back.
     """
 
     def __init__(self, scheduler: Scheduler, session: TargetSession, task: str, inbox: AsyncIterator,
