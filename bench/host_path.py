@@ -81,6 +81,9 @@ class HostPathSettings:
     out: Path = RESULTS_DIR
     profile_sessions: int | None = 64  # levels of this many sessions are sampled with py-spy (None: none)
     stream_interval: int = 1  # the router's stream_interval_tokens
+    # router.replicas: router processes sharing the client port. With more than one, each client
+    # session has a connection of its own, so the kernel spreads them over the processes.
+    router_replicas: int = 1
 
 
 @dataclass
@@ -121,8 +124,10 @@ class Level:
 
 
 def component(process: psutil.Process) -> str:
-    title = " ".join(process.cmdline())
-    return component_of(title) or "ray daemons"
+    """Which column a process's CPU goes in: the control replica's (the registry, the pool's
+    supervision) goes with Ray's daemons, as the service's upkeep."""
+    found = component_of(" ".join(process.cmdline()))
+    return found if found in COMPONENTS else "ray daemons"
 
 
 def process_table() -> dict[int, tuple[psutil.Process, str]]:
@@ -258,13 +263,19 @@ def request_for(path: str, prompt: str, task: str, zoo: Zoo, settings: HostPathS
 
 
 async def run_level(address: str, requests: list[pb.GenerateRequest], sessions: int, per_session: int,
-                    level: Level) -> list[list[int]]:
-    """``sessions`` clients each streaming ``per_session`` requests back to back; the outputs in order."""
+                    level: Level, connections: int = 1) -> list[list[int]]:
+    """``sessions`` clients each streaming ``per_session`` requests back to back, over ``connections``
+    connections; the outputs in order."""
     outputs: list[list[int]] = [[] for _ in range(sessions * per_session)]
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = rpc.SpecServeStub(channel)
+    # A local subchannel pool each: channels to one address otherwise share one connection.
+    channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(max(1, min(connections, sessions)))]
+    try:
+        stubs = [rpc.SpecServeStub(channel) for channel in channels]
+        stub = stubs[0]
 
         async def client(i: int) -> None:
+            stub = stubs[i % len(stubs)]
             for j in range(per_session):
                 n = i * per_session + j
                 async for chunk in stub.GenerateStream(requests[n % len(requests)]):
@@ -278,8 +289,11 @@ async def run_level(address: str, requests: list[pb.GenerateRequest], sessions: 
                 level.tokens += len(outputs[n])
 
         await asyncio.gather(*(client(i) for i in range(sessions)))
-        stats = await stub.GetStats(pb.GetStatsRequest())
+        stats = await stub.GetStats(pb.GetStatsRequest())  # one router's view of the passes it stepped in
         level.pass_sessions = next((p.mean_sessions for p in stats.passes if p.kind == "target"), 0.0)
+    finally:
+        for channel in channels:
+            await channel.close()
     return outputs
 
 
@@ -287,11 +301,13 @@ def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path) -
     widest = max(settings.sessions)
     room = {"max_sessions": 2 * widest, "kv_cache_mib": 1024, "batching": {"max_sessions_per_pass": widest}}
     router = copy.deepcopy(MEASURED_ON_UNSEEN["router"]) | {"max_concurrent_requests": 2 * widest, "http_port": None,
-                                                            "stream_interval_tokens": settings.stream_interval}
+                                                            "stream_interval_tokens": settings.stream_interval,
+                                                            "replicas": settings.router_replicas}
     overrides = {"models": {"zoo": str(zoo.root)}, "target": copy.deepcopy(room), "draft_pool": copy.deepcopy(room),
                  "router": router}
     service = start_service(port=0, overrides=overrides)
     prompts = [(task, p) for task in zoo.tasks for p in zoo.prompts(task)[:8]]
+    connections = 1 if settings.router_replicas == 1 else max(settings.sessions)
     levels, identical, profiles = [], {}, {}
     try:
         table = process_table()
@@ -301,20 +317,21 @@ def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path) -
         # worker's first pass) must not fall on the first level.
         for path in settings.paths:
             warm = [request_for(path, p, t, zoo, settings) for t, p in prompts[:2]]
-            asyncio.run(run_level(service.address, warm, 2, 1, Level(path, 2)))
+            asyncio.run(run_level(service.address, warm, 2, 1, Level(path, 2), connections))
         for sessions in settings.sessions:
             per_session = max(2, math.ceil(settings.min_tokens / (sessions * settings.max_tokens)))
             for path in settings.paths:
                 requests = [request_for(path, p, t, zoo, settings) for t, p in prompts]
                 level = Level(path, sessions)
                 before, start = cpu_now(table), time.perf_counter()
-                outputs = asyncio.run(run_level(service.address, requests, sessions, per_session, level))
+                outputs = asyncio.run(run_level(service.address, requests, sessions, per_session, level, connections))
                 level.seconds = time.perf_counter() - start
                 level.cpu_seconds, level.device_seconds, level.processes = cpu_by_component(table, before,
                                                                                             cpu_now(table))
                 if sessions == settings.profile_sessions and spy.available:  # again, sampled: the sampler
                     spy.start(f"{path}-{sessions}")  # takes CPU of its own, so not in the figures above
-                    asyncio.run(run_level(service.address, requests, sessions, per_session, Level(path, sessions)))
+                    asyncio.run(run_level(service.address, requests, sessions, per_session, Level(path, sessions),
+                                          connections))
                     profiles[f"{path} {sessions}"] = spy.stop()
                 levels.append(level)
                 # Lossless on the way: every path's output of a prompt is the target-only one.
@@ -550,6 +567,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--stream-interval", type=int, default=d.stream_interval, metavar="N",
                         help="the router's stream_interval_tokens: tokens per client message, at least "
                              "(default: %(default)s)")
+    parser.add_argument("--router-replicas", type=int, default=d.router_replicas, metavar="N",
+                        help="router processes sharing the client port (router.replicas); with more than one, each "
+                             "client session connects on its own (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
     parser.set_defaults(run=_run_command)
 
@@ -560,11 +580,12 @@ def _run_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--paths takes {', '.join(PATHS)}; got {', '.join(sorted(unknown))}")
     settings = HostPathSettings(zoo=args.zoo, sessions=tuple(args.sessions), paths=tuple(args.paths),
                                 max_tokens=args.max_tokens, k=args.k, min_tokens=args.min_tokens, out=args.out,
-                                profile_sessions=args.profile_sessions or None, stream_interval=args.stream_interval)
+                                profile_sessions=args.profile_sessions or None, stream_interval=args.stream_interval,
+                                router_replicas=args.router_replicas)
     run(settings, "specserve host-path " + " ".join(
         f"--{name.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
         for name, v in (("zoo", args.zoo), ("sessions", tuple(args.sessions)), ("paths", tuple(args.paths)),
-                        ("stream_interval", args.stream_interval))))
+                        ("stream_interval", args.stream_interval), ("router_replicas", args.router_replicas))))
     return 0
 
 

@@ -13,7 +13,7 @@ import re
 
 import psutil
 
-from specserve.cluster.app import ROUTER_DEPLOYMENT, TARGET_DEPLOYMENT
+from specserve.cluster.app import CONTROL_DEPLOYMENT, ROUTER_DEPLOYMENT, TARGET_DEPLOYMENT
 
 # A replica's title is ray::ServeReplica:<app>:<deployment>, with ".<method>" appended while a call
 # runs (a health check, say): the deployment name ends at the first character a name cannot hold.
@@ -23,7 +23,8 @@ SERVE_REPLICA = re.compile(r"ray::ServeReplica:[^:\s]+:([\w-]+)")
 def component_of(title: str) -> str | None:
     replica = SERVE_REPLICA.match(title)
     if replica:
-        return {TARGET_DEPLOYMENT: "target replica", ROUTER_DEPLOYMENT: "router"}.get(replica.group(1))
+        return {TARGET_DEPLOYMENT: "target replica", ROUTER_DEPLOYMENT: "router",
+                CONTROL_DEPLOYMENT: "control"}.get(replica.group(1))
     return "draft worker" if title.startswith("ray::DraftWorker") else None
 
 

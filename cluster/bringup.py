@@ -45,7 +45,7 @@ class RunningService:
     http_address: str | None = None  # host:port of the OpenAI-compatible API; None: turned off
 
     def stop(self) -> None:
-        """Delete the app (its replicas, the router and the draft pool it owns); stop an embedded cluster."""
+        """Delete the app (its replicas, the routers, the registry and the draft pool); stop an embedded cluster."""
         if self.owns_cluster:
             ray.shutdown()  # takes Serve, the app and the pool with it
         else:
@@ -70,6 +70,20 @@ def serve_config(path: Path, port: int | None = None, overrides: dict | None = N
         if port == 0 and not named and router.get("http_port", 0) is not None:
             router["http_port"] = 0
     return doc
+
+
+def pin_shared_ports(args: dict) -> None:
+    """Several router processes (router.replicas) share their ports, so "any free port" (0) must be
+    one port for all: pick it here, before they start. (Another program could take it in between;
+    the routers would then fail to start, saying so.)"""
+    router = args.get("router") or {}
+    if router.get("replicas", 1) <= 1:
+        return
+    for key in ("port", "http_port"):
+        if router.get(key) == 0:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind((router.get("host", "0.0.0.0"), 0))
+                router[key] = probe.getsockname()[1]
 
 
 def check_ports_free(host: str, ports: dict[str, int | None]) -> None:
@@ -126,6 +140,7 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
                   overrides: dict | None = None, ready_timeout: float = READY_TIMEOUT_SECONDS,
                   metrics_port: int | None = None) -> RunningService:
     doc = serve_config(config_path or default_config_path(), port, overrides)
+    pin_shared_ports(doc["applications"][0]["args"])
     security = SecuritySettings.from_env()  # a bad variable fails here, before any cluster starts
     if not address and not ray.is_initialized():  # everything runs on this machine: check it here, in one line
         config = ServiceConfig.model_validate(doc["applications"][0]["args"])

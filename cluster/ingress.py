@@ -1,17 +1,19 @@
 """The router's Serve deployment: the ingress that assembles the service on a gRPC port of its own.
 
-It starts the registry and the draft pool, loads the tokenizer (the only model file it needs) and
-serves the client API (``router/service.py``), the standard health service and server reflection
+It finds the registry (the control deployment's, cluster/control.py), loads the tokenizer (the
+only model file it needs) and serves the client API (``router/service.py``), the standard health service and server reflection
 from one grpc.aio server, and the OpenAI-compatible HTTP API (``router/openai_api.py``) on that
 server's event loop.
 Health turns SERVING once a target replica and the whole draft pool (so a worker for every draft)
-have registered.
+have registered. With ``router.replicas`` > 1 there are as many processes, each its own router,
+listening on the same ports (SO_REUSEPORT).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from pathlib import Path
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -27,14 +29,14 @@ from specserve.router.validation import Limits
 from specserve.workers.grpc_host import BackgroundServer, advertised_host
 from specserve.workers.loading import load_config
 from specserve.workers.logs import log_to_stderr
-from specserve.workers.registry import Endpoint, Heartbeat, Registration, start_registry
+from specserve.workers.registry import Endpoint, Heartbeat, Registration
 from specserve.workers.security import SecuritySettings
 
 from .config import ModelsConfig, ServiceConfig
+from .control import find_registry
 from .local import open_zoo, zoo_location
 from .models import ModelSet, check_tokenizers, head_layers
-from .placement import router_options
-from .pool import DraftPool
+from .pool import initial_size
 
 log = logging.getLogger("specserve.router")
 READY_POLL_SECONDS = 0.5
@@ -43,9 +45,9 @@ HTTP_START_SECONDS = 30.0
 
 
 class Router:
-    def __init__(self, config: dict, models: ModelSet, target_deployment=None) -> None:
-        # target_deployment: the bound target deployment's handle; binding it is what makes Serve
-        # deploy the replicas. Per-step traffic never goes through it.
+    def __init__(self, config: dict, models: ModelSet, target_deployment=None, control_deployment=None) -> None:
+        # The bound target and control deployments' handles: binding them is what makes Serve
+        # deploy them. Per-step traffic never goes through either.
         log_to_stderr()  # this process is Serve's: specserve's lines would be lost
         cfg = ServiceConfig.model_validate(config)
         security = SecuritySettings.from_env()  # tokens and TLS: the environment's, never the Serve config's
@@ -54,32 +56,32 @@ class Router:
         self.models = models
         tokenizer = check_tokenizers(models)  # before any worker loads a model
         heads = head_layers(models)
-        beside_router = router_options(cfg.router)["resources"]
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
-        registry = start_registry(registration, beside_router)
-        self.pool = DraftPool(cfg, models)
+        registry = find_registry(cfg.namespace)
+        self.pool_size = initial_size(cfg, models)
+        self.router_id = f"router-{uuid.uuid4().hex[:6]}"
         limits = Limits(tasks=models.tasks, drafts=models.proposers, context_window=_context_window(models.target))
         self.directory = WorkerDirectory(registry, registration.ttl, security)
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
-                                        priors=models.priors, trees=models.trees, heads=heads)
+                                        priors=models.priors, trees=models.trees, heads=heads, router_id=self.router_id)
         self.health = health_aio.HealthServicer()
+        shared = cfg.router.replicas > 1  # the other router processes listen on the same ports
         self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc",
                                        credentials=security.api_server_credentials(),
-                                       interceptors=security.api_interceptors())
+                                       interceptors=security.api_interceptors(), reuse_port=shared)
         self.address = f"{advertised_host()}:{self.server.port}"
         self.serving = False  # what the health service says: set by _set_serving only
         self.http = None
         if cfg.router.http_port is not None:  # on the gRPC server's loop: one loop owns the service's state
             self.http = OpenAIServer(self.service, cfg.router.model_name or model_name(cfg.models), security,
                                      serving=lambda: self.serving)
-            port = asyncio.run_coroutine_threadsafe(self.http.start(cfg.router.host, cfg.router.http_port),
+            port = asyncio.run_coroutine_threadsafe(self.http.start(cfg.router.host, cfg.router.http_port, shared),
                                                     self.server.loop).result(HTTP_START_SECONDS)
             log.info("OpenAI-compatible API on http%s://%s:%d/v1 (model %r)", "s" if security.tls else "",
                      advertised_host(), port, self.http.model)
-        self.heartbeat = Heartbeat(registration, lambda: Endpoint("router", "router", self.address))
+        self.heartbeat = Heartbeat(registration, lambda: Endpoint("router", self.router_id, self.address))
         asyncio.run_coroutine_threadsafe(self._mark_serving_when_ready(), self.server.loop)
-        asyncio.run_coroutine_threadsafe(self.pool.run(self.service.metrics), self.server.loop)
-        log.info("router listening on %s", self.address)
+        log.info("%s listening on %s", self.router_id, self.address)
 
     def _add_servicers(self, server) -> None:
         server.add_generic_rpc_handlers((self.service.handler(),))
@@ -100,7 +102,7 @@ class Router:
             drafts = [e for e in endpoints if e.kind == "draft"]
             served = {m for e in drafts for m in e.models}
             if (any(e.kind == "target" for e in endpoints) and needed <= served
-                    and len(drafts) >= len(self.pool.workers)):
+                    and len(drafts) >= self.pool_size):
                 break
             await asyncio.sleep(READY_POLL_SECONDS)
         await self._set_serving(True, f"ready: {len(endpoints)} endpoints registered")
@@ -139,9 +141,6 @@ class Router:
             obj = getattr(self, part, None)
             if obj is not None:
                 obj.stop()
-        pool = getattr(self, "pool", None)
-        if pool is not None:
-            pool.stop()
 
 
 def _task_resolver(cfg: ServiceConfig, models: ModelSet) -> TaskResolver:

@@ -1,9 +1,9 @@
 """The draft-worker pool: named Ray actors (not Serve deployments) on the draft devices.
 
-The router creates the pool when it starts and owns it: the workers live as long as the router
-replica. Their names carry a generation of their own, so a router started while the old one is
-still stopping (a Serve rolling update) starts its own pool instead of adopting the old router's,
-which goes with it.
+The control deployment (cluster/control.py) creates the pool when it starts and owns it: the
+workers live as long as its replica, whatever happens to the router processes. Their names carry a
+generation of their own, so a control replica started while the old one is still stopping (a Serve
+rolling update) starts its own pool instead of adopting the old one's, which goes with it.
 
 Without ``draft_pool.autoscaling`` the pool keeps its size; with it, the pool follows its load
 within the bounds (``autoscale``: policy in cluster/autoscaling.py). A worker whose process dies is restarted by Ray (``max_restarts``) with
@@ -22,7 +22,7 @@ import uuid
 import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
-from specserve.router.metrics import RouterMetrics
+from specserve.router.metrics import RefreshedGauge, keep_refreshed
 from specserve.workers.draft_worker import DraftWorker
 from specserve.workers.model_host import DRAIN_SECONDS, HostLoad
 from specserve.workers.registry import Registration
@@ -52,15 +52,13 @@ class DraftPool:
         self.target = models.spec(models.target, pool.threads)  # what its EAGLE-3 heads (if any) are checked against
         self.options = place(pool)
         self.generation = uuid.uuid4().hex[:6]
-        size = pool.workers if names else 0  # no drafts (draft-free proposers alone): no workers
-        if self.scaling is not None:
-            size = min(max(size, self.scaling.min_workers), self.scaling.max_workers)
+        size = initial_size(config, models)
         self.workers: dict[int, ray.actor.ActorHandle] = {slot: self._start(slot) for slot in range(size)}
         self.next_slot = size
         # Workers being removed, letting their sessions end (the task doing it -> the worker).
         self.draining: dict[asyncio.Task, ray.actor.ActorHandle] = {}
         self.replaced = 0
-        self.metrics: RouterMetrics | None = None  # set by ``run``
+        self.gauge: RefreshedGauge | None = None  # set by ``run``, in the process that runs the pool
         bounds = (f", autoscaling within {self.scaling.min_workers}-{self.scaling.max_workers}"
                   if self.scaling else "")
         log.info("draft pool: %d workers serving %s, each with %s%s", size, ", ".join(names) or "no drafts",
@@ -75,10 +73,13 @@ class DraftPool:
         registration = Registration(self.config.namespace, self.config.router.heartbeat_seconds)
         return actor.remote(worker_id, self.specs, self.config.draft_pool, registration, self.target)
 
-    async def run(self, metrics: RouterMetrics | None = None) -> None:
-        """Forever, on the router's event loop: keep the workers alive and, with autoscaling, the
-        pool sized to its load."""
-        self.metrics = metrics
+    async def run(self) -> None:
+        """Forever: keep the workers alive and, with autoscaling, the pool sized to its load."""
+        self.gauge = RefreshedGauge("specserve_draft_pool_workers", "The draft pool's workers by state: serving, "
+                                    "draining (being removed: their sessions ending), and wanted (what "
+                                    "draft_pool.autoscaling asks for now; set only with it)", tag_keys=("state",))
+        keep_refreshed([self.gauge])
+        self._report()
         await asyncio.gather(self.supervise(), self.autoscale())
 
     async def supervise(self) -> None:
@@ -164,11 +165,11 @@ class DraftPool:
         ray.kill(worker, no_restart=True)
 
     def _report(self, wanted: int | None = None) -> None:
-        if self.metrics is not None:
-            self.metrics.draft_workers.set(len(self.workers), {"state": "serving"})
-            self.metrics.draft_workers.set(len(self.draining), {"state": "draining"})
+        if self.gauge is not None:
+            self.gauge.set(len(self.workers), {"state": "serving"})
+            self.gauge.set(len(self.draining), {"state": "draining"})
             if wanted is not None:
-                self.metrics.draft_workers.set(wanted, {"state": "wanted"})
+                self.gauge.set(wanted, {"state": "wanted"})
 
     def stop(self) -> None:
         for task, worker in list(self.draining.items()):
@@ -176,6 +177,17 @@ class DraftPool:
             ray.kill(worker)
         for worker in self.workers.values():
             ray.kill(worker)
+
+
+def initial_size(config: ServiceConfig, models: ModelSet) -> int:
+    """The workers the pool starts with: ``draft_pool.workers`` within the autoscaling bounds; none
+    where no draft is served (the draft-free proposers alone)."""
+    pool = config.draft_pool
+    if not (pool.drafts or models.drafts):
+        return 0
+    if pool.autoscaling is None:
+        return pool.workers
+    return min(max(pool.workers, pool.autoscaling.min_workers), pool.autoscaling.max_workers)
 
 
 async def _gone(worker: ray.actor.ActorHandle) -> bool:

@@ -115,6 +115,12 @@ class RouterConfig(FrozenConfig):
     # The router runs on a node advertising this custom resource: the one clients reach (KubeRay:
     # the head pod, behind the Service). None: wherever Ray puts it.
     node_resource: str | None = ROUTER_NODE
+    # Router processes (Serve replicas of the ingress) on the router's node, sharing its client ports
+    # (SO_REUSEPORT: the kernel spreads connections over them, each connection staying with one).
+    # Where one process's CPU caps the service (bench/router_ceiling.py says how many tokens a
+    # second one sustains). Each admits, learns and reports on its own requests: the limits below
+    # and GetStats's task rows are per process.
+    replicas: int = Field(1, ge=1, le=32)
     max_concurrent_requests: int = Field(32, ge=1)  # run at once; beyond it, requests queue
     max_queued_requests: int = Field(32, ge=0)  # wait for a turn; beyond it: RESOURCE_EXHAUSTED
     default_task: str = GENERAL_TASK  # for requests that name no task

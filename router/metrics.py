@@ -231,13 +231,8 @@ class RouterMetrics:
                                              "as full (its session or KV cache limit); the request went on to "
                                              "another replica or waited for room (router.timeouts.target_full_wait_seconds)")
         self.full_refusals.start({})
-        self.draft_workers = RefreshedGauge("specserve_draft_pool_workers", "The router's draft workers by state: "
-                                            "serving, draining (being removed: their sessions ending), and wanted "
-                                            "(what draft_pool.autoscaling asks for now; set only with it)",
-                                            tag_keys=("state",))
         self._tasks_started: set[str] = set()
-        gauges = [m for m in vars(self).values() if isinstance(m, RefreshedGauge)]
-        threading.Thread(target=_refresh_forever, args=(gauges,), name="specserve-gauges", daemon=True).start()
+        keep_refreshed([m for m in vars(self).values() if isinstance(m, RefreshedGauge)])
 
     def record_refused(self, status: str) -> None:
         """A request refused at the edge (invalid, or over the limit): counted with no task yet."""
@@ -311,6 +306,11 @@ class RouterMetrics:
             tags = {"task": view.task, "draft": arm.draft}
             self.expected_speedup.set(arm.expected_speedup, tags)
             self.alpha.set(arm.alpha, tags)
+
+
+def keep_refreshed(gauges: list[RefreshedGauge]) -> None:
+    """Re-set ``gauges`` every GAUGE_REFRESH_SECONDS from a daemon thread, for as long as the process lives."""
+    threading.Thread(target=_refresh_forever, args=(gauges,), name="specserve-gauges", daemon=True).start()
 
 
 def _refresh_forever(gauges: list[RefreshedGauge]) -> None:

@@ -232,12 +232,13 @@ class OpenAIServer:
                         web.post("/v1/chat/completions", self.chat_completions), web.get("/health", self.health)])
         return app
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen (port 0: one the OS picks); the port listened on."""
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Listen (port 0: one the OS picks; ``reuse_port``: beside the other router processes); the
+        port listened on."""
         # handler_cancellation: a client that hangs up cancels its request, freeing its workers' sessions.
         self.runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, ssl_context=self._ssl())
+        site = web.TCPSite(self.runner, host, port, ssl_context=self._ssl(), reuse_port=reuse_port or None)
         await site.start()
         self.port = self.runner.addresses[0][1]
         return self.port

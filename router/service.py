@@ -78,8 +78,9 @@ class SpecServeService:
                  config: RouterConfig, resolver: TaskResolver, rng: random.Random | None = None,
                  priors: dict[str, dict[str, float]] | None = None,
                  trees: dict[str, tuple[str, ...]] | None = None,
-                 heads: dict[str, tuple[int, ...]] | None = None) -> None:
+                 heads: dict[str, tuple[int, ...]] | None = None, router_id: str = "router") -> None:
         self.config = config
+        self.router_id = router_id  # which router process this is (GetStats says: router.replicas > 1)
         self.tokenizer = tokenizer
         self.limits = limits
         self.directory = directory
@@ -224,7 +225,7 @@ class SpecServeService:
             self.policy.seed_passes(self.directory.target_pass_times())
         return pb.ServiceStats(tasks=self._task_rows(), workers=workers, requests_in_flight=self.admission.running,
                                requests_rejected=self.admission.refused, requests_queued=self.admission.waiting,
-                               passes=self._pass_rows(), load=self._load_pricing())
+                               passes=self._pass_rows(), load=self._load_pricing(), router=self.router_id)
 
     def _pass_rows(self) -> list[pb.PassStats]:
         return [pb.PassStats(kind=kind, **asdict(window.summary())) for kind, window in self.passes.items()]

@@ -198,8 +198,9 @@ def test_every_section_was_measured_and_every_output_is_the_targets(results, tin
     assert load["ratios"]["1"]["off_p50_over_unbatched"] > 0 and load["ratios"]["2"]["off_over_peer_static"] > 0
     assert load["peer_errors"] == {}  # generate_batch runs on CPU in transformers 5.23
     assert load["rss"]["clients"] == max(CONCURRENCY)
-    assert {p["component"] for p in load["rss"]["processes"]} == {"target replica", "draft worker", "router"}
-    assert set(f["memory"]) == {"target replica", "draft worker", "router"}
+    components = {"target replica", "draft worker", "router", "control"}
+    assert {p["component"] for p in load["rss"]["processes"]} == components
+    assert set(f["memory"]) == components
     assert all(v > 50 for m in f["memory"].values() for v in m["rss_mib"])  # a Python process with torch loaded
     assert {g["met"] for g in f["goals"] if "16 clients" in g["name"]} == {None}  # 16 clients were not run
     assert next(g for g in f["goals"] if "batching on / off" in g["name"])["measured"] > 0
@@ -246,6 +247,7 @@ def test_components_are_found_by_process_title_even_mid_call():
     assert component_of("ray::ServeReplica:specserve:router") == "router"
     assert component_of("ray::ServeReplica:specserve:router.check_health") == "router"  # the flake CI could hit
     assert component_of("ray::ServeReplica:specserve:target.Verify()") == "target replica"
+    assert component_of("ray::ServeReplica:specserve:control") == "control"
     assert component_of("ray::DraftWorker.__init__") == "draft worker"
     assert component_of("ray::ServeController") is None and component_of("python -m pytest") is None
 

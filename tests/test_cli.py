@@ -242,7 +242,8 @@ def test_service_errors_are_one_line_with_the_status(service, capsys):
 def test_serve_your_own_gguf_model_in_one_command_then_stop_on_sigterm(tiny_zoo, tiny_engine, gguf_target,
                                                                       specserve_home, tmp_path):
     """`specserve serve --target FILE.gguf --draft NAME=DIR --task ...` as a user runs it: its own
-    embedded cluster, the ready line with both APIs, SIGTERM, clean exit."""
+    embedded cluster, the ready line with both APIs, SIGTERM, clean exit. With two router processes
+    on the one port: connections reach both, and both answer as the target alone."""
     import signal
     import urllib.request
 
@@ -253,7 +254,7 @@ def test_serve_your_own_gguf_model_in_one_command_then_stop_on_sigterm(tiny_zoo,
     log = tmp_path / "serve.log"
     # Its own cluster exports metrics on a port of its own.
     args = ["--target", gguf_target, "--draft", f"q={tiny_zoo.draft_dir('sql')}", "--task", "sql=q,ngram",
-            "--port", "0", "--http-port", "0", "--metrics-port", str(free_port())]
+            "--port", "0", "--http-port", "0", "--metrics-port", str(free_port()), "--router-replicas", "2"]
     prompt = tiny_zoo.prompts("sql")[0]
     with serve_in_subprocess(args, env, log) as (client, proc):
         reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=16, speculation=pb.SPECULATION_ON))
@@ -262,9 +263,31 @@ def test_serve_your_own_gguf_model_in_one_command_then_stop_on_sigterm(tiny_zoo,
         assert reply.stats.task == "sql" and reply.stats.draft in ("q", "ngram", "suffix")
         alone = tiny_engine.generate(prompt, GenerationParams(max_tokens=16, speculation=False)).complete()
         assert list(reply.token_ids) == alone.token_ids
+        address = proc.ready_line.split("listening on ")[1].split(" ")[0]
+        assert routers_reached(address, prompt, alone.token_ids) == 2
         http = proc.ready_line.split("OpenAI API: ")[1].split(";")[0]
         with urllib.request.urlopen(f"{http}/models") as models:
             assert [m["id"] for m in json.load(models)["data"]] == ["target"]  # the file's name
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
     assert "shutting down" in log.read_text()
+
+
+def routers_reached(address: str, prompt: str, expected: list[int], connections: int = 32) -> int:
+    """How many router processes answer over ``connections`` connections of their own (the kernel
+    spreads them: 32 all on one of two routers is a 2^-31 chance), each checked greedy-identical."""
+    import grpc
+
+    from specserve.proto.v1 import specserve_pb2 as pb
+    from specserve.proto.v1 import specserve_pb2_grpc as rpc
+
+    routers: set[str] = set()
+    for _ in range(connections):
+        with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            stub = rpc.SpecServeStub(channel)
+            stats = stub.GetStats(pb.GetStatsRequest())
+            if stats.router not in routers:
+                reply = stub.Generate(pb.GenerateRequest(prompt=prompt, max_tokens=16, speculation=pb.SPECULATION_ON))
+                assert list(reply.token_ids) == expected, stats.router
+                routers.add(stats.router)
+    return len(routers)

@@ -195,3 +195,14 @@ def test_hub_ids_reach_the_loader_as_given():
     assert (models.target, models.drafts, models.tasks) == ("acme/target-8b", {"code": "acme/draft-code"},
                                                             {"code": ("code", "ngram", "suffix")})
     assert not _is_local(models.target)
+
+
+def test_several_routers_share_one_port_picked_before_they_start():
+    from specserve.cluster.bringup import pin_shared_ports
+
+    args = {"router": {"replicas": 2, "port": 0, "http_port": 0}}
+    pin_shared_ports(args)
+    assert args["router"]["port"] > 0 and args["router"]["http_port"] > 0  # one number for every process
+    alone = {"router": {"port": 0, "http_port": None}}
+    pin_shared_ports(alone)
+    assert alone == {"router": {"port": 0, "http_port": None}}  # one router: the OS picks as it binds

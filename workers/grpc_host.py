@@ -32,6 +32,7 @@ KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS = 10_000, 5_000
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS), ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
                    ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
+# SO_REUSEPORT off: a port something else holds is an error, not a port silently shared with it.
 SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0),
                   ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS), ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
                   # Accept the router's pings at that rate, even between streams.
@@ -114,12 +115,16 @@ def usable_cpus(wanted: tuple[int, ...]) -> set[int]:
 
 class BackgroundServer:
     """A grpc.aio server on its own event-loop thread. ``add_servicers(server)`` registers the services;
-    with ``credentials`` it serves TLS, and ``interceptors`` see every call first (authentication)."""
+    with ``credentials`` it serves TLS, and ``interceptors`` see every call first (authentication).
+    ``reuse_port``: share the port with the other processes that bind it so (SO_REUSEPORT: the kernel
+    spreads connections over them)."""
 
     def __init__(self, add_servicers: Callable[[grpc.aio.Server], None], host: str = "0.0.0.0", port: int = 0,
                  name: str = "grpc", credentials: grpc.ServerCredentials | None = None,
-                 interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = (), reuse_port: bool = False) -> None:
         self._add_servicers = add_servicers
+        self._options = [(key, int(reuse_port)) if key == "grpc.so_reuseport" else (key, value)
+                         for key, value in SERVER_OPTIONS]
         self._bind = f"{host}:{port}"
         self._credentials = credentials
         self._interceptors = tuple(interceptors)
@@ -145,7 +150,7 @@ class BackgroundServer:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=self._interceptors)
+        self.server = grpc.aio.server(options=self._options, interceptors=self._interceptors)
         self._add_servicers(self.server)
         if self._credentials is None:
             self.port = self.server.add_insecure_port(self._bind)

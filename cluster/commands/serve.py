@@ -31,6 +31,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve_cmd.add_argument("--http-port", type=http_port, metavar="PORT|off",
                            help=f"the OpenAI-compatible HTTP API's port, or off to turn it off (default: the config's "
                                 f"router.http_port, {DEFAULT_HTTP_PORT} unless set there)")
+    serve_cmd.add_argument("--router-replicas", type=int, metavar="N",
+                           help="router processes sharing the client ports (SO_REUSEPORT), for when one router's CPU "
+                                "caps the service (default: the config's router.replicas, 1 unless set there)")
     serve_cmd.add_argument("--priors", metavar="FILE", help="a profile from `specserve validate` the routing policy "
                                                             "starts from (acceptance per task and draft)")
     serve_cmd.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
@@ -74,6 +77,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict:
         merge_into(overrides, {"router": {"http_port": None if args.http_port == "off" else args.http_port}})
     if args.priors:
         merge_into(overrides, {"models": {"priors": args.priors}})
+    if args.router_replicas is not None:
+        merge_into(overrides, {"router": {"replicas": args.router_replicas}})
     return overrides
 
 
