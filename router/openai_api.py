@@ -380,7 +380,9 @@ class _Reply:
 
     def _usage(self, turn: Turn) -> dict:
         prompt = len(turn.request.prompt_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": self.tokens, "total_tokens": prompt + self.tokens}
+        cached = turn.running.target.cached_tokens if turn.running is not None else 0
+        return {"prompt_tokens": prompt, "completion_tokens": self.tokens, "total_tokens": prompt + self.tokens,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _stats(turn: Turn) -> dict:

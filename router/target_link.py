@@ -52,6 +52,7 @@ class TargetLink:
         self.owed = 0  # target-only tokens granted to the replica and not yet received
         self.verdicts = 0  # answered so far (the first is the prefill's: no decode step's price)
         self.resumes = 0  # target replicas replaced mid-request
+        self.cached_tokens = 0  # of the prompt, those its replica took from its prefix cache (the latest session's)
         # Target replicas that refused this request as full since it last had one, and since when
         # every registered one has (None: one has room, as far as the request knows).
         self.refused_by: set[str] = set()
@@ -107,6 +108,8 @@ class TargetLink:
             if runs:  # replies queued while the router was busy arrive at once, but a token of a
                 wait = max(wait, reply.seconds)  # run costs at least its pass
             self.recorder.times.record(bool(proposal.ids), wait, reply)
+        if reply.cached_tokens:
+            self.cached_tokens = reply.cached_tokens
         self.verdicts += 1
         verdict = reply.verdict
         outcome = Outcome(verdict.num_accepted, verdict.token, tuple(verdict.path))

@@ -288,3 +288,21 @@ def test_the_grpc_status_of_every_error_has_an_http_status():
     for exc in (InvalidRequest("x"), Overloaded("x"), NoWorker("x")):
         assert status_of(exc) in HTTP_STATUS
     assert grpc.StatusCode.UNAUTHENTICATED in HTTP_STATUS
+
+
+def test_a_prompt_sharing_a_prefix_with_an_earlier_one_reuses_its_keys_and_says_so(cluster_api, client, tiny_zoo,
+                                                                                  tiny_engine):
+    """Through the service, prefix caching on (the default): a second prompt sharing the first's
+    70-odd tokens takes their keys from the target replica's cache (whole blocks of 32), says how
+    many in its stats and the OpenAI usage, and answers as the target alone, speculating or not.
+    (A draft model, not the EAGLE-3 head: a target serving a head computes every prompt row.)"""
+    system = "\n".join(tiny_zoo.prompts("sql")[:3]) + "\n"  # ~95 tokens
+    first, second = system + tiny_zoo.prompts("sql")[3], system + tiny_zoo.prompts("sql")[4]
+    model = cluster_api.models.list().data[0].id
+    for speculation in ({"speculation": "off"}, {"speculation": "on", "draft": "sql"}):
+        client.generate(pb.GenerateRequest(prompt=first, max_tokens=8, task="sql"))  # computes the prefix
+        done = cluster_api.completions.create(model=model, prompt=second, max_tokens=16, temperature=0,
+                                              extra_body={"task": "sql", **speculation})
+        assert done.usage.prompt_tokens_details.cached_tokens >= 64
+        assert int(done.model_extra["specserve"]["cached_prompt_tokens"]) == done.usage.prompt_tokens_details.cached_tokens
+        assert done.choices[0].text == target_alone(tiny_engine, second, 16)

@@ -25,6 +25,7 @@ from .config import BatchingConfig
 from .graphs import PassGraphs
 from .grpc_host import Device
 from .kv_pool import KVPool, Region
+from .prefix_cache import PrefixCache
 from .ragged_pass import Segment, run_pass
 from .steps import Step
 
@@ -101,9 +102,12 @@ def candidates(active: Sequence[Ticket], waiting: Sequence[Ticket], config: Batc
 class Scheduler:
     """Runs the steps of one model's sessions in batched passes on the process's device."""
 
-    def __init__(self, model: PreTrainedModel, pool: KVPool, device: Device, config: BatchingConfig) -> None:
+    def __init__(self, model: PreTrainedModel, pool: KVPool, device: Device, config: BatchingConfig,
+                 prefix_caching: bool = False) -> None:
         self.model = model
         self.pool = pool
+        # Sessions' prompt prefixes, reused across sessions (workers/prefix_cache.py).
+        self.prefix = PrefixCache(pool) if prefix_caching and pool is not None else None
         self.device = device
         self.config = config
         self.waiting: list[Ticket] = []
@@ -151,11 +155,15 @@ class Scheduler:
         return bool(self._in_flight)
 
     def release(self, region: Region) -> None:
-        """A session's stream ended: its region goes back to the pool, after the running pass if
-        that pass still writes into it."""
+        """A session's stream ended: its region goes back to the pool (or is kept while its prompt
+        prefix may serve another session), after the running pass if that pass still writes into it."""
         if id(region) in self._in_flight:
             self._to_release.append(region)
         else:
+            self._give_back(region)
+
+    def _give_back(self, region: Region) -> None:
+        if self.prefix is None or not self.prefix.release(region):
             self.pool.give_back(region)
 
     async def _drive(self) -> None:
@@ -179,7 +187,7 @@ class Scheduler:
             finally:
                 self._in_flight = set()
                 for region in self._to_release:
-                    self.pool.give_back(region)
+                    self._give_back(region)
                 self._to_release.clear()
             for ran, outcomes, seconds in passes:
                 self._settle(ran, outcomes, seconds, started)

@@ -72,6 +72,10 @@ class WorkerConfig(FrozenConfig):
     # share of the GPU's memory, times the process's `gpus` where it shares the card, less what the
     # process holds after loading its models. null: kv_cache_mib on GPUs too. CPUs use kv_cache_mib.
     gpu_memory_utilization: float | None = Field(0.9, gt=0, le=1)
+    # Reuse the keys and values of prompt prefixes other sessions computed (workers/prefix_cache.py):
+    # a shared system prompt is prefilled once, and kept while the memory is not needed. Exact: the
+    # output is the same with it off.
+    prefix_caching: bool = True
     # A session whose router sent nothing for this long is evicted, its cache freed: the router
     # died without closing the stream, or hangs. Routers wait at most a target step or a target
     # wait (router.timeouts) between steps, well under this.

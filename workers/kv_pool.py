@@ -19,6 +19,7 @@ regions need.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -125,19 +126,26 @@ class KVPool:
         self.budget = budget
         self.arena_positions = arena_positions
         self.arenas: list[Arena] = []
-        self.in_use = 0  # positions held by live regions
+        self.in_use = 0  # positions held by regions taken and not given back
+        # Frees a region kept only as a cache (the prefix cache's least recently used), True if it
+        # did: ``take`` calls it before it grows the pool, so a cache never takes a session's room.
+        self.reclaim: Callable[[], bool] | None = None
 
     @property
     def allocated_bytes(self) -> int:
         return sum(arena.positions for arena in self.arenas) * self.shape.bytes_per_position
 
     def take(self, capacity: int) -> Region:
-        """A region of ``capacity`` positions: first fit in an arena, else a new arena if the budget allows."""
-        for index, arena in enumerate(self.arenas):
-            region = _first_fit(arena, index, capacity)
-            if region is not None:
-                self.in_use += capacity
-                return region
+        """A region of ``capacity`` positions: first fit in an arena (after reclaiming cached regions
+        while it does not fit), else a new arena if the budget allows."""
+        while True:
+            for index, arena in enumerate(self.arenas):
+                region = _first_fit(arena, index, capacity)
+                if region is not None:
+                    self.in_use += capacity
+                    return region
+            if self.reclaim is None or not self.reclaim():
+                break
         arena = self._new_arena(max(capacity, self.arena_positions), capacity)
         self.arenas.append(arena)
         region = _first_fit(arena, len(self.arenas) - 1, capacity)

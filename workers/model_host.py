@@ -116,7 +116,8 @@ class ModelHost:
         self.budget = device_budget(config.kv_cache_mib, config.gpu_memory_utilization, config.gpus,
                                     device)  # shared by the pools of all its models
         self.schedulers = {name: Scheduler(use_pooled_attention(gemv_layout(model)), self._pool(model, len(models)),
-                                           self.device, config.batching) for name, model in models.items()}
+                                           self.device, config.batching, config.prefix_caching)
+                           for name, model in models.items()}
         compiled = [s.graphs for s in self.schedulers.values() if s.graphs is not None and s.graphs.compiled]
         if compiled:  # before it registers, so no request meets a compile; on this thread, not the device's
             # pinned one, whose pinning the C++ compiler's processes would inherit (a minute cold).
@@ -159,7 +160,10 @@ class ModelHost:
         capacity = reserved_length(opened, scheduler.model)
         with self.slots.hold(lambda: scheduler.pool.take(capacity), scheduler.release,
                              context.add_done_callback) as region:
-            yield scheduler, PooledSequence(region, opened.prompt_ids, scheduler.pool)
+            sequence = PooledSequence(region, opened.prompt_ids, scheduler.pool)
+            if scheduler.prefix is not None:  # a target serving an EAGLE-3 head computes every prompt row's states
+                scheduler.prefix.open(sequence, reuse=not opened.aux_layers)
+            yield scheduler, sequence
 
     async def steps(self, requests) -> AsyncIterator:
         """A session's step requests, until its router closes the stream; SessionIdle when the
@@ -197,7 +201,9 @@ class ModelHost:
         return pb.WorkerState(
             worker_id=self.worker_id, models=self.models, live_sessions=self.slots.live, resources=self.resources,
             pid=os.getpid(), kv_budget_bytes=self.budget.limit_bytes,
-            kv_reserved_bytes=sum(s.pool.in_use * s.pool.shape.bytes_per_position for s in schedulers),
+            kv_reserved_bytes=sum((s.pool.in_use - _cached(s)) * s.pool.shape.bytes_per_position for s in schedulers),
+            kv_cached_bytes=sum(_cached(s) * s.pool.shape.bytes_per_position for s in schedulers),
+            **_prefix_counts(schedulers),
             kv_pool_bytes=sum(s.pool.allocated_bytes for s in schedulers),
             passes=sum(c.passes for c in counts), pass_tokens=sum(c.tokens for c in counts),
             pass_sessions=sum(c.sessions for c in counts), max_pass_sessions=max((c.max_sessions for c in counts), default=0))
@@ -247,3 +253,17 @@ async def first_open(requests, context: grpc.aio.ServicerContext) -> pb.SessionO
     if first is None or first.WhichOneof("kind") != "open":
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session stream must start with an open message")
     return first.open
+
+
+def _cached(scheduler: Scheduler) -> int:
+    """Positions its prefix cache keeps (regions of finished sessions)."""
+    return scheduler.prefix.stats.retained_positions if scheduler.prefix is not None else 0
+
+
+def _prefix_counts(schedulers: Iterable[Scheduler]) -> dict[str, int]:
+    """WorkerState's prefix-cache counters, summed over ``schedulers``."""
+    stats = [s.prefix.stats for s in schedulers if s.prefix is not None]
+    return {"prefix_sessions": sum(p.sessions for p in stats), "prefix_hits": sum(p.hits for p in stats),
+            "prefix_prompt_tokens": sum(p.prompt_tokens for p in stats),
+            "prefix_reused_tokens": sum(p.reused_tokens for p in stats),
+            "prefix_evictions": sum(p.evictions for p in stats)}

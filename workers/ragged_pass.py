@@ -403,6 +403,7 @@ class PooledSequence:
         self.pool = pool  # the region's pool (needed only to commit a token tree: its path moves)
         self.committed = list(prompt_ids)
         self.length = 0  # positions of the region written so far
+        self.reused = 0  # of the prompt's, those copied from the prefix cache (workers/prefix_cache.py)
 
     def segment(self, extra: Sequence[int], logits: int, room: int,
                 parents: Sequence[int] | None = None) -> Segment | None:

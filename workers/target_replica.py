@@ -78,6 +78,8 @@ def target_session(sequence: PooledSequence, opened: pb.SessionOpen) -> TargetSe
 
 def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> pb.VerifyReply:
     reply = pb.VerifyReply(verdict=verdict_message(verdict), seconds=done.device_seconds, pass_info=pass_info(done))
+    if session.sequence.reused:
+        reply.cached_tokens = session.sequence.reused
     if (hidden := session.take_aux()) is not None:
         reply.aux.CopyFrom(hidden_message(hidden))
     return reply

@@ -171,25 +171,27 @@ class PassInfo(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
 
 class VerifyReply(_message.Message):
-    __slots__ = ("verdict", "seconds", "pass_info", "refused", "aux")
+    __slots__ = ("verdict", "seconds", "pass_info", "refused", "aux", "cached_tokens")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     PASS_INFO_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     AUX_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     verdict: Verdict
     seconds: float
     pass_info: PassInfo
     refused: str
     aux: HiddenStates
-    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ..., refused: _Optional[str] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ..., refused: _Optional[str] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker_id", "models", "live_sessions", "resources", "pid", "kv_reserved_bytes", "kv_budget_bytes", "kv_pool_bytes", "passes", "pass_tokens", "pass_sessions", "max_pass_sessions")
+    __slots__ = ("worker_id", "models", "live_sessions", "resources", "pid", "kv_reserved_bytes", "kv_budget_bytes", "kv_pool_bytes", "passes", "pass_tokens", "pass_sessions", "max_pass_sessions", "prefix_sessions", "prefix_hits", "prefix_prompt_tokens", "prefix_reused_tokens", "kv_cached_bytes", "prefix_evictions")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +211,12 @@ class WorkerState(_message.Message):
     PASS_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_PASS_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HITS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     models: _containers.RepeatedScalarFieldContainer[str]
     live_sessions: int
@@ -221,7 +229,13 @@ class WorkerState(_message.Message):
     pass_tokens: int
     pass_sessions: int
     max_pass_sessions: int
-    def __init__(self, worker_id: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ..., kv_reserved_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., kv_pool_bytes: _Optional[int] = ..., passes: _Optional[int] = ..., pass_tokens: _Optional[int] = ..., pass_sessions: _Optional[int] = ..., max_pass_sessions: _Optional[int] = ...) -> None: ...
+    prefix_sessions: int
+    prefix_hits: int
+    prefix_prompt_tokens: int
+    prefix_reused_tokens: int
+    kv_cached_bytes: int
+    prefix_evictions: int
+    def __init__(self, worker_id: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ..., kv_reserved_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., kv_pool_bytes: _Optional[int] = ..., passes: _Optional[int] = ..., pass_tokens: _Optional[int] = ..., pass_sessions: _Optional[int] = ..., max_pass_sessions: _Optional[int] = ..., prefix_sessions: _Optional[int] = ..., prefix_hits: _Optional[int] = ..., prefix_prompt_tokens: _Optional[int] = ..., prefix_reused_tokens: _Optional[int] = ..., kv_cached_bytes: _Optional[int] = ..., prefix_evictions: _Optional[int] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
     __slots__ = ("model", "ids", "start")

@@ -1,0 +1,275 @@
+"""`specserve shared-prefix`: many short questions behind one long system prompt, the workload
+prefix caching is for, through the service with the cache on and off (workers/prefix_cache.py).
+
+For each setting (on, then off: a service each, same zoo, same prompts), at each level of clients
+and each path (OFF: target-only; AUTO: the routing policy's choice), every client sends its
+requests back to back: the system prompt and one of the zoo's held-out prompts. Measured: time to
+first token (p50, p90), throughput, and the cache's hit rate (prompt tokens whose keys were copied
+rather than computed, from the workers' own counters: target replicas and draft workers apart).
+Greedy outputs with the cache on are checked against those with it off, token for token.
+
+    specserve shared-prefix [--zoo demo] [--clients 1,16] [--paths off,auto] [--system-tokens 320]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import grpc
+
+from specserve.cluster.bringup import start_service
+from specserve.cluster.commands.common import comma_ints
+from specserve.cluster.demo import ensure_zoo
+from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.proto.v1 import specserve_pb2_grpc as rpc
+from specserve.workers.zoo.zoo import Zoo
+
+from .faults import inspect
+from .settings import RESULTS_DIR
+
+PATHS = {"off": pb.SPECULATION_OFF, "auto": pb.SPECULATION_AUTO}
+SETTINGS = ("on", "off")  # the prefix cache
+GOAL_TTFT = 3.0  # the issue's bar: time to first token at least this many times lower with the cache, 16 clients
+GOAL_HIT_POINTS = 1.0  # ...and the hit rate with speculation within this many points of target-only's
+
+
+@dataclass(frozen=True)
+class SharedPrefixSettings:
+    zoo: str = "demo"
+    clients: tuple[int, ...] = (1, 16)
+    paths: tuple[str, ...] = tuple(PATHS)
+    system_tokens: int = 320  # the shared system prompt, about (the demo target's context is 512)
+    requests: int = 48  # per level and path
+    max_tokens: int = 32
+    out: Path = RESULTS_DIR
+
+
+@dataclass
+class Level:
+    cache: str
+    path: str
+    clients: int
+    ttft: list[float] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+    # Prompt tokens and reused tokens over the level, by worker kind (target, draft).
+    prompt_tokens: dict[str, int] = field(default_factory=dict)
+    reused_tokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def ttft_ms(self, q: float) -> float:
+        ordered = sorted(self.ttft)
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+    def hit_rate(self, kind: str) -> float:
+        prompt = self.prompt_tokens.get(kind, 0)
+        return self.reused_tokens.get(kind, 0) / prompt if prompt else 0.0
+
+
+def system_prompt(zoo: Zoo, tokens: int) -> str:
+    """About ``tokens`` tokens of the zoo's own held-out text, every task's, as one preamble."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(zoo.root / "tokenizer")
+    text = ""
+    for prompt in (p for task in zoo.tasks for p in zoo.prompts(task)[8:]):
+        text += prompt + "\n"
+        if len(tokenizer(text)["input_ids"]) >= tokens:
+            break
+    ids = tokenizer(text)["input_ids"][:tokens]
+    return tokenizer.decode(ids) + "\n"
+
+
+def questions(zoo: Zoo) -> list[tuple[str, str]]:
+    return [(task, p) for task in zoo.tasks for p in zoo.prompts(task)[:8]]
+
+
+def worker_counters(stub: rpc.SpecServeStub) -> dict[str, tuple[int, int]]:
+    """kind -> (prompt tokens, reused tokens) summed over the service's workers, from each one's Inspect."""
+    totals: dict[str, tuple[int, int]] = {}
+    for worker in stub.GetStats(pb.GetStatsRequest()).workers:
+        state = inspect(worker.kind, worker.address)
+        prompt, reused = totals.get(worker.kind, (0, 0))
+        totals[worker.kind] = (prompt + state.prefix_prompt_tokens, reused + state.prefix_reused_tokens)
+    return totals
+
+
+async def run_level(address: str, requests: list[pb.GenerateRequest], clients: int, level: Level) -> list[list[int]]:
+    outputs: list[list[int]] = [[] for _ in requests]
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = rpc.SpecServeStub(channel)
+
+        async def client(i: int) -> None:
+            for n in range(i, len(requests), clients):
+                start = time.perf_counter()
+                async for chunk in stub.GenerateStream(requests[n]):
+                    if not outputs[n]:
+                        level.ttft.append(time.perf_counter() - start)
+                    outputs[n].extend(chunk.token_ids)
+                level.tokens += len(outputs[n])
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        level.seconds = time.perf_counter() - start
+    return outputs
+
+
+def measure(zoo: Zoo, settings: SharedPrefixSettings, cache: str, system: str, progress) -> tuple[list[Level], dict]:
+    room = {"prefix_caching": cache == "on", "max_sessions": 2 * max(settings.clients)}
+    overrides = {"models": {"zoo": str(zoo.root)}, "target": dict(room), "draft_pool": dict(room),
+                 "router": {"max_concurrent_requests": 2 * max(settings.clients), "http_port": None}}
+    service = start_service(port=0, overrides=overrides)
+    levels, outputs = [], {}
+    asked = questions(zoo)
+    try:
+        with grpc.insecure_channel(service.address) as channel:
+            stub = rpc.SpecServeStub(channel)
+            for clients in settings.clients:
+                for path in settings.paths:
+                    requests = [pb.GenerateRequest(prompt=system + q, task=task, max_tokens=settings.max_tokens,
+                                                   speculation=PATHS[path])
+                                for task, q in (asked[n % len(asked)] for n in range(settings.requests))]
+                    level = Level(cache, path, clients)
+                    before = worker_counters(stub)
+                    got = asyncio.run(run_level(service.address, requests, clients, level))
+                    after = worker_counters(stub)
+                    for kind in after:
+                        was = before.get(kind, (0, 0))
+                        level.prompt_tokens[kind] = after[kind][0] - was[0]
+                        level.reused_tokens[kind] = after[kind][1] - was[1]
+                    outputs[f"{path} {clients}"] = got
+                    levels.append(level)
+                    progress(level)
+    finally:
+        service.stop()
+    return levels, outputs
+
+
+def report(levels: list[Level], identical: dict[str, list[int]], settings: SharedPrefixSettings, command: str,
+           system_tokens: int) -> tuple[str, list[dict]]:
+    by = {(lv.cache, lv.path, lv.clients): lv for lv in levels}
+    lines = [f"# Shared prefix: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "",
+             f"Command: `{command}`. A system prompt of {system_tokens} tokens before each of the zoo's held-out "
+             f"prompts, {settings.requests} requests per level and path, {settings.max_tokens} tokens each, greedy. "
+             f"Hit rate: of the prompt tokens the workers took, those copied from the cache rather than computed.", "",
+             "| cache | path | clients | TTFT p50 ms | TTFT p90 ms | tokens/s | target hit rate | draft hit rate |",
+             "|---|---|---|---|---|---|---|---|"]
+    for lv in levels:
+        lines.append(f"| {lv.cache} | {lv.path} | {lv.clients} | {lv.ttft_ms(0.5):.1f} | {lv.ttft_ms(0.9):.1f} | "
+                     f"{lv.tokens_per_second:,.0f} | {100 * lv.hit_rate('target'):.1f}% | "
+                     f"{100 * lv.hit_rate('draft'):.1f}% |")
+    lines += ["", "## Cache on over off", "", "| path | clients | TTFT p50 off / on | tokens/s on / off |", "|---|---|---|---|"]
+    goals = []
+    for path in settings.paths:
+        for clients in settings.clients:
+            on, off = by.get(("on", path, clients)), by.get(("off", path, clients))
+            if on is None or off is None:
+                continue
+            ttft = off.ttft_ms(0.5) / max(on.ttft_ms(0.5), 1e-9)
+            speed = on.tokens_per_second / max(off.tokens_per_second, 1e-9)
+            lines.append(f"| {path} | {clients} | {ttft:.2f}x | {speed:.2f}x |")
+            if clients == 16:
+                goals.append({"name": f"{path}, 16 clients: TTFT off / on >= {GOAL_TTFT:g}x", "measured": ttft,
+                              "met": ttft >= GOAL_TTFT})
+                goals.append({"name": f"{path}, 16 clients: throughput on / off > 1", "measured": speed,
+                              "met": speed > 1})
+    for clients in settings.clients:
+        on_off, on_auto = by.get(("on", "off", clients)), by.get(("on", "auto", clients))
+        if on_off and on_auto:
+            points = 100 * (on_off.hit_rate("target") - on_auto.hit_rate("target"))
+            goals.append({"name": f"{clients} clients: target hit rate AUTO within {GOAL_HIT_POINTS:g} point of OFF",
+                          "measured": points, "met": abs(points) <= GOAL_HIT_POINTS})
+    lines += ["", "## Goals", ""] + [f"- {g['name']}: {g['measured']:.2f}, {'met' if g['met'] else 'missed'}"
+                                     for g in goals]
+    lines += ["", "Greedy outputs with the cache on identical to those with it off: "
+              + ", ".join(f"{key} {same}/{total}" for key, (same, total) in identical.items()) + "."]
+    return "\n".join(lines) + "\n", goals
+
+
+def run(settings: SharedPrefixSettings, command: str) -> Path:
+    zoo = ensure_zoo(settings.zoo)
+    system = system_prompt(zoo, settings.system_tokens)
+    when = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = settings.out / f"{when}-shared-prefix"
+    print(f"shared prefix: zoo {zoo.root}; clients {settings.clients} x paths {settings.paths}, cache on then off",
+          flush=True)
+
+    def progress(lv: Level) -> None:
+        print(f"  cache {lv.cache:3s} {lv.path:4s} {lv.clients:3d} clients: TTFT p50 {lv.ttft_ms(0.5):7.1f} ms, "
+              f"{lv.tokens_per_second:7,.0f} tok/s, hit rate target {100 * lv.hit_rate('target'):5.1f}% "
+              f"draft {100 * lv.hit_rate('draft'):5.1f}%", flush=True)
+
+    levels, outputs = [], {}
+    for cache in SETTINGS:
+        got, outputs[cache] = measure(zoo, settings, cache, system, progress)
+        levels += got
+    identical = {key: [sum(a == b for a, b in zip(on, outputs["off"][key], strict=True)), len(on)]
+                 for key, on in outputs["on"].items() if key.startswith("off ")}
+    text, goals = report(levels, identical, settings, command, settings.system_tokens)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(text)
+    (out / "results.json").write_text(json.dumps({
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
+        "command": command, "levels": [asdict(lv) | {"ttft_p50_ms": lv.ttft_ms(0.5), "ttft_p90_ms": lv.ttft_ms(0.9),
+                                                     "tokens_per_second": lv.tokens_per_second,
+                                                     "mean_ttft_ms": 1000 * statistics.fmean(lv.ttft or [0])}
+                                       for lv in levels],
+        "identical": identical, "goals": goals}, indent=1))
+    print(text, flush=True)
+    print(f"written to {out}", flush=True)
+    return out
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Adds `specserve shared-prefix` (the ``specserve.commands`` entry point of that name)."""
+    d = SharedPrefixSettings()
+    parser = commands.add_parser(
+        "shared-prefix", help="prefix caching: one long system prompt, many questions, the cache on and off",
+        description="Through the service on a zoo, with the prefix cache on and then off: a system prompt of about "
+                    "--system-tokens tokens before each held-out prompt, at each level of clients, target-only "
+                    "(off) and routed (auto). Reports time to first token, throughput, the cache's hit rate on "
+                    "target replicas and draft workers, and whether greedy outputs match with and without it.")
+    parser.add_argument("--zoo", default=d.zoo, help="a zoo preset name or directory (default: %(default)s)")
+    parser.add_argument("--clients", type=comma_ints, default=d.clients, metavar="N,N",
+                        help="concurrent clients per level (default: %(default)s)")
+    parser.add_argument("--paths", type=lambda s: tuple(s.split(",")), default=d.paths, metavar="P,P",
+                        help=f"of {', '.join(PATHS)} (default: both)")
+    parser.add_argument("--system-tokens", type=int, default=d.system_tokens,
+                        help="the shared system prompt's length in tokens, about (default: %(default)s)")
+    parser.add_argument("--requests", type=int, default=d.requests, help="per level and path (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="(default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
+    parser.set_defaults(run=_run_command)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    unknown = set(args.paths) - set(PATHS)
+    if unknown:
+        raise ValueError(f"--paths takes {', '.join(PATHS)}; got {', '.join(sorted(unknown))}")
+    settings = SharedPrefixSettings(zoo=args.zoo, clients=tuple(args.clients), paths=tuple(args.paths),
+                                    system_tokens=args.system_tokens, requests=args.requests,
+                                    max_tokens=args.max_tokens, out=args.out)
+    run(settings, "specserve shared-prefix " + " ".join(sys.argv[2:]))
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m specserve.bench.shared_prefix")
+    register(parser.add_subparsers(required=True))
+    args = parser.parse_args(["shared-prefix", *sys.argv[1:]])
+    raise SystemExit(args.run(args))
+
+
+if __name__ == "__main__":
+    main()
