@@ -61,7 +61,7 @@ class Router:
         self.pool_size = initial_size(cfg, models)
         self.router_id = f"router-{uuid.uuid4().hex[:6]}"
         limits = Limits(tasks=models.tasks, drafts=models.proposers, context_window=_context_window(models.target))
-        self.directory = WorkerDirectory(registry, registration.ttl, security)
+        self.directory = WorkerDirectory(registry, registration.ttl, security, cfg.router.prefix_affinity_sessions)
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
                                         priors=models.priors, trees=models.trees, heads=heads, router_id=self.router_id)
         self.health = health_aio.HealthServicer()

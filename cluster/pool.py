@@ -22,7 +22,7 @@ import uuid
 import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
-from specserve.router.metrics import RefreshedGauge, keep_refreshed
+from specserve.router.metrics import PoolMetrics
 from specserve.workers.draft_worker import DraftWorker
 from specserve.workers.model_host import DRAIN_SECONDS, HostLoad
 from specserve.workers.registry import Registration
@@ -58,7 +58,7 @@ class DraftPool:
         # Workers being removed, letting their sessions end (the task doing it -> the worker).
         self.draining: dict[asyncio.Task, ray.actor.ActorHandle] = {}
         self.replaced = 0
-        self.gauge: RefreshedGauge | None = None  # set by ``run``, in the process that runs the pool
+        self.metrics: PoolMetrics | None = None  # set by ``run``, in the process that runs the pool
         bounds = (f", autoscaling within {self.scaling.min_workers}-{self.scaling.max_workers}"
                   if self.scaling else "")
         log.info("draft pool: %d workers serving %s, each with %s%s", size, ", ".join(names) or "no drafts",
@@ -75,10 +75,7 @@ class DraftPool:
 
     async def run(self) -> None:
         """Forever: keep the workers alive and, with autoscaling, the pool sized to its load."""
-        self.gauge = RefreshedGauge("specserve_draft_pool_workers", "The draft pool's workers by state: serving, "
-                                    "draining (being removed: their sessions ending), and wanted (what "
-                                    "draft_pool.autoscaling asks for now; set only with it)", tag_keys=("state",))
-        keep_refreshed([self.gauge])
+        self.metrics = PoolMetrics()
         self._report()
         await asyncio.gather(self.supervise(), self.autoscale())
 
@@ -165,11 +162,11 @@ class DraftPool:
         ray.kill(worker, no_restart=True)
 
     def _report(self, wanted: int | None = None) -> None:
-        if self.gauge is not None:
-            self.gauge.set(len(self.workers), {"state": "serving"})
-            self.gauge.set(len(self.draining), {"state": "draining"})
+        if self.metrics is not None:
+            self.metrics.draft_workers.set(len(self.workers), {"state": "serving"})
+            self.metrics.draft_workers.set(len(self.draining), {"state": "draining"})
             if wanted is not None:
-                self.gauge.set(wanted, {"state": "wanted"})
+                self.metrics.draft_workers.set(wanted, {"state": "wanted"})
 
     def stop(self) -> None:
         for task, worker in list(self.draining.items()):

@@ -122,6 +122,11 @@ class RouterConfig(FrozenConfig):
     # and GetStats's task rows are per process.
     replicas: int = Field(1, ge=1, le=32)
     max_concurrent_requests: int = Field(32, ge=1)  # run at once; beyond it, requests queue
+    # Cache-aware picking (router/prefix_routing.py): a session opens on the worker this router
+    # sent the longest prefix of its prompt, among those with at most this many more of its
+    # sessions than the least loaded (its prefix cache likely holds it: the prefill is a copy);
+    # past that, on the least loaded. 0: among the least loaded only.
+    prefix_affinity_sessions: int = Field(4, ge=0)
     max_queued_requests: int = Field(32, ge=0)  # wait for a turn; beyond it: RESOURCE_EXHAUSTED
     default_task: str = GENERAL_TASK  # for requests that name no task
     # Draft the next proposal while the target verifies this one (router/remote_draft.py), greedy and

@@ -1,7 +1,9 @@
 """The router's view of the workers: endpoints from the registry, channels to them, their load.
 
-Each request's sessions are sticky: one target replica and one draft worker for its whole life. The
-least-loaded worker (by this router's open sessions on it) gets a new session.
+Each request's sessions are sticky: one target replica and one draft worker for its whole life. A
+new session goes to the worker likeliest to hold the longest prefix of its prompt in its prefix
+cache, among those within ``prefix_affinity`` sessions of the least loaded (by this router's open
+sessions on each), else to the least loaded (router/prefix_routing.py).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import grpc
 
@@ -21,6 +23,7 @@ from specserve.workers.registry import Endpoint
 from specserve.workers.security import SecuritySettings, internal_aio_channel
 
 from .multiplexing import Multiplexed
+from .prefix_routing import PrefixMemory, choose, prompt_blocks
 from .streams import WorkerStream
 
 log = logging.getLogger("specserve.router")
@@ -33,7 +36,8 @@ class NoWorker(Exception):
 
 
 class WorkerDirectory:
-    def __init__(self, registry, failed_cooldown: float, security: SecuritySettings = SecuritySettings()) -> None:
+    def __init__(self, registry, failed_cooldown: float, security: SecuritySettings = SecuritySettings(),
+                 prefix_affinity: int = 4) -> None:
         self.registry = registry  # the Registry actor's handle
         self.security = security  # how channels to workers authenticate (mTLS, the internal token)
         self.endpoints: list[Endpoint] = []
@@ -48,6 +52,8 @@ class WorkerDirectory:
         self.channels: dict[str, grpc.aio.Channel] = {}
         self.multiplexed: dict[str, Multiplexed] = {}  # worker_id -> the stream all sessions there share
         self._lock = asyncio.Lock()
+        self.prefixes = PrefixMemory()  # the prompt blocks sent to each worker lately
+        self.prefix_affinity = prefix_affinity  # router.prefix_affinity_sessions
 
     async def refresh(self, force: bool = False) -> list[Endpoint]:
         async with self._lock:
@@ -69,16 +75,28 @@ class WorkerDirectory:
     async def pick(self, kind: str, model: str | None = None, avoid: Collection[str] = ()) -> Endpoint:
         """The least-loaded available worker of ``kind`` (serving ``model``), except those in
         ``avoid`` (worker ids: those that refused this request as full)."""
+        return (await self.pick_for(kind, model, avoid))[0]
+
+    async def pick_for(self, kind: str, model: str | None = None, avoid: Collection[str] = (),
+                       prompt: Sequence[int] = ()) -> tuple[Endpoint, str]:
+        """As ``pick``, for a session opening with ``prompt``: the worker and why (prefix_routing's
+        PREFIX or LOAD). The prompt's blocks are remembered as sent there."""
         candidates = [e for e in await self.available(kind, model) if e.worker_id not in avoid]
         if not candidates:
             what = f"{kind} worker serving {model!r}" if model else f"{kind} replica"
             raise NoWorker(f"no {what} is registered yet; retry shortly")
-        return min(candidates, key=lambda e: (self.load[e.worker_id], e.worker_id))
+        blocks = prompt_blocks(prompt)
+        matched = {e.worker_id: self.prefixes.matched(e.worker_id, blocks) for e in candidates} if blocks else {}
+        worker, why = choose(candidates, self.load, matched, self.prefix_affinity)
+        if blocks:
+            self.prefixes.remember(worker.worker_id, blocks)
+        return worker, why
 
     def mark_failed(self, worker: Endpoint) -> None:
         now = time.monotonic()
         self.failed = {k: v for k, v in self.failed.items() if now - v[1] < self.failed_cooldown}  # forget old ones
         self.failed[worker.worker_id] = (worker.address, now)
+        self.prefixes.forget(worker.worker_id)  # its cache went with it, or will be cold when it is back
 
     def _passed_over(self, worker: Endpoint) -> bool:
         address, when = self.failed.get(worker.worker_id, ("", -self.failed_cooldown))

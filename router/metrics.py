@@ -74,6 +74,11 @@ sessions_per_pass =
 pass_width =
     sum by (kind) (rate(ray_specserve_pass_tokens_sum[$__rate_interval]))
     / sum by (kind) (rate(ray_specserve_pass_tokens_count[$__rate_interval]))
+# Prefix caching: the share of finished requests' prompt tokens the target replica took from its
+# prefix cache rather than prefilled, by task.
+prefix_hit_rate =
+    sum by (task) (rate(ray_specserve_prompt_tokens_total{task=~"$task", cached="true"}[$__rate_interval]))
+    / sum by (task) (rate(ray_specserve_prompt_tokens_total{task=~"$task"}[$__rate_interval]))
 END PROMQL
 """
 
@@ -181,6 +186,13 @@ class RouterMetrics:
             "specserve_accepted_tokens_per_position", "Accepted draft tokens by position in the proposal (0 first)",
             tag_keys=(*ARM, "position"))
         self.output_tokens = metrics.Counter("specserve_output_tokens", "Tokens returned to clients", tag_keys=ARM)
+        self.prompt_tokens = metrics.Counter("specserve_prompt_tokens", "Prompt tokens of finished requests: "
+                                             "computed (cached: false), or taken from the target replica's prefix "
+                                             "cache (cached: true)",
+                                             tag_keys=("task", "cached"))
+        self.target_picks = metrics.Counter("specserve_target_picks", "Target replicas picked for a request's "
+                                            "session, by why: prefix (it was sent the longest prefix of the prompt) "
+                                            "or load (the least loaded)", tag_keys=("reason",))
         self.draft_step = metrics.Histogram("specserve_draft_step_seconds", "Router wait for one proposal",
                                             boundaries=STEP_BOUNDARIES, tag_keys=ARM)
         self.verify_step = metrics.Histogram("specserve_verify_step_seconds",
@@ -255,6 +267,11 @@ class RouterMetrics:
         if status != "OK":
             return
         _add(self.output_tokens, len(request.decoding.committed), arm)
+        _add(self.prompt_tokens, len(request.valid.prompt_ids) - request.target.cached_tokens,
+             {"task": task, "cached": "false"})
+        _add(self.prompt_tokens, request.target.cached_tokens, {"task": task, "cached": "true"})
+        if request.target.pick:
+            self.target_picks.inc(1, {"reason": request.target.pick})
         _add(self.drafts, len(t.verify_steps), arm)
         _add(self.draft_tokens, s.proposed, arm)
         _add(self.accepted_tokens, s.accepted, arm)
@@ -306,6 +323,17 @@ class RouterMetrics:
             tags = {"task": view.task, "draft": arm.draft}
             self.expected_speedup.set(arm.expected_speedup, tags)
             self.alpha.set(arm.alpha, tags)
+
+
+class PoolMetrics:
+    """The draft pool's, set by the process that runs it (the control replica: cluster/control.py)."""
+
+    def __init__(self) -> None:
+        self.draft_workers = RefreshedGauge("specserve_draft_pool_workers", "The draft pool's workers by state: "
+                                            "serving, draining (being removed: their sessions ending), and wanted "
+                                            "(what draft_pool.autoscaling asks for now; set only with it)",
+                                            tag_keys=("state",))
+        keep_refreshed([self.draft_workers])
 
 
 def keep_refreshed(gauges: list[RefreshedGauge]) -> None:

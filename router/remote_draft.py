@@ -81,7 +81,8 @@ class RemoteDraft(Proposer):
         why = ""
         for _ in range(OPEN_ATTEMPTS):
             try:
-                worker = await directory.pick("draft", self.name, avoid=self.refused_by)
+                worker, _ = await directory.pick_for("draft", self.name, avoid=self.refused_by,
+                                                     prompt=self.context.history.committed_ids())
             except NoWorker as exc:
                 why = str(exc)
                 break

@@ -291,7 +291,8 @@ def stats_message(request: Request) -> pb.GenerateStats:
                             task_source=request.task.source, task_confidence=request.task.confidence,
                             route=request.route.reason, k=request.route.k, target_resumes=request.target_resumes,
                             draft_reopens=request.draft_reopens, target_full_refusals=request.full_refusals,
-                            cached_prompt_tokens=request.target.cached_tokens)
+                            cached_prompt_tokens=request.target.cached_tokens,
+                            target_replica=request.target.replica, target_pick=request.target.pick)
 
 
 class Turn:

@@ -53,6 +53,8 @@ class TargetLink:
         self.verdicts = 0  # answered so far (the first is the prefill's: no decode step's price)
         self.resumes = 0  # target replicas replaced mid-request
         self.cached_tokens = 0  # of the prompt, those its replica took from its prefix cache (the latest session's)
+        self.replica = ""  # the replica of its latest session, and why it was picked (router/prefix_routing.py)
+        self.pick = ""
         # Target replicas that refused this request as full since it last had one, and since when
         # every registered one has (None: one has room, as far as the request knows).
         self.refused_by: set[str] = set()
@@ -67,11 +69,13 @@ class TargetLink:
         give_up = context.before_deadline(time.monotonic() + context.timeouts.target_wait_seconds)
         while True:
             try:
-                target = await directory.pick("target", avoid=self.refused_by)
+                opening = context.opening(replaced=self.resumes, aux_layers=self.aux_layers)
+                target, self.pick = await directory.pick_for("target", avoid=self.refused_by,
+                                                             prompt=opening.prompt_ids)
+                self.replica = target.worker_id
                 # A prefill is one step: the same timeout.
                 self.stream = directory.stream(target, context.timeouts.target_step_seconds)
-                await self.stream.send(pb.VerifyRequest(open=context.opening(replaced=self.resumes,
-                                                                             aux_layers=self.aux_layers)))
+                await self.stream.send(pb.VerifyRequest(open=opening))
                 return
             except (NoWorker, WorkerFailed) as exc:
                 if isinstance(exc, WorkerFailed):

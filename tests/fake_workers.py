@@ -231,6 +231,9 @@ class FakeDirectory:
                 return endpoint
         raise NoWorker(f"no {kind} worker")
 
+    async def pick_for(self, kind: str, model: str | None = None, avoid=(), prompt=()) -> tuple[Endpoint, str]:
+        return await self.pick(kind, model, avoid), "load"
+
     def mark_failed(self, worker: Endpoint) -> None:
         self.failed.append(worker.worker_id)
 

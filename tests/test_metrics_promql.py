@@ -1,7 +1,7 @@
 """The Grafana dashboard against the metrics code, without Ray running: every derived figure it
 charts is the PromQL that router/metrics.py's docstring defines (DERIVED_PROMQL), every query reads
-only series and labels the router's metrics export (as Ray names them), and every metric and every
-figure is charted. Whether the queries return data from a real scrape: tests/test_prometheus.py."""
+only series and labels the router's and the draft pool's metrics export (as Ray names them), and
+every metric and every figure is charted. Whether the queries return data from a real scrape: tests/test_prometheus.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 import pytest
 from ray.util import metrics
 
-from specserve.router.metrics import DERIVED_PROMQL, RouterMetrics
+from specserve.router.metrics import DERIVED_PROMQL, PoolMetrics, RouterMetrics
 
 from conftest import DASHBOARD, dashboard_queries
 
@@ -29,7 +29,7 @@ def one_line(expr: str) -> str:
 def exported() -> dict[str, dict[str, set[str]]]:
     """{metric name: {series name Ray exports for it: the labels that series carries}}."""
     series = {}
-    for metric in vars(RouterMetrics()).values():
+    for metric in (*vars(RouterMetrics()).values(), *vars(PoolMetrics()).values()):
         if not isinstance(metric, metrics.Metric):
             continue
         name, labels = metric.info["name"], set(metric.info["tag_keys"])

@@ -41,3 +41,21 @@ def test_memory_is_bounded_and_forgets_a_worker_that_is_gone():
 
 def test_a_prompt_too_short_for_a_whole_block_has_nothing_to_match():
     assert prompt_blocks(list(range(32))) == [] and len(prompt_blocks(list(range(33)))) == 1
+
+
+def test_the_directory_sends_a_prompt_back_where_its_prefix_went_until_that_worker_fails():
+    import asyncio
+    import time
+
+    from specserve.router.directory import WorkerDirectory
+
+    directory = WorkerDirectory(registry=None, failed_cooldown=1.0)
+    a, b = directory.endpoints = replicas("a", "b")
+    directory.refreshed = time.monotonic() + 3600  # no registry to ask: these are the endpoints
+    pick = lambda prompt: asyncio.run(directory.pick_for("target", prompt=prompt))  # noqa: E731
+    assert pick(SYSTEM + [1]) == (a, LOAD)
+    directory.load["a"] += 1  # its session is open
+    assert pick(SYSTEM + [2]) == (a, PREFIX)  # one more session there, within the slack
+    assert pick([7] * 10) == (b, LOAD)  # a short prompt: the least loaded
+    directory.mark_failed(a)
+    assert pick(SYSTEM + [3]) == (b, LOAD)  # a failed worker is passed over, and its cache forgotten

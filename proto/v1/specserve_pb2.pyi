@@ -54,7 +54,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., task: _Optional[str] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., draft: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
 
 class GenerateStats(_message.Message):
-    __slots__ = ("task", "draft", "proposed_tokens", "accepted_tokens", "target_passes", "seed", "draft_seconds", "verify_seconds", "total_seconds", "first_token_seconds", "rejections", "lookaheads", "lookahead_hits", "task_source", "task_confidence", "route", "k", "target_resumes", "draft_reopens", "target_full_refusals", "drafted_tokens", "wasted_draft_tokens", "branch_hits", "cached_prompt_tokens")
+    __slots__ = ("task", "draft", "proposed_tokens", "accepted_tokens", "target_passes", "seed", "draft_seconds", "verify_seconds", "total_seconds", "first_token_seconds", "rejections", "lookaheads", "lookahead_hits", "task_source", "task_confidence", "route", "k", "target_resumes", "draft_reopens", "target_full_refusals", "drafted_tokens", "wasted_draft_tokens", "branch_hits", "cached_prompt_tokens", "target_replica", "target_pick")
     TASK_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,8 @@ class GenerateStats(_message.Message):
     WASTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BRANCH_HITS_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PICK_FIELD_NUMBER: _ClassVar[int]
     task: str
     draft: str
     proposed_tokens: int
@@ -103,7 +105,9 @@ class GenerateStats(_message.Message):
     wasted_draft_tokens: int
     branch_hits: int
     cached_prompt_tokens: int
-    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., seed: _Optional[int] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., first_token_seconds: _Optional[float] = ..., rejections: _Optional[int] = ..., lookaheads: _Optional[int] = ..., lookahead_hits: _Optional[int] = ..., task_source: _Optional[str] = ..., task_confidence: _Optional[float] = ..., route: _Optional[str] = ..., k: _Optional[int] = ..., target_resumes: _Optional[int] = ..., draft_reopens: _Optional[int] = ..., target_full_refusals: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ..., branch_hits: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+    target_replica: str
+    target_pick: str
+    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., seed: _Optional[int] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., first_token_seconds: _Optional[float] = ..., rejections: _Optional[int] = ..., lookaheads: _Optional[int] = ..., lookahead_hits: _Optional[int] = ..., task_source: _Optional[str] = ..., task_confidence: _Optional[float] = ..., route: _Optional[str] = ..., k: _Optional[int] = ..., target_resumes: _Optional[int] = ..., draft_reopens: _Optional[int] = ..., target_full_refusals: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ..., branch_hits: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., target_replica: _Optional[str] = ..., target_pick: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats")
