@@ -117,6 +117,7 @@ def test_serve_refuses_what_is_no_model_in_one_line_before_starting_a_cluster(ti
         assert "Started a local Ray instance" not in done.stderr  # refused before any cluster
 
 
+@pytest.mark.slow  # three CLI starts, 24 s: the default run checks the no-model refusal's one line
 def test_serve_refuses_a_broken_zoo_in_one_line_before_starting_a_cluster(specserve_home, tmp_path):
     """An interrupted build or copy leaves a manifest that is no JSON: say which zoo, and how to fix it."""
     for broken in ('{"tasks": ', '{"tasks": ["sql"]}', '[]'):  # cut short; JSON, but no zoo's
