@@ -30,12 +30,15 @@ from specserve.cluster.commands.common import comma_ints
 from specserve.cluster.demo import ensure_zoo
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.proto.v1 import specserve_pb2_grpc as rpc
+from specserve.workers.zoo.head import HEAD
 from specserve.workers.zoo.zoo import Zoo
 
 from .faults import inspect
 from .settings import RESULTS_DIR
 
-PATHS = {"off": pb.SPECULATION_OFF, "auto": pb.SPECULATION_AUTO}
+# off: target-only; auto: the policy's choice; eagle3: the EAGLE-3 head (its target session hands it
+# hidden states from the end of the cached prefix on: the head's context is shorter with the cache).
+PATHS = {"off": pb.SPECULATION_OFF, "auto": pb.SPECULATION_AUTO, HEAD: pb.SPECULATION_ON}
 SETTINGS = ("on", "off")  # the prefix cache
 GOAL_TTFT = 3.0  # the bar: time to first token at least this many times lower with the cache, 16 clients
 GOAL_HIT_POINTS = 1.0  # ...and the hit rate with speculation within this many points of target-only's
@@ -45,7 +48,7 @@ GOAL_HIT_POINTS = 1.0  # ...and the hit rate with speculation within this many p
 class SharedPrefixSettings:
     zoo: str = "demo"
     clients: tuple[int, ...] = (1, 16)
-    paths: tuple[str, ...] = tuple(PATHS)
+    paths: tuple[str, ...] = ("off", "auto")
     system_tokens: int = 320  # the shared system prompt, about (the demo target's context is 512)
     requests: int = 48  # per level and path
     max_tokens: int = 32
@@ -59,6 +62,7 @@ class Level:
     clients: int
     ttft: list[float] = field(default_factory=list)
     tokens: int = 0
+    passes: int = 0  # target passes (verify steps) over the level's requests
     seconds: float = 0.0
     # Prompt tokens and reused tokens over the level, by worker kind (target, draft).
     prompt_tokens: dict[str, int] = field(default_factory=dict)
@@ -67,6 +71,10 @@ class Level:
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.tokens / self.passes if self.passes else 0.0
 
     def ttft_ms(self, q: float) -> float:
         ordered = sorted(self.ttft)
@@ -117,6 +125,8 @@ async def run_level(address: str, requests: list[pb.GenerateRequest], clients: i
                     if not outputs[n]:
                         level.ttft.append(time.perf_counter() - start)
                     outputs[n].extend(chunk.token_ids)
+                    if chunk.finish_reason:
+                        level.passes += chunk.stats.target_passes
                 level.tokens += len(outputs[n])
 
         start = time.perf_counter()
@@ -138,7 +148,7 @@ def measure(zoo: Zoo, settings: SharedPrefixSettings, cache: str, system: str, p
             for clients in settings.clients:
                 for path in settings.paths:
                     requests = [pb.GenerateRequest(prompt=system + q, task=task, max_tokens=settings.max_tokens,
-                                                   speculation=PATHS[path])
+                                                   speculation=PATHS[path], draft=HEAD if path == HEAD else "")
                                 for task, q in (asked[n % len(asked)] for n in range(settings.requests))]
                     level = Level(cache, path, clients)
                     before = worker_counters(stub)
@@ -163,11 +173,11 @@ def report(levels: list[Level], identical: dict[str, list[int]], settings: Share
              f"Command: `{command}`. A system prompt of {system_tokens} tokens before each of the zoo's held-out "
              f"prompts, {settings.requests} requests per level and path, {settings.max_tokens} tokens each, greedy. "
              f"Hit rate: of the prompt tokens the workers took, those copied from the cache rather than computed.", "",
-             "| cache | path | clients | TTFT p50 ms | TTFT p90 ms | tokens/s | target hit rate | draft hit rate |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| cache | path | clients | TTFT p50 ms | TTFT p90 ms | tokens/s | tokens/pass | target hit rate | draft hit rate |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for lv in levels:
         lines.append(f"| {lv.cache} | {lv.path} | {lv.clients} | {lv.ttft_ms(0.5):.1f} | {lv.ttft_ms(0.9):.1f} | "
-                     f"{lv.tokens_per_second:,.0f} | {100 * lv.hit_rate('target'):.1f}% | "
+                     f"{lv.tokens_per_second:,.0f} | {lv.tokens_per_pass:.2f} | {100 * lv.hit_rate('target'):.1f}% | "
                      f"{100 * lv.hit_rate('draft'):.1f}% |")
     lines += ["", "## Cache on over off", "", "| path | clients | TTFT p50 off / on | tokens/s on / off |", "|---|---|---|---|"]
     goals = []
@@ -244,7 +254,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--clients", type=comma_ints, default=d.clients, metavar="N,N",
                         help="concurrent clients per level (default: %(default)s)")
     parser.add_argument("--paths", type=lambda s: tuple(s.split(",")), default=d.paths, metavar="P,P",
-                        help=f"of {', '.join(PATHS)} (default: both)")
+                        help=f"of {', '.join(PATHS)} (default: %(default)s)")
     parser.add_argument("--system-tokens", type=int, default=d.system_tokens,
                         help="the shared system prompt's length in tokens, about (default: %(default)s)")
     parser.add_argument("--requests", type=int, default=d.requests, help="per level and path (default: %(default)s)")

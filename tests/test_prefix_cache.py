@@ -134,15 +134,39 @@ def test_a_hash_that_names_another_prefix_is_never_copied(target):
     assert scheduler.prefix.open(fresh) == 0 and fresh.length == 0
 
 
-def test_a_session_that_must_compute_every_prompt_row_reuses_nothing_but_still_shares(target):
-    """A target serving an EAGLE-3 head needs every prompt row's hidden states (reuse off); its
-    blocks still serve the next session."""
+def test_a_session_serving_a_head_reuses_a_prefix_and_hands_out_hidden_states_after_it(target):
+    """A target session serving an EAGLE-3 head that starts from a cached prefix: the rows before
+    it were computed by another session, so its first hidden states start where its own prefill
+    does (the head starts there, as after a long prompt's window), and its tokens are unchanged."""
+    pool = KVPool(KVShape.of(target), Budget(2**28))
+    scheduler = Scheduler(target, pool, Device(1), BatchingConfig(), prefix_caching=True)
+    prompts = questions(2, seed=9)
+    alone = decode_alone(target, prompts, TOKENS)
+    decode_cached(scheduler, prompts[:1], GREEDY, [0])  # computes the prefix, then retained
+    layers = (1, 2)
+
+    async def run() -> tuple[list[int], int, int]:
+        sequence = PooledSequence(pool.take(len(prompts[1]) + TOKENS + 1), prompts[1], pool)
+        scheduler.prefix.open(sequence)
+        session = TargetSession(sequence, GREEDY, torch.Generator(), aux_layers=layers)
+        done = await scheduler.run(session.decode(TOKENS))
+        hidden = session.take_aux()
+        return [v.token for v in done.result], sequence.reused, hidden.start
+
+    tokens, reused, start = asyncio.run(run())
+    assert tokens == alone[1] and reused == 2 * ATTENTION_BLOCK and start == reused
+
+
+def test_a_session_that_must_draft_as_it_did_before_reuses_nothing_but_still_shares(target):
+    """A sampled target session serving a head computes its whole prompt (``reuse`` off: a seeded
+    replay must hand the head the same hidden states whatever the cache holds); its blocks still
+    serve the next session."""
     pool = KVPool(KVShape.of(target), Budget(2**26))
     scheduler = Scheduler(target, pool, Device(1), BatchingConfig(), prefix_caching=True)
     first = PooledSequence(pool.take(128), SYSTEM + [9], pool)
-    first.length = len(SYSTEM) + 1
+    first.length = len(SYSTEM) + 1  # as if prefilled
     scheduler.prefix.open(first)
     second = PooledSequence(pool.take(128), SYSTEM + [8], pool)
-    assert scheduler.prefix.open(second, reuse=False) == 0
+    assert scheduler.prefix.open(second, reuse=False) == 0 and second.length == 0
     third = PooledSequence(pool.take(128), SYSTEM + [7], pool)
     assert scheduler.prefix.open(third) == 2 * ATTENTION_BLOCK

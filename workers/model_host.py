@@ -25,6 +25,7 @@ from .kv_cache import session_capacity
 from .kv_pool import KVPool, KVShape, PoolFull, arena_positions, device_budget
 from .loading import gemv_layout
 from .ragged_pass import PooledSequence, use_pooled_attention
+from .wire import sampling_from
 from .registry import Endpoint, Heartbeat, Registration
 from .security import SecuritySettings
 
@@ -161,8 +162,13 @@ class ModelHost:
         with self.slots.hold(lambda: scheduler.pool.take(capacity), scheduler.release,
                              context.add_done_callback) as region:
             sequence = PooledSequence(region, opened.prompt_ids, scheduler.pool)
-            if scheduler.prefix is not None:  # a target serving an EAGLE-3 head computes every prompt row's states
-                scheduler.prefix.open(sequence, reuse=not opened.aux_layers)
+            if scheduler.prefix is not None:
+                # A target serving an EAGLE-3 head hands it hidden states from the end of a cached
+                # prefix on (that prefix's were computed elsewhere), so the head drafts from a
+                # shorter context. Greedy, that costs at most acceptance; sampled, a seeded replay
+                # must draft what it drafted before whatever the cache holds: it computes it all.
+                head_sampled = bool(opened.aux_layers) and not sampling_from(opened.sampling).greedy
+                scheduler.prefix.open(sequence, reuse=not head_sampled)
             yield scheduler, sequence
 
     async def steps(self, requests) -> AsyncIterator:

@@ -37,7 +37,10 @@ class TargetSession:
         # position it commits, handed out once each (``take_aux``), in position order.
         self.aux_layers = aux_layers
         self.aux_rows: list[torch.Tensor] = []
-        self.aux_start = 0  # the position of the first row not handed out
+        # The position of the first row not handed out. A prompt prefix from the prefix cache was
+        # computed by another session, so its rows are nobody's here: the head starts after it, as
+        # it starts after a long prompt's window (``take_aux``).
+        self.aux_start = sequence.reused
 
     def plan(self, segment: Segment | None) -> Segment | None:
         if segment is not None:
