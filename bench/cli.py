@@ -6,11 +6,22 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from specserve.cluster.commands.common import comma_floats, comma_ints, dotted_overrides
 
 from .settings import DEVICES, BenchSettings
+
+
+def module_main(register_command: Callable[[argparse._SubParsersAction], None], command: str) -> None:
+    """``python -m specserve.bench.<module> ARGS`` as ``specserve <command> ARGS``: the command's
+    own parser, registered as the specserve command line registers it."""
+    parser = argparse.ArgumentParser(prog=f"python -m specserve.bench.{command.replace('-', '_')}")
+    register_command(parser.add_subparsers(required=True))
+    args = parser.parse_args([command, *sys.argv[1:]])
+    raise SystemExit(args.run(args))
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -62,6 +62,7 @@ from specserve.workers.zoo.head import HEAD
 from specserve.workers.zoo.host_path import ensure_host_path_zoo
 from specserve.workers.zoo.zoo import Zoo
 
+from .cli import module_main
 from .memory import component_of
 from .settings import REPLICA_CORE, RESULTS_DIR
 
@@ -589,12 +590,5 @@ def _run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.host_path")
-    register(parser.add_subparsers(required=True))
-    args = parser.parse_args(["host-path", *sys.argv[1:]])
-    raise SystemExit(args.run(args))
-
-
 if __name__ == "__main__":
-    main()
+    module_main(register, "host-path")
