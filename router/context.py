@@ -57,7 +57,9 @@ class RequestContext:
         return pb.SessionOpen(session_id=self.request_id, prompt_ids=self.history.committed_ids(), model=model,
                               sampling=sampling_message(self.params.sampling, seed),
                               max_new_tokens=self.history.remaining, task=self.task, aux_layers=aux_layers,
-                              decode_group=0 if model else self.decode_group)
+                              decode_group=0 if model else self.decode_group,
+                              logprobs=not model and self.params.logprobs is not None,
+                              top_logprobs=0 if model else self.params.logprobs or 0)
 
     def before_deadline(self, give_up: float) -> float:
         """When to stop waiting: at ``give_up``, or just before the client's deadline if sooner."""

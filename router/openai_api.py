@@ -7,7 +7,8 @@ front on the same service: a body becomes the ``GenerateRequest`` a gRPC client 
 limits, the messages that say what to fix and the greedy output are the gRPC API's.
 
 What OpenAI's API has and specserve does not serve is refused with a 400 naming the field (n > 1,
-logprobs, echo, penalties, logit_bias, tools), never silently ignored. Sampling defaults are
+echo, penalties, logit_bias, tools), never silently ignored. ``logprobs`` (and chat's
+``top_logprobs``) are the target's, whichever proposer drafted a token (workers/logprobs.py). Sampling defaults are
 OpenAI's (temperature 1, top_p 1), not the gRPC API's greedy default. specserve's own fields (task,
 speculation, draft, k, top_k) are accepted as extra body fields, and every response carries the
 request's stats (the gRPC ``GenerateStats``, as JSON) in the extension field ``specserve``.
@@ -32,6 +33,7 @@ from google.protobuf.json_format import MessageToDict
 from transformers import PreTrainedTokenizerBase
 
 from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.workers.logprobs import TokenLogprobs
 from specserve.workers.security import API_TOKEN_ENV, API_TOKEN_FILE_ENV, SecuritySettings
 
 from .admission import Overloaded
@@ -45,15 +47,15 @@ SPECULATION = {"auto": pb.SPECULATION_AUTO, "on": pb.SPECULATION_ON, "off": pb.S
 MAX_BODY_BYTES = 4 * 1024 * 1024  # far above any context window's text (validation bounds the prompt)
 # OpenAI's fields that change the output in ways specserve does not serve: refused unless at the
 # value that means "off".
-UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1),
                "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
                "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
                "response_format": (None, {"type": "text"})}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}  # no effect on the output
 SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
-                   "top_k", "task", "speculation", "draft", "k"}
-COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt"}
-CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens"}
+                   "top_k", "task", "speculation", "draft", "k", "logprobs"}
+COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt"}  # logprobs: how many alternatives (0..20), as OpenAI's
+CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}  # logprobs: true or false
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 # HTTP status and OpenAI error type of each gRPC status the service answers with.
 HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
@@ -185,7 +187,13 @@ def _request(fields: dict, prompt: str, model: str, chat: bool) -> OpenAIRequest
     request = pb.GenerateRequest(prompt=prompt, stop=stops, speculation=SPECULATION[speculation],
                                  temperature=_number(fields, "temperature", 1.0), top_p=_number(fields, "top_p", 1.0),
                                  task=_typed(fields, "task", str, ""), draft=_typed(fields, "draft", str, ""))
-    for name in ("max_tokens", "seed", "k", "top_k"):
+    if chat:  # logprobs: whether; top_logprobs: how many alternatives
+        top = _typed(fields, "top_logprobs", int, None)
+        if _typed(fields, "logprobs", bool, False):
+            request.logprobs = top or 0
+        elif top:
+            raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+    for name in ("max_tokens", "seed", "k", "top_k") + (() if chat else ("logprobs",)):
         value = _typed(fields, name, int, None)
         if value is not None:
             try:
@@ -306,17 +314,19 @@ class OpenAIServer:
             turn = await self.service.admit(openai.generate)
         except (InvalidRequest, Overloaded) as exc:
             raise ApiError(status_of(exc), str(exc)) from None
-        reply = _Reply(openai, self.model)
+        reply = _Reply(openai, self.model, self.service.tokenizer)
         try:
             if openai.stream:
                 return await self._stream(request, turn, reply)
-            texts, finish = [], None
+            texts, finish, ids, logprobs = [], None, [], None
             async with contextlib.aclosing(self.service.run(turn, None)) as chunks:
                 async for chunk in chunks:
                     texts.append(chunk.text)
-                    reply.tokens += len(chunk.token_ids)
+                    ids += chunk.token_ids
+                    if chunk.logprobs is not None:
+                        logprobs = chunk.logprobs if logprobs is None else logprobs.followed_by(chunk.logprobs)
                     finish = chunk.finish_reason or finish
-            return web.json_response(reply.whole("".join(texts), finish, turn))
+            return web.json_response(reply.whole("".join(texts), finish, turn, ids, logprobs))
         except FAILURES as exc:
             raise _failure(exc) from None
         finally:
@@ -332,8 +342,8 @@ class OpenAIServer:
                 await _event(response, reply.chunk({"role": "assistant", "content": ""}, None, turn))
             async with contextlib.aclosing(self.service.run(turn, None)) as chunks:
                 async for chunk in chunks:
-                    reply.tokens += len(chunk.token_ids)
-                    await _event(response, reply.chunk(chunk.text, chunk.finish_reason, turn))
+                    await _event(response, reply.chunk(chunk.text, chunk.finish_reason, turn, chunk.token_ids,
+                                                       chunk.logprobs))
             if reply.openai.include_usage:
                 await _event(response, reply.usage_chunk(turn))
         except FAILURES as exc:
@@ -348,24 +358,29 @@ class OpenAIServer:
 class _Reply:
     """The response bodies of one request, in OpenAI's shapes (completion or chat)."""
 
-    def __init__(self, openai: OpenAIRequest, model: str) -> None:
+    def __init__(self, openai: OpenAIRequest, model: str, tokenizer: PreTrainedTokenizerBase) -> None:
         self.openai = openai
         self.model = model
+        self.tokenizer = tokenizer  # a token's text, for logprobs
         self.id = f"{'chatcmpl' if openai.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.tokens = 0  # output tokens so far
+        self.offset = 0  # characters of the completion's tokens so far (logprobs' text_offset)
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.openai.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish: str | None, turn: Turn) -> dict:
-        choice = {"index": 0, "finish_reason": FINISH.get(finish), "logprobs": None}
+    def whole(self, text: str, finish: str | None, turn: Turn, ids: list[int],
+              logprobs: TokenLogprobs | None) -> dict:
+        choice = {"index": 0, "finish_reason": FINISH.get(finish), "logprobs": self._logprobs(ids, logprobs)}
         choice |= {"message": {"role": "assistant", "content": text}} if self.openai.chat else {"text": text}
         return self._head(False) | {"choices": [choice], "usage": self._usage(turn), EXTENSION: _stats(turn)}
 
-    def chunk(self, piece: str | dict, finish: str | None, turn: Turn) -> dict:
-        choice = {"index": 0, "finish_reason": FINISH.get(finish) if finish else None, "logprobs": None}
+    def chunk(self, piece: str | dict, finish: str | None, turn: Turn, ids: list[int] = (),
+              logprobs: TokenLogprobs | None = None) -> dict:
+        choice = {"index": 0, "finish_reason": FINISH.get(finish) if finish else None,
+                  "logprobs": self._logprobs(list(ids), logprobs)}
         if self.openai.chat:
             choice["delta"] = piece if isinstance(piece, dict) else ({"content": piece} if piece else {})
         else:
@@ -374,6 +389,27 @@ class _Reply:
         if finish:
             body[EXTENSION] = _stats(turn)
         return body
+
+    def _logprobs(self, ids: list[int], logprobs: TokenLogprobs | None) -> dict | None:
+        """The tokens' logprobs in OpenAI's shape: chat's ``content`` list, or the completions API's
+        parallel lists (tokens, token_logprobs, top_logprobs, text_offset). Counts the tokens."""
+        self.tokens += len(ids)
+        if logprobs is None:
+            return None
+        text = lambda token: self.tokenizer.decode([token])  # noqa: E731
+        if self.openai.chat:
+            entry = lambda token, value: {"token": text(token), "logprob": value,  # noqa: E731
+                                          "bytes": list(text(token).encode())}
+            return {"content": [entry(token, chosen) | {"top_logprobs": [entry(i, v) for i, v in zip(top_ids, top)]}
+                                for token, chosen, top_ids, top in zip(ids, logprobs.chosen, logprobs.top_ids,
+                                                                       logprobs.top, strict=True)]}
+        tokens, offsets = [text(token) for token in ids], []
+        for token in tokens:
+            offsets.append(self.offset)
+            self.offset += len(token)
+        return {"tokens": tokens, "token_logprobs": logprobs.chosen, "text_offset": offsets,
+                "top_logprobs": [{text(i): v for i, v in zip(top_ids, top)} for top_ids, top in
+                                 zip(logprobs.top_ids, logprobs.top, strict=True)]}
 
     def usage_chunk(self, turn: Turn) -> dict:
         return self._head(True) | {"choices": [], "usage": self._usage(turn)}

@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from .config import RouterConfig
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.draft_length import DraftLength
+from specserve.workers.logprobs import TokenLogprobs
 from specserve.workers.lookup import DraftFree
 from specserve.workers.stats import SpecStats
 from specserve.workers.stopping import Chunk
@@ -120,7 +121,8 @@ class SpecServeService:
         # Joined once at the end: appending to a protobuf string field copies it on every step.
         return pb.GenerateResponse(text="".join(c.text for c in chunks),
                                    token_ids=[t for c in chunks for t in c.token_ids],
-                                   finish_reason=chunks[-1].finish_reason, stats=chunks[-1].stats)
+                                   finish_reason=chunks[-1].finish_reason, stats=chunks[-1].stats,
+                                   logprobs=[lp for c in chunks for lp in c.logprobs])
 
     async def GenerateStream(self, data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
         try:
@@ -134,6 +136,8 @@ class SpecServeService:
         try:
             async for chunk in self.run(turn, _deadline(context)):
                 message = pb.GenerateChunk(text=chunk.text, token_ids=chunk.token_ids)
+                if chunk.logprobs is not None:
+                    message.logprobs.extend(logprob_messages(chunk.logprobs))
                 if chunk.finish_reason:
                     message.finish_reason = FINISH_REASONS[chunk.finish_reason]
                     message.stats.CopyFrom(stats_message(turn.running))
@@ -277,6 +281,11 @@ async def paced(chunks: AsyncIterator[Chunk], interval: int) -> AsyncIterator[Ch
             held, first = None, False
     if held is not None:  # the request's loop ended without a finish reason: cancelled under us
         yield held
+
+
+def logprob_messages(logprobs: TokenLogprobs) -> list[pb.TokenLogprob]:
+    return [pb.TokenLogprob(logprob=chosen, top_ids=ids, top_logprobs=top)
+            for chosen, ids, top in zip(logprobs.chosen, logprobs.top_ids, logprobs.top, strict=True)]
 
 
 def stats_message(request: Request) -> pb.GenerateStats:

@@ -17,7 +17,8 @@ from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.acceptance import Outcome
 from specserve.workers.drafting import DraftTokens
 from specserve.workers.proposing import AUX_HIDDEN, Verified
-from specserve.workers.wire import proposal_message
+from specserve.workers.logprobs import TokenLogprobs
+from specserve.workers.wire import logprobs_from, proposal_message
 
 from .context import RequestContext
 from .directory import NoWorker
@@ -118,8 +119,8 @@ class TargetLink:
         verdict = reply.verdict
         outcome = Outcome(verdict.num_accepted, verdict.token, tuple(verdict.path))
         if AUX_HIDDEN in needs and reply.HasField("aux"):  # forwarded as they came: the router never unpacks them
-            return Verified(outcome, reply.seconds, {AUX_HIDDEN: reply.aux})
-        return Verified(outcome, reply.seconds)
+            return Verified(outcome, reply.seconds, {AUX_HIDDEN: reply.aux}, self._logprobs(reply))
+        return Verified(outcome, reply.seconds, logprobs=self._logprobs(reply))
 
     def arrived(self) -> Verified | None:
         """A decode run's next token if its reply is already here. The last token owed is left to
@@ -136,7 +137,13 @@ class TargetLink:
         self.owed -= 1
         self.recorder.times.record(False, reply.seconds, reply)  # queued: it cost its pass
         self.verdicts += 1
-        return Verified(Outcome(reply.verdict.num_accepted, reply.verdict.token), reply.seconds)
+        return Verified(Outcome(reply.verdict.num_accepted, reply.verdict.token), reply.seconds,
+                        logprobs=self._logprobs(reply))
+
+    def _logprobs(self, reply: pb.VerifyReply) -> TokenLogprobs | None:
+        """The reply's logprobs, where the request asks for them."""
+        top = self.context.params.logprobs
+        return None if top is None else logprobs_from(reply.logprobs, top)
 
     async def _answer(self, proposal: DraftTokens, runs: bool) -> pb.VerifyReply:
         """The target's answer to this step: one round trip, or target-only for good, the next token

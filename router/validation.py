@@ -86,6 +86,7 @@ def _params(request: pb.GenerateRequest) -> GenerationParams:
             stop=tuple(request.stop),
             k=request.k if request.HasField("k") else DEFAULT_K,  # checks the range; the policy picks when unset
             speculation=request.speculation != pb.SPECULATION_OFF,
+            logprobs=request.logprobs if request.HasField("logprobs") else None,
         )
     except ValueError as exc:  # the configs' own messages name the field and its range
         raise InvalidRequest(str(exc)) from None

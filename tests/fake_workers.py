@@ -16,12 +16,13 @@ from specserve.router.streams import WorkerFailed
 from specserve.workers.batching import Scheduler, StepResult
 from specserve.workers.draft_worker import DraftStream
 from specserve.workers.kv_pool import PoolFull
+from specserve.workers.logprobs import TokenLogprobs
 from specserve.workers.model_host import reserved_length
 from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.registry import Endpoint
 from specserve.workers.steps import private_sequence, run_alone
 from specserve.workers.target_replica import target_session
-from specserve.workers.wire import proposal_from, verdict_message
+from specserve.workers.wire import logprobs_message, proposal_from, verdict_message
 
 DRAFT = "echo"  # a draft that is the target model itself: it proposes the target's own greedy tokens
 # Corruptions: a draft reply's token at this position is replaced by another token (``swap``: by
@@ -91,7 +92,7 @@ class FakeWorker:
             self.proposals.append(request.step)
             verdict = await self.run(session.step(proposal_from(request.step)))
             self.verdicts.append(verdict.num_accepted)
-            return pb.VerifyReply(verdict=verdict_message(verdict))
+            return with_logprobs(pb.VerifyReply(verdict=verdict_message(verdict)), session.take_logprobs())
         run = session.step(request.step)
         await self.run(run)
         if session.branch is not None:  # on a worker, in the same passes; here after the lookahead
@@ -117,13 +118,23 @@ class FakeWorker:
         self._count_step()
         verdicts = await self.run(session.decode(n))
         self.verdicts.extend(v.num_accepted for v in verdicts)
-        return [pb.VerifyReply(verdict=verdict_message(v)) for v in verdicts]
+        logprobs = session.take_logprobs()  # one token a verdict
+        return [with_logprobs(pb.VerifyReply(verdict=verdict_message(v)), logprobs and TokenLogprobs(
+                    logprobs.chosen[i:i + 1], logprobs.top_ids[i:i + 1], logprobs.top[i:i + 1]))
+                for i, v in enumerate(verdicts)]
 
     def _count_step(self) -> None:
         self.steps += 1
         if self.dead or self.steps == self.fail_at_step:
             self.dead = True
             raise WorkerFailed(self.endpoint, "failed: UNAVAILABLE: killed by the test", grpc.StatusCode.UNAVAILABLE)
+
+
+def with_logprobs(reply: pb.VerifyReply, logprobs: TokenLogprobs | None) -> pb.VerifyReply:
+    """The reply with its tokens' logprobs, as a replica sends them (target_replica.verify_reply)."""
+    if logprobs is not None:
+        reply.logprobs.CopyFrom(logprobs_message(logprobs))
+    return reply
 
 
 class FakeStream:

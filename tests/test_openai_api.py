@@ -43,7 +43,8 @@ TOKEN = "s3cret-token"
 
 @pytest.mark.parametrize("body, status, words", [
     ({"model": MODEL, "prompt": "x", "n": 2}, 400, "n must be 1"),
-    ({"model": MODEL, "prompt": "x", "logprobs": 3}, 400, "logprobs is not supported"),
+    ({"model": MODEL, "prompt": "x", "logit_bias": {"5": 1}}, 400, "logit_bias is not supported"),
+    ({"model": MODEL, "prompt": "x", "logprobs": True}, 400, "logprobs must be an integer"),
     ({"model": MODEL, "prompt": "x", "best_of": 2}, 400, "best_of is not supported"),
     ({"model": MODEL, "prompt": "x", "frobnicate": 1}, 400, "unknown field 'frobnicate'"),
     ({"model": MODEL, "prompt": ["a", "b"]}, 400, "one prompt per request"),
@@ -306,3 +307,41 @@ def test_a_prompt_sharing_a_prefix_with_an_earlier_one_reuses_its_keys_and_says_
         assert done.usage.prompt_tokens_details.cached_tokens >= 64
         assert int(done.model_extra["specserve"]["cached_prompt_tokens"]) == done.usage.prompt_tokens_details.cached_tokens
         assert done.choices[0].text == target_alone(tiny_engine, second, 16)
+
+
+def test_logprobs_are_the_targets_whichever_proposer_drafted_each_token(local_api, tiny_engine):
+    """Completions' logprobs (n alternatives) and chat's (logprobs, top_logprobs), unary and
+    streamed, speculating: one entry per output token, each the in-process target's own logprob."""
+    client = local_api.client()
+    alone = tiny_engine.generate(PROMPT, GenerationParams(max_tokens=16, speculation=False, logprobs=2)).complete()
+    done = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, logprobs=2,
+                                     extra_body={"speculation": "on"})
+    got = done.choices[0].logprobs
+    assert len(got.token_logprobs) == done.usage.completion_tokens == len(alone.token_ids)
+    assert got.token_logprobs == pytest.approx(alone.logprobs.chosen, abs=1e-5)
+    assert all(len(top) == 2 for top in got.top_logprobs) and got.text_offset[0] == 0
+    assert "".join(got.tokens) == done.choices[0].text
+    messages = [{"role": "user", "content": "def main():"}]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                                 logprobs=True, top_logprobs=1, stream=True))
+    content = [entry for c in chunks if c.choices and c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "".join(e.token for e in content) == text and all(len(e.top_logprobs) == 1 for e in content)
+    assert all(e.logprob <= e.top_logprobs[0].logprob + 1e-6 for e in content)  # greedy: the top one is chosen
+    with pytest.raises(openai.BadRequestError, match="logprobs must be 0..20"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, logprobs=21)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs: true"):
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, top_logprobs=2)
+
+
+def test_the_services_logprobs_are_the_targets_on_every_path(client, tiny_zoo, tiny_engine):
+    """Through the service (gRPC): target-only decode runs, a draft model and the EAGLE-3 head
+    each give one logprob per output token, the in-process target's own."""
+    prompt = tiny_zoo.prompts("code")[0]
+    alone = tiny_engine.generate(prompt, GenerationParams(max_tokens=16, speculation=False, logprobs=2)).complete()
+    for speculation, draft in ((pb.SPECULATION_OFF, ""), (pb.SPECULATION_ON, "code"), (pb.SPECULATION_ON, "eagle3")):
+        reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=16, task="code", logprobs=2,
+                                                   speculation=speculation, draft=draft))
+        assert list(reply.token_ids) == alone.token_ids
+        assert [lp.logprob for lp in reply.logprobs] == pytest.approx(alone.logprobs.chosen, abs=1e-4), draft
+        assert [list(lp.top_ids) for lp in reply.logprobs] == alone.logprobs.top_ids

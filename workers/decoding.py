@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from .logprobs import TokenLogprobs
 from .request import GenerationParams
 from .stats import SpecStats
 from .stopping import Chunk, OutputAssembler
@@ -25,6 +26,7 @@ class Completion:
     finish_reason: str
     stats: SpecStats
     draft: str | None
+    logprobs: TokenLogprobs | None = None
 
 
 class Decoding:
@@ -59,11 +61,12 @@ class Decoding:
         max_tokens. Below 1, the step proposes nothing (target-only)."""
         return min(k, self.remaining - 1)
 
-    def commit(self, proposed: Sequence[int], num_accepted: int, token: int) -> Chunk:
-        """Commit the verdict's tokens (the accepted prefix, then the target's token) and return the
-        output they add, up to the first stop condition: what the loop emits."""
-        return self.output.add(list(proposed[:num_accepted]) + [token])
+    def commit(self, proposed: Sequence[int], num_accepted: int, token: int,
+               logprobs: TokenLogprobs | None = None) -> Chunk:
+        """Commit the verdict's tokens (the accepted prefix, then the target's token; with their
+        ``logprobs``) and return the output they add, up to the first stop condition: what the loop emits."""
+        return self.output.add(list(proposed[:num_accepted]) + [token], logprobs)
 
     def completion(self, draft: str | None) -> Completion:
         out = self.output
-        return Completion(out.text, out.token_ids, out.finish_reason or "length", self.stats, draft)
+        return Completion(out.text, out.token_ids, out.finish_reason or "length", self.stats, draft, out.logprobs)

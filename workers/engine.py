@@ -114,9 +114,10 @@ class LocalVerifier:
         started = time.perf_counter()
         verdict = run_alone(self.model, self.pool, self.session.step(proposal))
         seconds = time.perf_counter() - started
+        logprobs = self.session.take_logprobs()
         if AUX_HIDDEN in needs:
-            return Verified(verdict, seconds, {AUX_HIDDEN: self.session.take_aux()})
-        return Verified(verdict, seconds)
+            return Verified(verdict, seconds, {AUX_HIDDEN: self.session.take_aux()}, logprobs)
+        return Verified(verdict, seconds, logprobs=logprobs)
 
     def arrived(self) -> Verified | None:
         return None  # every verdict is computed when asked
@@ -145,7 +146,7 @@ class Generation:
         proposer = self._proposer(draft, tree, length) if draft else None
         pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
         session = TargetSession(sequence, params.sampling, self.verify_generator,
-                                proposer.aux_layers if proposer else ())
+                                proposer.aux_layers if proposer else (), params.logprobs)
         self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer, length,
                                     self.recorder)
 

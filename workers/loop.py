@@ -117,7 +117,8 @@ class SpeculativeLoop:
         self.length.update(proposal_depth(proposal), verdict.num_accepted)
         if self.proposer is not None:
             self.proposer.commit(proposal, verdict, verified.extras)
-        return self.decoding.commit(accepted_ids(proposal, verdict), verdict.num_accepted, verdict.token)
+        return self.decoding.commit(accepted_ids(proposal, verdict), verdict.num_accepted, verdict.token,
+                                    verified.logprobs)
 
     def abandon(self) -> None:
         """Free the request's state on every worker now (idempotent): its client is gone."""

@@ -33,6 +33,7 @@ import torch
 
 from .acceptance import Outcome
 from .drafting import DraftTokens
+from .logprobs import TokenLogprobs
 
 NO_EXTRAS: Mapping[str, object] = MappingProxyType({})
 # What an EAGLE-3 head needs of each verify pass: the target's hidden states of its aux layers at the
@@ -64,6 +65,7 @@ class Verified:
     verdict: Outcome
     seconds: float  # the target's device time for the pass (0 where unknown)
     extras: Mapping[str, object] = field(default_factory=lambda: NO_EXTRAS)  # what the proposer ``needs``, as far as given
+    logprobs: TokenLogprobs | None = None  # the committed tokens' (workers/logprobs.py), when the request asks
 
 
 class StepRecorder(Protocol):

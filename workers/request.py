@@ -6,6 +6,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from .acceptance import SamplingParams
+from .logprobs import MAX_TOP_LOGPROBS
 
 MAX_TOKENS_LIMIT = 4096  # per request; bounds a request's KV cache and its time on a replica
 MAX_K = 16  # proposals per verify step; beyond ~8 acceptance decays faster than passes are saved
@@ -26,6 +27,9 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     k: int = DEFAULT_K
     speculation: bool = True
+    # The target's logprob of each output token with this many likeliest alternatives (0..20;
+    # workers/logprobs.py); None: none.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:
@@ -34,6 +38,8 @@ class GenerationParams:
             raise ValueError(f"k must be 1..{MAX_K}, got {self.k}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be 0..2^63-1, got {self.seed}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be 0..{MAX_TOP_LOGPROBS} (alternatives per token), got {self.logprobs}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         for s in self.stop:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from .logprobs import TokenLogprobs
+
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder yields for an unfinished UTF-8 sequence
 
 
@@ -25,10 +27,13 @@ class Chunk:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None  # "eos", "stop" (a stop string), "length" (max_tokens)
+    logprobs: TokenLogprobs | None = None  # of token_ids, where the request asks (workers/logprobs.py)
 
     def followed_by(self, later: Chunk) -> Chunk:
         """This chunk and the next one as one: what the two steps committed, in order."""
-        return Chunk(self.token_ids + later.token_ids, self.text + later.text, later.finish_reason)
+        logprobs = (self.logprobs.followed_by(later.logprobs)
+                    if self.logprobs is not None and later.logprobs is not None else None)
+        return Chunk(self.token_ids + later.token_ids, self.text + later.text, later.finish_reason, logprobs)
 
 
 class OutputAssembler:
@@ -44,6 +49,7 @@ class OutputAssembler:
         self._decode = ((lambda ids: backend.decode(ids, skip_special_tokens=False)) if backend is not None
                         else (lambda ids: tokenizer.decode(ids, clean_up_tokenization_spaces=False)))
         self.token_ids: list[int] = []
+        self.logprobs: TokenLogprobs | None = None  # of token_ids, once a step brought some
         self.text = ""  # all text so far (final once finished); may end in an unfinished character
         self._settled = ""  # the text of token_ids[:_read]: complete characters only
         self._prefix = 0  # token_ids[_prefix:_read] is the context window re-decoded for each new token
@@ -55,13 +61,17 @@ class OutputAssembler:
     def remaining(self) -> int:
         return self.max_tokens - len(self.token_ids)
 
-    def add(self, tokens: list[int]) -> Chunk:
-        """Append committed tokens up to the first stop condition; return what may be emitted."""
+    def add(self, tokens: list[int], logprobs: TokenLogprobs | None = None) -> Chunk:
+        """Append committed tokens (with their ``logprobs``) up to the first stop condition; return
+        what may be emitted."""
         chunk = Chunk()
         for token in tokens:
             self._add_one(token, chunk)
             if self.finish_reason:
                 break
+        if logprobs is not None:  # those of the tokens kept (an end of text is no output token)
+            chunk.logprobs = logprobs.first(len(chunk.token_ids))
+            self.logprobs = chunk.logprobs if self.logprobs is None else self.logprobs.followed_by(chunk.logprobs)
         chunk.finish_reason = self.finish_reason
         stable = len(self.text) if self.finish_reason else self._stable_length()
         chunk.text = self.text[self.emitted : stable]

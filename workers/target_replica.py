@@ -34,7 +34,7 @@ from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import verifier_generator
 from .verifying import DecodeRun, TargetSession
-from .wire import hidden_message, pass_info, proposal_from, sampling_from, verdict_message
+from .wire import hidden_message, logprobs_message, pass_info, proposal_from, sampling_from, verdict_message
 
 
 class TargetReplica:
@@ -73,7 +73,7 @@ class TargetReplica:
 def target_session(sequence: PooledSequence, opened: pb.SessionOpen) -> TargetSession:
     """The session a Verify stream's open message asks for (with the hidden states its head reads)."""
     return TargetSession(sequence, sampling_from(opened.sampling), verifier_generator(opened.sampling.seed),
-                         tuple(opened.aux_layers))
+                         tuple(opened.aux_layers), opened.top_logprobs if opened.logprobs else None)
 
 
 def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> pb.VerifyReply:
@@ -82,6 +82,8 @@ def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> 
         reply.cached_tokens = session.sequence.reused
     if (hidden := session.take_aux()) is not None:
         reply.aux.CopyFrom(hidden_message(hidden))
+    if (logprobs := session.take_logprobs()) is not None:
+        reply.logprobs.CopyFrom(logprobs_message(logprobs))
     return reply
 
 

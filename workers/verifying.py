@@ -9,6 +9,7 @@ import torch
 from .acceptance import (SamplingParams, Outcome, children_of, verify, verify_greedy, verify_tree, verify_tree_greedy,
                          warp)
 from .drafting import DraftTokens
+from .logprobs import NO_LOGPROBS, TokenLogprobs, token_logprobs
 from .proposing import HiddenRows
 from .ragged_pass import PooledSequence, Segment
 
@@ -29,8 +30,12 @@ class TargetSession:
     """
 
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator,
-                 aux_layers: tuple[int, ...] = ()) -> None:
+                 aux_layers: tuple[int, ...] = (), logprobs: int | None = None) -> None:
         self.sequence = sequence
+        # The committed tokens' logprobs with this many alternatives each (workers/logprobs.py),
+        # handed out once each (``take_logprobs``); None: not asked for.
+        self.logprobs = logprobs
+        self.committed_logprobs = NO_LOGPROBS
         self.sampling = sampling
         self.generator = generator
         # For a request drafted by an EAGLE-3 head: the hidden states (of these layers) of every
@@ -44,7 +49,7 @@ class TargetSession:
 
     def plan(self, segment: Segment | None) -> Segment | None:
         if segment is not None:
-            segment.ids_only = self.sampling.greedy  # its verdict reads the argmax alone
+            segment.ids_only = self.sampling.greedy and self.logprobs is None  # the verdict reads the argmax alone
             segment.aux_layers = self.aux_layers
         return segment
 
@@ -70,6 +75,19 @@ class TargetSession:
             taken = HiddenRows(taken.stop - window, taken.rows[-window:])
         return taken
 
+    def take_logprobs(self) -> TokenLogprobs | None:
+        """The logprobs of the tokens committed since the last call (None: not asked for)."""
+        if self.logprobs is None:
+            return None
+        taken, self.committed_logprobs = self.committed_logprobs, NO_LOGPROBS
+        return taken
+
+    def _keep_logprobs(self, logits: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
+        """The committed ``tokens``' logprobs, each from the logits row that predicted it."""
+        if self.logprobs is not None:
+            kept = token_logprobs(logits[rows], tokens, self.logprobs)
+            self.committed_logprobs = self.committed_logprobs.followed_by(kept)
+
     def step(self, proposal: DraftTokens) -> VerifyStep:
         return VerifyStep(self, proposal)
 
@@ -90,6 +108,8 @@ class TargetSession:
             uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
             verdict = verify(warp(logits, self.sampling), draft_ids, proposal.q, uniforms)
         self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
+        self._keep_logprobs(logits, list(range(verdict.num_accepted + 1)),
+                            list(proposal.ids[:verdict.num_accepted]) + [verdict.token])
         return verdict
 
     def _judge_tree(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
@@ -100,6 +120,9 @@ class TargetSession:
             uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
             tree = verify_tree(warp(logits, self.sampling), proposal.ids, proposal.parents, proposal.q, uniforms)
         self.sequence.commit_path(proposal.ids, tree.path, tree.token)
+        # Row 0 predicts the tree's first level, row n + 1 what follows node n.
+        self._keep_logprobs(logits, [0] + [node + 1 for node in tree.path],
+                            [proposal.ids[node] for node in tree.path] + [tree.token])
         return Outcome(len(tree.path), tree.token, tree.path)
 
 

@@ -11,6 +11,7 @@ from specserve.proto.v1 import internal_pb2 as pb
 from .batching import StepResult
 from .acceptance import SamplingParams, SparseDist, Outcome, one_hot
 from .drafting import Alternative, DraftTokens
+from .logprobs import TokenLogprobs
 from .proposing import HiddenRows
 
 
@@ -104,3 +105,16 @@ def join_hidden(first: pb.HiddenStates | None, then: pb.HiddenStates) -> pb.Hidd
         raise ValueError(f"hidden states from {then.start} do not follow rows {first.start}..{first.start + first.rows}")
     return pb.HiddenStates(start=first.start, rows=first.rows + then.rows, width=first.width, dtype=first.dtype,
                            data=first.data + then.data)
+
+
+def logprobs_message(logprobs: TokenLogprobs) -> pb.Logprobs:
+    """Packed: every token's alternatives in one array (n each)."""
+    return pb.Logprobs(chosen=logprobs.chosen, top_ids=[i for ids in logprobs.top_ids for i in ids],
+                       top_logprobs=[v for values in logprobs.top for v in values])
+
+
+def logprobs_from(msg: pb.Logprobs, top: int) -> TokenLogprobs:
+    """The reply's logprobs, ``top`` alternatives a token (the open's top_logprobs)."""
+    ids, values = list(msg.top_ids), list(msg.top_logprobs)
+    return TokenLogprobs(list(msg.chosen), [ids[i * top : (i + 1) * top] for i in range(len(msg.chosen))],
+                         [values[i * top : (i + 1) * top] for i in range(len(msg.chosen))])

@@ -39,7 +39,7 @@ class SparseRow(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers", "alternatives", "decode_group")
+    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers", "alternatives", "decode_group", "logprobs", "top_logprobs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,8 @@ class SessionOpen(_message.Message):
     AUX_LAYERS_FIELD_NUMBER: _ClassVar[int]
     ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     DECODE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: Sampling
@@ -58,7 +60,19 @@ class SessionOpen(_message.Message):
     aux_layers: _containers.RepeatedScalarFieldContainer[int]
     alternatives: bool
     decode_group: int
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ..., alternatives: _Optional[bool] = ..., decode_group: _Optional[int] = ...) -> None: ...
+    logprobs: bool
+    top_logprobs: int
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ..., alternatives: _Optional[bool] = ..., decode_group: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class Logprobs(_message.Message):
+    __slots__ = ("chosen", "top_ids", "top_logprobs")
+    CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    TOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    chosen: _containers.RepeatedScalarFieldContainer[float]
+    top_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, chosen: _Optional[_Iterable[float]] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class HiddenStates(_message.Message):
     __slots__ = ("start", "rows", "width", "dtype", "data")
@@ -171,20 +185,22 @@ class PassInfo(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
 
 class VerifyReply(_message.Message):
-    __slots__ = ("verdict", "seconds", "pass_info", "refused", "aux", "cached_tokens")
+    __slots__ = ("verdict", "seconds", "pass_info", "refused", "aux", "cached_tokens", "logprobs")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     PASS_INFO_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     AUX_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     verdict: Verdict
     seconds: float
     pass_info: PassInfo
     refused: str
     aux: HiddenStates
     cached_tokens: int
-    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ..., refused: _Optional[str] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    logprobs: Logprobs
+    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ..., refused: _Optional[str] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
     __slots__ = ()
