@@ -42,8 +42,8 @@ import subprocess
 import collections
 import torch
 
-from specserve.cluster.bringup import start_service
-from specserve.cluster.commands.common import comma_ints
+from specserve.cluster.bringup import merge_into, start_service
+from specserve.cluster.commands.common import comma_ints, dotted_overrides
 from specserve.cluster.demo import MEASURED_ON_UNSEEN, ensure_zoo
 from specserve.cluster.local import zoo_engine
 from specserve.proto.v1 import specserve_pb2 as pb
@@ -85,6 +85,7 @@ class HostPathSettings:
     # router.replicas: router processes sharing the client port. With more than one, each client
     # session has a connection of its own, so the kernel spreads them over the processes.
     router_replicas: int = 1
+    service_overrides: dict = field(default_factory=dict)  # --set: fields of the service's config, over the bench's
 
 
 @dataclass
@@ -306,6 +307,7 @@ def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path) -
                                                             "replicas": settings.router_replicas}
     overrides = {"models": {"zoo": str(zoo.root)}, "target": copy.deepcopy(room), "draft_pool": copy.deepcopy(room),
                  "router": router}
+    merge_into(overrides, copy.deepcopy(settings.service_overrides))
     service = start_service(port=0, overrides=overrides)
     prompts = [(task, p) for task in zoo.tasks for p in zoo.prompts(task)[:8]]
     connections = 1 if settings.router_replicas == 1 else max(settings.sessions)
@@ -571,6 +573,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--router-replicas", type=int, default=d.router_replicas, metavar="N",
                         help="router processes sharing the client port (router.replicas); with more than one, each "
                              "client session connects on its own (default: %(default)s)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="override a field of the service's config, e.g. target.prefix_caching=false (repeatable; "
+                             "VALUE is YAML)")
     parser.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
     parser.set_defaults(run=_run_command)
 
@@ -582,11 +587,13 @@ def _run_command(args: argparse.Namespace) -> int:
     settings = HostPathSettings(zoo=args.zoo, sessions=tuple(args.sessions), paths=tuple(args.paths),
                                 max_tokens=args.max_tokens, k=args.k, min_tokens=args.min_tokens, out=args.out,
                                 profile_sessions=args.profile_sessions or None, stream_interval=args.stream_interval,
-                                router_replicas=args.router_replicas)
+                                router_replicas=args.router_replicas,
+                                service_overrides=dotted_overrides(args.overrides))
     run(settings, "specserve host-path " + " ".join(
         f"--{name.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
         for name, v in (("zoo", args.zoo), ("sessions", tuple(args.sessions)), ("paths", tuple(args.paths)),
-                        ("stream_interval", args.stream_interval), ("router_replicas", args.router_replicas))))
+                        ("stream_interval", args.stream_interval), ("router_replicas", args.router_replicas)))
+        + "".join(f" --set {item}" for item in args.overrides))
     return 0
 
 
