@@ -244,9 +244,15 @@ def test_serve_your_own_gguf_model_in_one_command_then_stop_on_sigterm(tiny_zoo,
                                                                       specserve_home, tmp_path):
     """`specserve serve --target FILE.gguf --draft NAME=DIR --task ...` as a user runs it: its own
     embedded cluster, the ready line with both APIs, SIGTERM, clean exit. With two router processes
-    on the one port: connections reach both, and both answer as the target alone."""
+    on the one port: connections reach both, and both answer as the target alone; one of them
+    killed, new connections go to the other and every draft worker is still the one it was (the
+    control replica owns the pool, not a router)."""
     import signal
     import urllib.request
+
+    import psutil
+
+    from specserve.cluster.client import SpecServeClient
 
     from specserve.proto.v1 import specserve_pb2 as pb
     from specserve.workers.request import GenerationParams
@@ -266,6 +272,17 @@ def test_serve_your_own_gguf_model_in_one_command_then_stop_on_sigterm(tiny_zoo,
         assert list(reply.token_ids) == alone.token_ids
         address = proc.ready_line.split("listening on ")[1].split(" ")[0]
         assert routers_reached(address, prompt, alone.token_ids) == 2
+        drafts = sorted((w.worker_id, w.address) for w in client.stats().workers if w.kind == "draft")
+        router = next(p for p in psutil.Process(proc.pid).children(recursive=True)
+                      if "ServeReplica:specserve:router" in " ".join(p.cmdline()))
+        router.kill()
+        router.wait(timeout=30)
+        assert routers_reached(address, prompt, alone.token_ids, connections=4) >= 1  # (Serve restarts it)
+        after = SpecServeClient(address)
+        try:
+            assert sorted((w.worker_id, w.address) for w in after.stats().workers if w.kind == "draft") == drafts
+        finally:
+            after.close()
         http = proc.ready_line.split("OpenAI API: ")[1].split(";")[0]
         with urllib.request.urlopen(f"{http}/models") as models:
             assert [m["id"] for m in json.load(models)["data"]] == ["target"]  # the file's name
