@@ -1,9 +1,9 @@
 """The router's Serve deployment: the ingress that assembles the service on a gRPC port of its own.
 
 It finds the registry (the control deployment's, cluster/control.py), loads the tokenizer (the
-only model file it needs) and serves the client API (``router/service.py``), the standard health service and server reflection
-from one grpc.aio server, and the OpenAI-compatible HTTP API (``router/openai_api.py``) on that
-server's event loop.
+only model file it needs) and serves the client API (``router/service.py``), the standard health
+service and server reflection from one grpc.aio server, and the OpenAI-compatible HTTP API
+(``router/openai_api.py``) on that server's event loop.
 Health turns SERVING once a target replica and the whole draft pool (so a worker for every draft)
 have registered. With ``router.replicas`` > 1 there are as many processes, each its own router,
 listening on the same ports (SO_REUSEPORT).

@@ -46,7 +46,7 @@ def shareable_blocks(prompt_length: int) -> int:
     return max(prompt_length - 1, 0) // ATTENTION_BLOCK
 
 
-@dataclass
+@dataclass(eq=False)  # each holder is its own: found and removed by identity
 class Holder:
     """A region whose prompt blocks may serve other sessions: a live session's, or a retained one's."""
 
