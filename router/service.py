@@ -221,7 +221,8 @@ class SpecServeService:
         workers = [pb.WorkerInfo(kind=e.kind, worker_id=e.worker_id, address=e.address, models=e.models,
                                  live_sessions=e.live_sessions, node_id=e.node_id,
                                  pass_widths=[tokens for tokens, _ in e.pass_times],
-                                 pass_seconds=[seconds for _, seconds in e.pass_times])
+                                 pass_seconds=[seconds for _, seconds in e.pass_times],
+                                 prefix_prompt_tokens=e.prefix_tokens[0], prefix_reused_tokens=e.prefix_tokens[1])
                    for e in await self.directory.refresh(force=True) if e.kind != "router"]
         self.policy.pressure = self.directory.target_pressure()  # judged on the targets as they are now
         self.policy.pass_cap = self.directory.target_pass_cap()

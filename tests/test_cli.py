@@ -232,6 +232,7 @@ def test_generate_and_stats_through_the_service(service, capsys):
     table = capsys.readouterr().out
     assert "sql" in table and "draft-worker-0" in table and "draft-worker-1" in table and "target" in table
     assert "speculate" in table or "fallback" in table  # each task's decision, with its reason
+    assert "prefix hits" in table and "router-" in table  # each worker's cache; which router answered
 
 
 def test_service_errors_are_one_line_with_the_status(service, capsys):

@@ -149,8 +149,10 @@ class ModelHost:
         return KVPool(shape, self.budget, arena_positions(self.budget, shape, pools))
 
     def endpoint(self) -> Endpoint:
+        counts = _prefix_counts(self.schedulers.values())
         return Endpoint(self.kind, self.worker_id, self.address, self.models, self.slots.live, self.node_id,
-                        pass_sessions=self.pass_sessions, pass_times=self.pass_times)
+                        pass_sessions=self.pass_sessions, pass_times=self.pass_times,
+                        prefix_tokens=(counts["prefix_prompt_tokens"], counts["prefix_reused_tokens"]))
 
     @contextlib.contextmanager
     def session(self, model: str, opened: pb.SessionOpen,

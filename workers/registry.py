@@ -44,6 +44,7 @@ class Endpoint:
     node_id: str = ""  # the Ray node it runs on
     pass_sessions: int = 0  # the most sessions one of its batched passes holds (0: not said)
     pass_times: tuple[tuple[int, float], ...] = ()  # a target's (tokens, seconds) per pass, timed at start-up
+    prefix_tokens: tuple[int, int] = (0, 0)  # its prefix cache's prompt tokens and, of those, reused ones
     renewed: float = field(default=0.0, compare=False)
 
 

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(MessageToDict(stats, preserving_proto_field_name=True)))
         return 0
-    print(f"requests in flight {stats.requests_in_flight}; queued {stats.requests_queued}; "
+    print(f"{stats.router or 'router'}: requests in flight {stats.requests_in_flight}; queued {stats.requests_queued}; "
           f"rejected (over the limit) {stats.requests_rejected}")
     print("Per task, its decision (draft '-': the task, and its target-only requests), then each allowed draft;")
     print("k at the current load (k1: with one session per pass), and what a step of k costs in target steps:")
@@ -41,9 +41,11 @@ def run(args: argparse.Namespace) -> int:
               f"{t.proposed_tokens:>9} {t.accepted_tokens:>9} {t.tokens_per_pass:>8.2f} {t.alpha:>6.2f} "
               f"{t.cost_ratio:>5.2f} {t.k:>2} {t.unloaded_k:>2} {t.step_cost:>5.2f} {t.expected_speedup:>7.2f} {t.scored_tokens:>7} {decision}")
     _print_batches(stats)
-    print(f"{'worker':<22} {'kind':<6} {'address':<22} {'node':<12} {'sessions':>8} models")
+    print("Workers; prefix hits: of the prompt tokens of its sessions, those its prefix cache held:")
+    print(f"{'worker':<22} {'kind':<6} {'address':<22} {'node':<12} {'sessions':>8} {'prefix hits':>11} models")
     for w in stats.workers:
-        print(f"{w.worker_id:<22} {w.kind:<6} {w.address:<22} {w.node_id[:12]:<12} {w.live_sessions:>8} "
+        hits = f"{w.prefix_reused_tokens / w.prefix_prompt_tokens:.0%}" if w.prefix_prompt_tokens else "-"
+        print(f"{w.worker_id:<22} {w.kind:<6} {w.address:<22} {w.node_id[:12]:<12} {w.live_sessions:>8} {hits:>11} "
               f"{', '.join(w.models)}")
     return 0
 

@@ -200,7 +200,7 @@ class TaskStats(_message.Message):
     def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., requests: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., output_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_pass: _Optional[float] = ..., alpha: _Optional[float] = ..., cost_ratio: _Optional[float] = ..., k: _Optional[int] = ..., expected_speedup: _Optional[float] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., scored_tokens: _Optional[int] = ..., alpha_per_position: _Optional[_Iterable[float]] = ..., step_cost: _Optional[float] = ..., unloaded_k: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("kind", "worker_id", "address", "models", "live_sessions", "node_id", "pass_widths", "pass_seconds")
+    __slots__ = ("kind", "worker_id", "address", "models", "live_sessions", "node_id", "pass_widths", "pass_seconds", "prefix_prompt_tokens", "prefix_reused_tokens")
     KIND_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,8 @@ class WorkerInfo(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     PASS_WIDTHS_FIELD_NUMBER: _ClassVar[int]
     PASS_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     worker_id: str
     address: str
@@ -217,7 +219,9 @@ class WorkerInfo(_message.Message):
     node_id: str
     pass_widths: _containers.RepeatedScalarFieldContainer[int]
     pass_seconds: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, kind: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., node_id: _Optional[str] = ..., pass_widths: _Optional[_Iterable[int]] = ..., pass_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
+    prefix_prompt_tokens: int
+    prefix_reused_tokens: int
+    def __init__(self, kind: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., node_id: _Optional[str] = ..., pass_widths: _Optional[_Iterable[int]] = ..., pass_seconds: _Optional[_Iterable[float]] = ..., prefix_prompt_tokens: _Optional[int] = ..., prefix_reused_tokens: _Optional[int] = ...) -> None: ...
 
 class PassStats(_message.Message):
     __slots__ = ("kind", "steps", "mean_sessions", "p50_sessions", "mean_tokens", "p50_tokens", "mean_queue_seconds", "p50_queue_seconds")
