@@ -13,7 +13,7 @@ from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.decoding import Decoding
 from specserve.workers.request import GenerationParams
 from specserve.workers.seeds import replacement_seed
-from specserve.workers.wire import sampling_message
+from specserve.workers.wire import processing_message, sampling_message
 
 from .config import TimeoutsConfig
 from .directory import WorkerDirectory
@@ -59,7 +59,9 @@ class RequestContext:
                               max_new_tokens=self.history.remaining, task=self.task, aux_layers=aux_layers,
                               decode_group=0 if model else self.decode_group,
                               logprobs=not model and self.params.logprobs is not None,
-                              top_logprobs=0 if model else self.params.logprobs or 0)
+                              top_logprobs=0 if model else self.params.logprobs or 0,
+                              processing=None if model or not self.params.processing.active else
+                              processing_message(self.params.processing, len(self.history.prompt_ids)))
 
     def before_deadline(self, give_up: float) -> float:
         """When to stop waiting: at ``give_up``, or just before the client's deadline if sooner."""

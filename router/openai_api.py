@@ -7,8 +7,9 @@ front on the same service: a body becomes the ``GenerateRequest`` a gRPC client 
 limits, the messages that say what to fix and the greedy output are the gRPC API's.
 
 What OpenAI's API has and specserve does not serve is refused with a 400 naming the field (n > 1,
-echo, penalties, logit_bias, tools), never silently ignored. ``logprobs`` (and chat's
-``top_logprobs``) are the target's, whichever proposer drafted a token (workers/logprobs.py). Sampling defaults are
+echo, best_of, tools, response_format), never silently ignored. ``logprobs`` (and chat's
+``top_logprobs``) are the target's, whichever proposer drafted a token (workers/logprobs.py);
+presence and frequency penalties and logit_bias process the target (workers/processors.py). Sampling defaults are
 OpenAI's (temperature 1, top_p 1), not the gRPC API's greedy default. specserve's own fields (task,
 speculation, draft, k, top_k) are accepted as extra body fields, and every response carries the
 request's stats (the gRPC ``GenerateStats``, as JSON) in the extension field ``specserve``.
@@ -48,12 +49,12 @@ MAX_BODY_BYTES = 4 * 1024 * 1024  # far above any context window's text (validat
 # OpenAI's fields that change the output in ways specserve does not serve: refused unless at the
 # value that means "off".
 UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1),
-               "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
                "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
                "response_format": (None, {"type": "text"})}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}  # no effect on the output
 SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
-                   "top_k", "task", "speculation", "draft", "k", "logprobs"}
+                   "top_k", "task", "speculation", "draft", "k", "logprobs", "presence_penalty", "frequency_penalty",
+                   "logit_bias"}
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt"}  # logprobs: how many alternatives (0..20), as OpenAI's
 CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}  # logprobs: true or false
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -187,6 +188,17 @@ def _request(fields: dict, prompt: str, model: str, chat: bool) -> OpenAIRequest
     request = pb.GenerateRequest(prompt=prompt, stop=stops, speculation=SPECULATION[speculation],
                                  temperature=_number(fields, "temperature", 1.0), top_p=_number(fields, "top_p", 1.0),
                                  task=_typed(fields, "task", str, ""), draft=_typed(fields, "draft", str, ""))
+    for name in ("presence_penalty", "frequency_penalty"):
+        if fields.get(name) is not None:
+            setattr(request, name, _number(fields, name, 0.0))
+    bias = fields.get("logit_bias") or {}
+    if not isinstance(bias, dict):
+        raise invalid("logit_bias must be an object of token ids (as strings) to numbers", "logit_bias")
+    for token, value in bias.items():
+        try:
+            request.logit_bias[int(token)] = float(value)
+        except (TypeError, ValueError):
+            raise invalid(f"logit_bias maps token ids to numbers, got {token!r}: {value!r}", "logit_bias") from None
     if chat:  # logprobs: whether; top_logprobs: how many alternatives
         top = _typed(fields, "top_logprobs", int, None)
         if _typed(fields, "logprobs", bool, False):

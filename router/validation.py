@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.acceptance import SamplingParams
+from specserve.workers.processors import LogitsProcessing
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, GenerationParams
 
@@ -60,6 +61,10 @@ def validate(request: pb.GenerateRequest, tokenizer: PreTrainedTokenizerBase, li
     if request.task and request.task not in limits.tasks:
         raise InvalidRequest(f"unknown task {request.task!r}; this deployment serves: "
                              f"{', '.join(sorted(limits.tasks))} (or leave task empty to have it classified)")
+    vocab = len(tokenizer)
+    outside = sorted(token for token in request.logit_bias if not 0 <= token < vocab)
+    if outside:
+        raise InvalidRequest(f"logit_bias names token ids outside the vocabulary (0..{vocab - 1}): {outside[:5]}")
     if request.draft and request.draft not in limits.drafts:
         raise InvalidRequest(f"unknown draft {request.draft!r}; this deployment has: {', '.join(sorted(limits.drafts))} "
                              f"(or leave draft empty for the policy's choice)")
@@ -87,6 +92,8 @@ def _params(request: pb.GenerateRequest) -> GenerationParams:
             k=request.k if request.HasField("k") else DEFAULT_K,  # checks the range; the policy picks when unset
             speculation=request.speculation != pb.SPECULATION_OFF,
             logprobs=request.logprobs if request.HasField("logprobs") else None,
+            processing=LogitsProcessing(tuple(sorted(request.logit_bias.items())), request.presence_penalty,
+                                        request.frequency_penalty),
         )
     except ValueError as exc:  # the configs' own messages name the field and its range
         raise InvalidRequest(str(exc)) from None

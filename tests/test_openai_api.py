@@ -44,7 +44,9 @@ TOKEN = "s3cret-token"
 
 @pytest.mark.parametrize("body, status, words", [
     ({"model": MODEL, "prompt": "x", "n": 2}, 400, "n must be 1"),
-    ({"model": MODEL, "prompt": "x", "logit_bias": {"5": 1}}, 400, "logit_bias is not supported"),
+    ({"model": MODEL, "prompt": "x", "echo": True}, 400, "echo is not supported"),
+    ({"model": MODEL, "prompt": "x", "logit_bias": {"x": 1}}, 400, "logit_bias maps token ids to numbers"),
+    ({"model": MODEL, "prompt": "x", "presence_penalty": "high"}, 400, "presence_penalty must be a number"),
     ({"model": MODEL, "prompt": "x", "logprobs": True}, 400, "logprobs must be an integer"),
     ({"model": MODEL, "prompt": "x", "best_of": 2}, 400, "best_of is not supported"),
     ({"model": MODEL, "prompt": "x", "frobnicate": 1}, 400, "unknown field 'frobnicate'"),
@@ -350,3 +352,22 @@ def test_the_services_logprobs_are_the_targets_on_every_path(client, tiny_zoo, t
         assert list(reply.token_ids) == alone.token_ids
         assert [lp.logprob for lp in reply.logprobs] == pytest.approx(alone.logprobs.chosen, abs=1e-4), draft
         assert [list(lp.top_ids) for lp in reply.logprobs] == alone.logprobs.top_ids
+
+
+def test_the_services_penalties_and_logit_bias_give_the_processed_targets_output(cluster_api, tiny_zoo, tiny_engine):
+    """Through the service, target-only and speculating (so also after a reopen's output_start):
+    the in-process processed target's greedy text; a token id outside the vocabulary is one 400."""
+    from specserve.workers.processors import LogitsProcessing
+
+    model = cluster_api.models.list().data[0].id
+    prompt = tiny_zoo.prompts("code")[1]
+    processing = LogitsProcessing(((5, 2.0),), presence_penalty=0.5, frequency_penalty=0.5)
+    alone = tiny_engine.generate(prompt, GenerationParams(max_tokens=16, speculation=False,
+                                                          processing=processing)).complete()
+    for extra in ({"speculation": "off"}, {"speculation": "on", "draft": "code"}):
+        done = cluster_api.completions.create(model=model, prompt=prompt, max_tokens=16, temperature=0,
+                                              presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"5": 2},
+                                              extra_body={"task": "code", **extra})
+        assert done.choices[0].text == alone.text, extra
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        cluster_api.completions.create(model=model, prompt=prompt, max_tokens=4, logit_bias={"999999": 1})

@@ -146,7 +146,7 @@ class Generation:
         proposer = self._proposer(draft, tree, length) if draft else None
         pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
         session = TargetSession(sequence, params.sampling, self.verify_generator,
-                                proposer.aux_layers if proposer else (), params.logprobs)
+                                proposer.aux_layers if proposer else (), params.logprobs, params.processing)
         self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer, length,
                                     self.recorder)
 

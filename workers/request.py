@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .acceptance import SamplingParams
 from .logprobs import MAX_TOP_LOGPROBS
+from .processors import LogitsProcessing
 
 MAX_TOKENS_LIMIT = 4096  # per request; bounds a request's KV cache and its time on a replica
 MAX_K = 16  # proposals per verify step; beyond ~8 acceptance decays faster than passes are saved
@@ -30,6 +31,9 @@ class GenerationParams:
     # The target's logprob of each output token with this many likeliest alternatives (0..20;
     # workers/logprobs.py); None: none.
     logprobs: int | None = None
+    # Presence and frequency penalties and a logit bias (workers/processors.py): the output is the
+    # processed target's.
+    processing: LogitsProcessing = field(default_factory=LogitsProcessing)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:

@@ -34,7 +34,8 @@ from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import verifier_generator
 from .verifying import DecodeRun, TargetSession
-from .wire import hidden_message, logprobs_message, pass_info, proposal_from, sampling_from, verdict_message
+from .wire import (hidden_message, logprobs_message, pass_info, processing_from, proposal_from, sampling_from,
+                   verdict_message)
 
 
 class TargetReplica:
@@ -72,8 +73,11 @@ class TargetReplica:
 
 def target_session(sequence: PooledSequence, opened: pb.SessionOpen) -> TargetSession:
     """The session a Verify stream's open message asks for (with the hidden states its head reads)."""
+    processing = opened.processing
     return TargetSession(sequence, sampling_from(opened.sampling), verifier_generator(opened.sampling.seed),
-                         tuple(opened.aux_layers), opened.top_logprobs if opened.logprobs else None)
+                         tuple(opened.aux_layers), opened.top_logprobs if opened.logprobs else None,
+                         processing_from(processing),
+                         processing.output_start if opened.HasField("processing") else None)
 
 
 def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> pb.VerifyReply:

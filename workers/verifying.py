@@ -10,6 +10,7 @@ from .acceptance import (SamplingParams, Outcome, children_of, verify, verify_gr
                          warp)
 from .drafting import DraftTokens
 from .logprobs import NO_LOGPROBS, TokenLogprobs, token_logprobs
+from .processors import NO_PROCESSING, LogitsProcessing
 from .proposing import HiddenRows
 from .ragged_pass import PooledSequence, Segment
 
@@ -30,8 +31,13 @@ class TargetSession:
     """
 
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator,
-                 aux_layers: tuple[int, ...] = (), logprobs: int | None = None) -> None:
+                 aux_layers: tuple[int, ...] = (), logprobs: int | None = None,
+                 processing: LogitsProcessing = NO_PROCESSING, output_start: int | None = None) -> None:
         self.sequence = sequence
+        # Penalties and a logit bias (workers/processors.py), over the output: the committed tokens
+        # from ``output_start`` on (the request's first output token; None: the prompt's end now).
+        self.processing = processing
+        self.output_start = len(sequence.committed) if output_start is None else output_start
         # The committed tokens' logprobs with this many alternatives each (workers/logprobs.py),
         # handed out once each (``take_logprobs``); None: not asked for.
         self.logprobs = logprobs
@@ -49,7 +55,8 @@ class TargetSession:
 
     def plan(self, segment: Segment | None) -> Segment | None:
         if segment is not None:
-            segment.ids_only = self.sampling.greedy and self.logprobs is None  # the verdict reads the argmax alone
+            # A greedy verdict reads the argmax alone, unless logprobs or processing need the logits.
+            segment.ids_only = self.sampling.greedy and self.logprobs is None and not self.processing.active
             segment.aux_layers = self.aux_layers
         return segment
 
@@ -101,6 +108,10 @@ class TargetSession:
         depends on its seed, never on what shared its pass."""
         if proposal.parents is not None:
             return self._judge_tree(proposal, logits)
+        raw = logits
+        if self.processing.active:  # row i sees the output, then the proposal's first i tokens
+            output = self.sequence.committed[self.output_start:]
+            logits = self.processing.apply(logits, [output + list(proposal.ids[:i]) for i in range(len(logits))])
         draft_ids = torch.tensor(proposal.ids, dtype=torch.long)
         if self.sampling.greedy:
             verdict = verify_greedy(_argmax(logits), draft_ids)
@@ -108,12 +119,19 @@ class TargetSession:
             uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
             verdict = verify(warp(logits, self.sampling), draft_ids, proposal.q, uniforms)
         self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
-        self._keep_logprobs(logits, list(range(verdict.num_accepted + 1)),
+        self._keep_logprobs(raw, list(range(verdict.num_accepted + 1)),
                             list(proposal.ids[:verdict.num_accepted]) + [verdict.token])
         return verdict
 
     def _judge_tree(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
         """A token tree's verdict: logits at the root, then after each node ([T+1, V])."""
+        raw = logits
+        if self.processing.active:  # the root row sees the output; node n's row, its path too
+            output = self.sequence.committed[self.output_start:]
+            paths: list[list[int]] = []
+            for node, parent in enumerate(proposal.parents):
+                paths.append((paths[parent] if parent >= 0 else []) + [proposal.ids[node]])
+            logits = self.processing.apply(logits, [output] + [output + path for path in paths])
         if self.sampling.greedy:
             tree = verify_tree_greedy(_argmax(logits), proposal.ids, proposal.parents)
         else:
@@ -121,7 +139,7 @@ class TargetSession:
             tree = verify_tree(warp(logits, self.sampling), proposal.ids, proposal.parents, proposal.q, uniforms)
         self.sequence.commit_path(proposal.ids, tree.path, tree.token)
         # Row 0 predicts the tree's first level, row n + 1 what follows node n.
-        self._keep_logprobs(logits, [0] + [node + 1 for node in tree.path],
+        self._keep_logprobs(raw, [0] + [node + 1 for node in tree.path],
                             [proposal.ids[node] for node in tree.path] + [tree.token])
         return Outcome(len(tree.path), tree.token, tree.path)
 

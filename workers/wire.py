@@ -12,6 +12,7 @@ from .batching import StepResult
 from .acceptance import SamplingParams, SparseDist, Outcome, one_hot
 from .drafting import Alternative, DraftTokens
 from .logprobs import TokenLogprobs
+from .processors import LogitsProcessing
 from .proposing import HiddenRows
 
 
@@ -118,3 +119,15 @@ def logprobs_from(msg: pb.Logprobs, top: int) -> TokenLogprobs:
     ids, values = list(msg.top_ids), list(msg.top_logprobs)
     return TokenLogprobs(list(msg.chosen), [ids[i * top : (i + 1) * top] for i in range(len(msg.chosen))],
                          [values[i * top : (i + 1) * top] for i in range(len(msg.chosen))])
+
+
+def processing_message(processing: LogitsProcessing, output_start: int) -> pb.Processing:
+    return pb.Processing(bias_ids=[t for t, _ in processing.logit_bias], bias_values=[b for _, b in processing.logit_bias],
+                         presence_penalty=processing.presence_penalty,
+                         frequency_penalty=processing.frequency_penalty, output_start=output_start)
+
+
+def processing_from(msg: pb.Processing) -> LogitsProcessing:
+    # float32 on the wire: both sides of a replay decode the same values.
+    return LogitsProcessing(tuple(zip(msg.bias_ids, msg.bias_values, strict=True)), msg.presence_penalty,
+                            msg.frequency_penalty)
