@@ -37,6 +37,9 @@ class TargetSession:
         # Penalties and a logit bias (workers/processors.py), over the output: the committed tokens
         # from ``output_start`` on (the request's first output token; None: the prompt's end now).
         self.processing = processing
+        self.processed = processing.active  # decided once: asked on every pass
+        # A greedy verdict reads the argmax alone, unless logprobs or processing need the logits.
+        self.ids_only = sampling.greedy and logprobs is None and not self.processed
         self.output_start = len(sequence.committed) if output_start is None else output_start
         # The committed tokens' logprobs with this many alternatives each (workers/logprobs.py),
         # handed out once each (``take_logprobs``); None: not asked for.
@@ -55,8 +58,7 @@ class TargetSession:
 
     def plan(self, segment: Segment | None) -> Segment | None:
         if segment is not None:
-            # A greedy verdict reads the argmax alone, unless logprobs or processing need the logits.
-            segment.ids_only = self.sampling.greedy and self.logprobs is None and not self.processing.active
+            segment.ids_only = self.ids_only
             segment.aux_layers = self.aux_layers
         return segment
 
@@ -109,7 +111,7 @@ class TargetSession:
         if proposal.parents is not None:
             return self._judge_tree(proposal, logits)
         raw = logits
-        if self.processing.active:  # row i sees the output, then the proposal's first i tokens
+        if self.processed:  # row i sees the output, then the proposal's first i tokens
             output = self.sequence.committed[self.output_start:]
             logits = self.processing.apply(logits, [output + list(proposal.ids[:i]) for i in range(len(logits))])
         draft_ids = torch.tensor(proposal.ids, dtype=torch.long)
@@ -126,7 +128,7 @@ class TargetSession:
     def _judge_tree(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
         """A token tree's verdict: logits at the root, then after each node ([T+1, V])."""
         raw = logits
-        if self.processing.active:  # the root row sees the output; node n's row, its path too
+        if self.processed:  # the root row sees the output; node n's row, its path too
             output = self.sequence.committed[self.output_start:]
             paths: list[list[int]] = []
             for node, parent in enumerate(proposal.parents):
