@@ -61,7 +61,10 @@ class RequestContext:
                               logprobs=not model and self.params.logprobs is not None,
                               top_logprobs=0 if model else self.params.logprobs or 0,
                               processing=None if model or not self.params.processing.active else
-                              processing_message(self.params.processing, len(self.history.prompt_ids)))
+                              processing_message(self.params.processing, len(self.history.prompt_ids)),
+                              grammar=None if model or self.params.grammar is None else
+                              pb.Grammar(compiled=self.params.grammar.compiled(),
+                                         output_start=len(self.history.prompt_ids)))
 
     def before_deadline(self, give_up: float) -> float:
         """When to stop waiting: at ``give_up``, or just before the client's deadline if sooner."""

@@ -7,9 +7,11 @@ front on the same service: a body becomes the ``GenerateRequest`` a gRPC client 
 limits, the messages that say what to fix and the greedy output are the gRPC API's.
 
 What OpenAI's API has and specserve does not serve is refused with a 400 naming the field (n > 1,
-echo, best_of, tools, response_format), never silently ignored. ``logprobs`` (and chat's
+echo, best_of, tool_choice auto), never silently ignored. ``logprobs`` (and chat's
 ``top_logprobs``) are the target's, whichever proposer drafted a token (workers/logprobs.py);
-presence and frequency penalties and logit_bias process the target (workers/processors.py). Sampling defaults are
+presence and frequency penalties and logit_bias process the target (workers/processors.py);
+``response_format``, ``structured_outputs`` and tools called by name or as required constrain it
+to a grammar (router/openai_structured.py, workers/grammar.py). Sampling defaults are
 OpenAI's (temperature 1, top_p 1), not the gRPC API's greedy default. specserve's own fields (task,
 speculation, draft, k, top_k) are accepted as extra body fields, and every response carries the
 request's stats (the gRPC ``GenerateStats``, as JSON) in the extension field ``specserve``.
@@ -38,25 +40,27 @@ from specserve.workers.logprobs import TokenLogprobs
 from specserve.workers.security import API_TOKEN_ENV, API_TOKEN_FILE_ENV, SecuritySettings
 
 from .admission import Overloaded
+from .openai_structured import FieldError, ToolMode, structured_output
 from .service import FAILURES, SpecServeService, Turn, stats_message, status_of
 from .validation import InvalidRequest
 
 log = logging.getLogger("specserve.router")
 EXTENSION = "specserve"  # the response field with the request's stats
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # OpenAI says "stop" for both ends
+TOOL_CALLS = "tool_calls"  # the finish reason of an answer that is a tool call
 SPECULATION = {"auto": pb.SPECULATION_AUTO, "on": pb.SPECULATION_ON, "off": pb.SPECULATION_OFF}
 MAX_BODY_BYTES = 4 * 1024 * 1024  # far above any context window's text (validation bounds the prompt)
 # OpenAI's fields that change the output in ways specserve does not serve: refused unless at the
 # value that means "off".
 UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1),
-               "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-               "response_format": (None, {"type": "text"})}
+               "suffix": (None, ""), "functions": (None, [])}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}  # no effect on the output
 SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
                    "top_k", "task", "speculation", "draft", "k", "logprobs", "presence_penalty", "frequency_penalty",
-                   "logit_bias"}
+                   "logit_bias", "response_format", "structured_outputs"}
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt"}  # logprobs: how many alternatives (0..20), as OpenAI's
-CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}  # logprobs: true or false
+CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "top_logprobs",  # logprobs: true or false
+                                 "tools", "tool_choice"}
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 # HTTP status and OpenAI error type of each gRPC status the service answers with.
 HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
@@ -95,6 +99,7 @@ class OpenAIRequest:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage counts
     chat: bool
+    tools: ToolMode | None = None  # answered with a call of one of these (router/openai_structured.py)
 
 
 def completion_request(body, model: str) -> OpenAIRequest:
@@ -114,10 +119,13 @@ def chat_request(body, model: str, tokenizer: PreTrainedTokenizerBase) -> OpenAI
         if fields.get("max_tokens") is not None:
             raise invalid("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
         fields["max_tokens"] = fields.pop("max_completion_tokens")
-    return _request(fields, chat_prompt(fields.get("messages"), tokenizer), model, chat=True)
+    openai = _request(fields, "", model, chat=True)
+    tools = list(openai.tools.tools) if openai.tools is not None else None
+    openai.generate.prompt = chat_prompt(fields.get("messages"), tokenizer, tools)
+    return openai
 
 
-def chat_prompt(messages, tokenizer: PreTrainedTokenizerBase) -> str:
+def chat_prompt(messages, tokenizer: PreTrainedTokenizerBase, tools: list[dict] | None = None) -> str:
     """The conversation as the target was trained to read it: its tokenizer's chat template."""
     if not getattr(tokenizer, "chat_template", None):
         raise invalid("the served model's tokenizer has no chat template, so it cannot read a conversation: use "
@@ -131,7 +139,8 @@ def chat_prompt(messages, tokenizer: PreTrainedTokenizerBase) -> str:
                           f"messages[{i}].role")
         turns.append({"role": message["role"], "content": _content(message.get("content"), i)})
     try:
-        text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        # The tools, where the template shows them to the model (a template without them ignores them).
+        text = tokenizer.apply_chat_template(turns, tools=tools, tokenize=False, add_generation_prompt=True)
     except Exception as exc:  # a template that raises (e.g. it wants alternating roles) says why
         raise invalid(f"the model's chat template refused these messages: {exc}", "messages") from None
     # Templates that write BOS as text (Llama 3's) would get a second one: the prompt's encoding
@@ -199,6 +208,12 @@ def _request(fields: dict, prompt: str, model: str, chat: bool) -> OpenAIRequest
             request.logit_bias[int(token)] = float(value)
         except (TypeError, ValueError):
             raise invalid(f"logit_bias maps token ids to numbers, got {token!r}: {value!r}", "logit_bias") from None
+    try:
+        structured, tools = structured_output(fields, chat)
+    except FieldError as exc:
+        raise invalid(str(exc), exc.param) from None
+    if structured is not None:
+        request.structured_output.CopyFrom(structured)
     if chat:  # logprobs: whether; top_logprobs: how many alternatives
         top = _typed(fields, "top_logprobs", int, None)
         if _typed(fields, "logprobs", bool, False):
@@ -212,7 +227,7 @@ def _request(fields: dict, prompt: str, model: str, chat: bool) -> OpenAIRequest
                 setattr(request, name, value)
             except ValueError:  # beyond the field's integer type: the range check would refuse it too
                 raise invalid(f"{name} {value} is out of range", name) from None
-    return OpenAIRequest(request, stream, bool(options.get("include_usage")), chat)
+    return OpenAIRequest(request, stream, bool(options.get("include_usage")), chat, tools)
 
 
 def _typed(fields: dict, name: str, kind: type, default):
@@ -352,10 +367,14 @@ class OpenAIServer:
         try:
             if reply.openai.chat:
                 await _event(response, reply.chunk({"role": "assistant", "content": ""}, None, turn))
+            held = None  # a tool call goes whole, once it has ended
             async with contextlib.aclosing(self.service.run(turn, None)) as chunks:
                 async for chunk in chunks:
-                    await _event(response, reply.chunk(chunk.text, chunk.finish_reason, turn, chunk.token_ids,
-                                                       chunk.logprobs))
+                    held = chunk if held is None else held.followed_by(chunk)
+                    if reply.openai.tools is None or held.finish_reason:
+                        await _event(response, reply.chunk(held.text, held.finish_reason, turn, held.token_ids,
+                                                           held.logprobs))
+                        held = None
             if reply.openai.include_usage:
                 await _event(response, reply.usage_chunk(turn))
         except FAILURES as exc:
@@ -387,13 +406,18 @@ class _Reply:
               logprobs: TokenLogprobs | None) -> dict:
         choice = {"index": 0, "finish_reason": FINISH.get(finish), "logprobs": self._logprobs(ids, logprobs)}
         choice |= {"message": {"role": "assistant", "content": text}} if self.openai.chat else {"text": text}
+        if (call := self._call(text, finish)) is not None:
+            choice |= {"message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                       "finish_reason": TOOL_CALLS}
         return self._head(False) | {"choices": [choice], "usage": self._usage(turn), EXTENSION: _stats(turn)}
 
     def chunk(self, piece: str | dict, finish: str | None, turn: Turn, ids: list[int] = (),
               logprobs: TokenLogprobs | None = None) -> dict:
         choice = {"index": 0, "finish_reason": FINISH.get(finish) if finish else None,
                   "logprobs": self._logprobs(list(ids), logprobs)}
-        if self.openai.chat:
+        if (call := self._call(piece, finish)) is not None:
+            choice |= {"delta": {"tool_calls": [{"index": 0} | call]}, "finish_reason": TOOL_CALLS}
+        elif self.openai.chat:
             choice["delta"] = piece if isinstance(piece, dict) else ({"content": piece} if piece else {})
         else:
             choice["text"] = piece
@@ -401,6 +425,13 @@ class _Reply:
         if finish:
             body[EXTENSION] = _stats(turn)
         return body
+
+    def _call(self, text, finish: str | None) -> dict | None:
+        """The tool call the whole output is, for a request answered with one (None: it is not one,
+        or was cut short by max_tokens, and goes as text)."""
+        if self.openai.tools is None or finish != "eos" or not isinstance(text, str):
+            return None
+        return self.openai.tools.call(text)
 
     def _logprobs(self, ids: list[int], logprobs: TokenLogprobs | None) -> dict | None:
         """The tokens' logprobs in OpenAI's shape: chat's ``content`` list, or the completions API's

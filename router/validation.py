@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.acceptance import SamplingParams
+from specserve.workers.grammar import GrammarError, GrammarSpec
 from specserve.workers.processors import LogitsProcessing
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, GenerationParams
@@ -94,9 +95,24 @@ def _params(request: pb.GenerateRequest) -> GenerationParams:
             logprobs=request.logprobs if request.HasField("logprobs") else None,
             processing=LogitsProcessing(tuple(sorted(request.logit_bias.items())), request.presence_penalty,
                                         request.frequency_penalty),
+            grammar=_grammar(request),
         )
     except ValueError as exc:  # the configs' own messages name the field and its range
         raise InvalidRequest(str(exc)) from None
+
+
+def _grammar(request: pb.GenerateRequest) -> GrammarSpec | None:
+    """The request's structured output, compiled here (cached per source) so that a bad one is
+    answered at the edge; a GrammarError (a ValueError) names what does not compile."""
+    if not request.HasField("structured_output"):
+        return None
+    wanted = request.structured_output
+    kind = wanted.WhichOneof("kind")
+    if kind is None or (kind == "json_object" and not wanted.json_object):
+        raise GrammarError("structured_output names no grammar: set one of json_schema, json_object, regex or lark")
+    spec = GrammarSpec(kind, "" if kind == "json_object" else getattr(wanted, kind))
+    spec.compiled()
+    return spec
 
 
 def _prompt_ids(prompt: str, params: GenerationParams, tokenizer: PreTrainedTokenizerBase, window: int) -> list[int]:

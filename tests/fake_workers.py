@@ -21,6 +21,7 @@ from specserve.workers.model_host import reserved_length
 from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.registry import Endpoint
 from specserve.workers.steps import private_sequence, run_alone
+from specserve.workers.grammar import no_grammars
 from specserve.workers.target_replica import target_session
 from specserve.workers.wire import logprobs_message, proposal_from, verdict_message
 
@@ -37,7 +38,8 @@ class FakeWorker:
 
     def __init__(self, kind: str, name: str, model, corrupt: Corrupt = lambda step: None,
                  fail_at_step: int | None = None, scheduler: Scheduler | None = None,
-                 fail_at_token: int | None = None, max_sessions: int | None = None, swap: bool = False) -> None:
+                 fail_at_token: int | None = None, max_sessions: int | None = None, swap: bool = False,
+                 grammars=no_grammars) -> None:
         self.endpoint = Endpoint(kind, name, f"fake:{name}", (DRAFT,) if kind == "draft" else ("target",))
         self.model = model
         self.corrupt = corrupt
@@ -55,6 +57,7 @@ class FakeWorker:
         self.refused = 0  # sessions it refused as full
         self.streams: list[FakeStream] = []
         self.scheduler = scheduler  # steps share batched passes with other sessions' (else each runs alone)
+        self.grammars = grammars  # a target's structured output (a GrammarCompiler's maker)
 
     def open(self, opened: pb.SessionOpen):
         """The session ``opened`` asks for; WorkerFailed (RESOURCE_EXHAUSTED) when it is full, as a
@@ -73,7 +76,7 @@ class FakeWorker:
                                 grpc.StatusCode.RESOURCE_EXHAUSTED, full=True)
         self.opened.append(len(opened.prompt_ids))
         self.live += 1
-        return target_session(sequence, opened) if self.endpoint.kind == "target" else DraftStream(sequence, opened)
+        return target_session(sequence, opened, self.grammars) if self.endpoint.kind == "target" else DraftStream(sequence, opened)
 
     def close(self, session) -> None:
         self.live -= 1

@@ -30,7 +30,7 @@ from specserve.workers.acceptance_reference import verify_reference
 
 DRAWS = 200_000  # proposals per case, all verified in one call
 # A correct sampler exceeds the total-variation bound with probability at most DELTA and fails the
-# chi-square test with probability at most CHI_SQUARE_LEVEL: over the 47 such checks below, 0.5%.
+# chi-square test with probability at most CHI_SQUARE_LEVEL: over the 53 such checks below, 0.5%.
 DELTA = 1e-6
 CHI_SQUARE_LEVEL = 1e-4
 REFERENCE_ROWS = 300  # rows of each batch replayed through the plain reference implementation
@@ -137,6 +137,27 @@ def noisy_draft(vocab: int, k: int, params: SamplingParams, support: int,
     return build
 
 
+def grammar_masked(vocab: int, k: int, params: SamplingParams, support: int, mask_q: bool) -> Callable:
+    """Structured output (workers/grammar.py): after every prefix a grammar allows its own random
+    subset of the tokens (at least one); the target's p is masked to it and renormalised, and the
+    draft's q is masked too (``mask_q``: a draft that follows the grammar) or not (one that does
+    not: its forbidden tokens must then be rejected, with the residual drawn within the mask)."""
+
+    def build(gen) -> Pair:
+        logits = logits_tree(gen, vocab, k + 1)
+        allowed = [torch.rand(level.shape, generator=gen) < 0.5 for level in logits]
+        for level in allowed:  # a grammar that can continue: some token allowed in every row
+            level[torch.arange(len(level)), torch.randint(vocab, (len(level),), generator=gen)] = True
+        p = [warp(level.masked_fill(~mask, -math.inf), params) for level, mask in zip(logits, allowed)]
+        q = []
+        for level, mask in zip(logits[:k], allowed):
+            noisy = level + DRAFT_NOISE * torch.randn(level.shape, generator=gen)
+            q.append(warp(noisy.masked_fill(~mask, -math.inf) if mask_q else noisy, params))
+        return Pair(tuple(p), tuple(sparsify(level, support) for level in q))
+
+    return build
+
+
 def same_as_target(vocab: int, k: int, params: SamplingParams) -> Callable:
     """A draft whose q is the target's p, bit for bit."""
 
@@ -231,6 +252,10 @@ CASES = {
     "k1-t1-q-reduced-vocab": noisy_draft(12, 1, T1, support=12, draft_tokens=slice(0, 8)),
     "k3-t0.7-q-reduced-vocab-top2": noisy_draft(4, 3, SamplingParams(temperature=0.7), support=2,
                                                 draft_tokens=slice(0, 3)),
+    # A grammar's mask, its own after every prefix, on p and q alike, or on p alone.
+    "k3-t1-grammar-masks-p-and-q": grammar_masked(4, 3, T1, support=4, mask_q=True),
+    "k3-t0.8-topp0.9-grammar-masks-p-only": grammar_masked(4, 3, SamplingParams(temperature=0.8, top_p=0.9),
+                                                           support=4, mask_q=False),
 }
 
 

@@ -12,12 +12,14 @@ import asyncio
 import copy
 import json
 import random
+import re
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import grpc
+import jsonschema
 import openai
 import pytest
 
@@ -104,7 +106,7 @@ class LocalApi:
         tokenizer.chat_template = TEMPLATE
         workers = [FakeWorker("draft", "d0", tiny_engine.target)]
         if with_target:
-            workers.append(FakeWorker("target", "t0", tiny_engine.target))
+            workers.append(FakeWorker("target", "t0", tiny_engine.target, grammars=lambda: tiny_engine.grammars))
         tasks = {"code": (DRAFT,)}
         limits = Limits(tasks=tasks, drafts=(DRAFT,), context_window=tiny_engine.context_window)
         # No target to wait for long: a request without one is answered 503 in a second.
@@ -371,3 +373,103 @@ def test_the_services_penalties_and_logit_bias_give_the_processed_targets_output
         assert done.choices[0].text == alone.text, extra
     with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
         cluster_api.completions.create(model=model, prompt=prompt, max_tokens=4, logit_bias={"999999": 1})
+
+
+# --- structured output -----------------------------------------------------------------------
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"enum": ["ada", "bob"]}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}}
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": PERSON}}
+CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["zone"],
+    "properties": {"zone": {"enum": ["utc", "cet"]}}}}}
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"response_format": {"type": "xml"}}, "response_format must be"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs json_schema.schema"),
+    ({"structured_outputs": {"regex": "a", "grammar": "b"}}, "takes one of json"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "ask for one output format"),
+    ({"tools": [WEATHER]}, "tool_choice auto is not served"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "naming one of"),
+    ({"tools": [{"type": "function"}], "tool_choice": "required"}, "tools must be a list of"),
+    ({"tool_choice": "required"}, "tool_choice needs tools"),
+])
+def test_a_bad_structured_output_field_is_refused_naming_it(tiny_engine, extra, words):
+    templated = copy.deepcopy(tiny_engine.tokenizer)
+    templated.chat_template = TEMPLATE
+    with pytest.raises(ApiError) as caught:
+        chat_request({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]} | extra, MODEL, templated)
+    assert words in caught.value.body()["error"]["message"] and caught.value.response().status == 400
+
+
+def constrained_alone(tiny_engine, prompt: str, grammar, max_tokens: int = 48):
+    params = GenerationParams(max_tokens=max_tokens, speculation=False, grammar=grammar)
+    return tiny_engine.generate(prompt, params).complete()
+
+
+def test_response_format_and_tools_through_the_official_client(local_api, tiny_engine):
+    """json_schema, a regex (structured_outputs), a required and a named tool call, unary and
+    streamed: each output follows its grammar and is the constrained target's greedy output."""
+    from specserve.workers.grammar import GrammarSpec
+
+    client = local_api.client()
+    schema = GrammarSpec("json_schema", json.dumps(PERSON))
+    alone = constrained_alone(tiny_engine, "<user>who\n<assistant>", schema)  # the chat below, rendered
+    done = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "who"}], max_tokens=48,
+                                          temperature=0, response_format={"type": "json_schema", "json_schema": {
+                                              "name": "person", "schema": PERSON, "strict": True}})
+    assert done.choices[0].message.content == alone.text and done.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(alone.text), PERSON)
+    done = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "who"}], max_tokens=48,
+                                          temperature=0, response_format={"type": "json_object"})
+    text = done.choices[0].message.content  # any object: the tiny model writes one long string in it
+    assert text.startswith("{") and (done.choices[0].finish_reason == "length" or isinstance(json.loads(text), dict))
+    done = client.completions.create(model=MODEL, prompt="x = ", max_tokens=24, temperature=0,
+                                     extra_body={"structured_outputs": {"regex": "[a-c]{2,6}!"}})
+    assert re.fullmatch("[a-c]{2,6}!", done.choices[0].text)
+    messages = [{"role": "user", "content": "what time is it"}]
+    for choice, names in (("required", {"weather", "clock"}), ({"type": "function", "function": {"name": "clock"}},
+                                                              {"clock"})):
+        reply = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, CLOCK],
+                                               tool_choice=choice, max_tokens=48, temperature=0)
+        call = reply.choices[0].message.tool_calls[0]
+        assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
+        assert call.function.name in names and call.id.startswith("call_")
+        parameters = (WEATHER if call.function.name == "weather" else CLOCK)["function"]["parameters"]
+        jsonschema.validate(json.loads(call.function.arguments), parameters)
+        streamed = list(client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, CLOCK],
+                                                       tool_choice=choice, max_tokens=48, temperature=0, stream=True))
+        deltas = [c.choices[0].delta.tool_calls for c in streamed if c.choices and c.choices[0].delta.tool_calls]
+        assert len(deltas) == 1 and deltas[0][0].function.arguments == call.function.arguments
+        assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    with pytest.raises(openai.BadRequestError, match="does not compile"):
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, response_format={
+            "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "nonsense"}}})
+
+
+def test_the_services_structured_output_is_the_constrained_targets_on_every_path(cluster_api, client, tiny_zoo,
+                                                                                 tiny_engine):
+    """Through the real service: target-only, a draft, prompt lookup, over HTTP and gRPC, greedy:
+    the in-process constrained target's text; a regex that does not compile is one 400."""
+    from specserve.workers.grammar import GrammarSpec
+
+    model = cluster_api.models.list().data[0].id
+    prompt = tiny_zoo.prompts("code")[1]
+    alone = constrained_alone(tiny_engine, prompt, GrammarSpec("json_schema", json.dumps(PERSON)))
+    jsonschema.validate(json.loads(alone.text), PERSON)
+    for extra in ({"speculation": "off"}, {"speculation": "on", "draft": "code"}, {"speculation": "on",
+                                                                                   "draft": "ngram"}):
+        # The completions API has response_format as an extension (the official client's, in extra_body).
+        body = {"task": "code", "response_format": {"type": "json_schema", "json_schema": {"name": "p",
+                                                                                          "schema": PERSON}}}
+        done = cluster_api.completions.create(model=model, prompt=prompt, max_tokens=48, temperature=0,
+                                              extra_body=body | extra)
+        assert done.choices[0].text == alone.text, extra
+    reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=48, temperature=0.0, task="code",
+                                               speculation=pb.SPECULATION_ON,
+                                               structured_output=pb.StructuredOutput(json_schema=json.dumps(PERSON))))
+    assert reply.text == alone.text and reply.finish_reason == pb.FINISH_REASON_EOS
+    with pytest.raises(openai.BadRequestError, match="unclosed character class"):
+        cluster_api.completions.create(model=model, prompt=prompt, max_tokens=4,
+                                       extra_body={"structured_outputs": {"regex": "[a-"}})

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .decoding import Completion, Decoding
 from .draft_length import DraftLength
 from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftTokens
+from .grammar import GrammarCompiler
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_head_of
 from .heads.proposer import HeadDraft, HeadState
@@ -58,6 +59,14 @@ class SpecEngine:
         self.draft_free = DraftFree()  # prompt lookup and suffix decoding (over the prompt alone: no task's outputs)
         self.task = ""  # whose outputs suffix decoding reads, if a caller teaches draft_free some
         self.tree_max_tokens = TREE_MAX_TOKENS
+        self._grammars: GrammarCompiler | None = None
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The target's grammars, built on the first request that has one."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer)
+        return self._grammars
 
     @classmethod
     def load(cls, target: ModelSpec, drafts: dict[str, ModelSpec]) -> SpecEngine:
@@ -145,8 +154,10 @@ class Generation:
         length = DraftLength("fixed", params.k if draft else 0, params.k)
         proposer = self._proposer(draft, tree, length) if draft else None
         pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
+        grammar = engine.grammars.state(params.grammar.compiled()) if params.grammar else None
         session = TargetSession(sequence, params.sampling, self.verify_generator,
-                                proposer.aux_layers if proposer else (), params.logprobs, params.processing)
+                                proposer.aux_layers if proposer else (), params.logprobs, params.processing,
+                                grammar=grammar)
         self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer, length,
                                     self.recorder)
 

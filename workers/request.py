@@ -6,6 +6,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from .acceptance import SamplingParams
+from .grammar import GrammarSpec
 from .logprobs import MAX_TOP_LOGPROBS
 from .processors import LogitsProcessing
 
@@ -34,6 +35,8 @@ class GenerationParams:
     # Presence and frequency penalties and a logit bias (workers/processors.py): the output is the
     # processed target's.
     processing: LogitsProcessing = field(default_factory=LogitsProcessing)
+    # Structured output (workers/grammar.py): the output is the target's constrained to it.
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:

@@ -15,7 +15,7 @@ import asyncio
 import math
 import uuid
 from dataclasses import replace
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -26,6 +26,7 @@ from .acceptance import Outcome
 from .batching import Scheduler, StepResult
 from .calibration import widest_within
 from .config import TargetConfig
+from .grammar import GrammarCompiler, grammar_compiler, no_grammars
 from .loading import ModelSpec, load_model
 from .logs import log_to_stderr
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
@@ -45,6 +46,8 @@ class TargetReplica:
         log_to_stderr()
         cfg = TargetConfig.model_validate(config)  # plain data across Serve, checked again here
         self.autoscaling = cfg.autoscaling
+        # Structured output's grammars, over the target's own tokenizer, built on first use.
+        self.grammars = lambda: grammar_compiler(target.source)
         servicer = VerifierServicer(self)
         self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", {"target": load_model(target)}, cfg,
                               registration, lambda server: rpc.add_VerifierServicer_to_server(servicer, server),
@@ -71,13 +74,19 @@ class TargetReplica:
             host.shutdown()
 
 
-def target_session(sequence: PooledSequence, opened: pb.SessionOpen) -> TargetSession:
-    """The session a Verify stream's open message asks for (with the hidden states its head reads)."""
+def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
+                   grammars: Callable[[], GrammarCompiler] = no_grammars) -> TargetSession:
+    """The session a Verify stream's open message asks for (with the hidden states its head reads,
+    its processing and its grammar, which has consumed the output the session already holds)."""
     processing = opened.processing
+    grammar = None
+    if opened.HasField("grammar"):
+        output = opened.prompt_ids[opened.grammar.output_start:]
+        grammar = grammars().state(opened.grammar.compiled, output)
     return TargetSession(sequence, sampling_from(opened.sampling), verifier_generator(opened.sampling.seed),
                          tuple(opened.aux_layers), opened.top_logprobs if opened.logprobs else None,
                          processing_from(processing),
-                         processing.output_start if opened.HasField("processing") else None)
+                         processing.output_start if opened.HasField("processing") else None, grammar)
 
 
 def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> pb.VerifyReply:
@@ -198,7 +207,7 @@ class VerifierServicer(rpc.VerifierServicer):
         host = self.replica.host
         try:
             with host.session("target", opened, context) as (scheduler, sequence):
-                session = target_session(sequence, opened)
+                session = target_session(sequence, opened, self.replica.grammars)
                 inbox = host.steps(requests)
                 async for request in inbox:
                     if request.WhichOneof("kind") == "decode":  # target-only from here to the end

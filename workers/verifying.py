@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .acceptance import (SamplingParams, Outcome, children_of, verify, verify_greedy, verify_tree, verify_tree_greedy,
-                         warp)
+from .acceptance import (SamplingParams, SparseDist, Outcome, children_of, verify, verify_greedy, verify_tree,
+                         verify_tree_greedy, warp)
 from .drafting import DraftTokens
+from .grammar import GrammarState
 from .logprobs import NO_LOGPROBS, TokenLogprobs, token_logprobs
 from .processors import NO_PROCESSING, LogitsProcessing
 from .proposing import HiddenRows
@@ -32,14 +33,18 @@ class TargetSession:
 
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator,
                  aux_layers: tuple[int, ...] = (), logprobs: int | None = None,
-                 processing: LogitsProcessing = NO_PROCESSING, output_start: int | None = None) -> None:
+                 processing: LogitsProcessing = NO_PROCESSING, output_start: int | None = None,
+                 grammar: GrammarState | None = None) -> None:
         self.sequence = sequence
         # Penalties and a logit bias (workers/processors.py), over the output: the committed tokens
         # from ``output_start`` on (the request's first output token; None: the prompt's end now).
         self.processing = processing
         self.processed = processing.active  # decided once: asked on every pass
-        # A greedy verdict reads the argmax alone, unless logprobs or processing need the logits.
-        self.ids_only = sampling.greedy and logprobs is None and not self.processed
+        # Structured output (workers/grammar.py): the grammar masks each row after processing, and
+        # has consumed the output so far.
+        self.grammar = grammar
+        # A greedy verdict reads the argmax alone, unless logprobs, processing or a grammar need the logits.
+        self.ids_only = sampling.greedy and logprobs is None and not self.processed and grammar is None
         self.output_start = len(sequence.committed) if output_start is None else output_start
         # The committed tokens' logprobs with this many alternatives each (workers/logprobs.py),
         # handed out once each (``take_logprobs``); None: not asked for.
@@ -98,6 +103,12 @@ class TargetSession:
             self.committed_logprobs = self.committed_logprobs.followed_by(kept)
 
     def step(self, proposal: DraftTokens) -> VerifyStep:
+        if self.grammar is not None and proposal.parents is None:
+            # Cut just after the first token the grammar forbids: it is rejected there (p = 0), and
+            # kept so that a sampled verdict draws from the residual of the q it came from.
+            keep = self.grammar.allowed_prefix(proposal.ids) + 1
+            if keep < len(proposal.ids):
+                proposal = DraftTokens(proposal.ids[:keep], SparseDist(proposal.q.ids[:keep], proposal.q.probs[:keep]))
         return VerifyStep(self, proposal)
 
     def decode(self, n: int) -> DecodeRun:
@@ -114,6 +125,8 @@ class TargetSession:
         if self.processed:  # row i sees the output, then the proposal's first i tokens
             output = self.sequence.committed[self.output_start:]
             logits = self.processing.apply(logits, [output + list(proposal.ids[:i]) for i in range(len(logits))])
+        if self.grammar is not None:
+            logits = self.grammar.mask_chain(logits, proposal.ids)
         draft_ids = torch.tensor(proposal.ids, dtype=torch.long)
         if self.sampling.greedy:
             verdict = verify_greedy(_argmax(logits), draft_ids)
@@ -121,8 +134,10 @@ class TargetSession:
             uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
             verdict = verify(warp(logits, self.sampling), draft_ids, proposal.q, uniforms)
         self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
-        self._keep_logprobs(raw, list(range(verdict.num_accepted + 1)),
-                            list(proposal.ids[:verdict.num_accepted]) + [verdict.token])
+        committed = list(proposal.ids[:verdict.num_accepted]) + [verdict.token]
+        if self.grammar is not None:
+            self.grammar.commit(committed)
+        self._keep_logprobs(raw, list(range(verdict.num_accepted + 1)), committed)
         return verdict
 
     def _judge_tree(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
@@ -134,15 +149,19 @@ class TargetSession:
             for node, parent in enumerate(proposal.parents):
                 paths.append((paths[parent] if parent >= 0 else []) + [proposal.ids[node]])
             logits = self.processing.apply(logits, [output] + [output + path for path in paths])
+        if self.grammar is not None:
+            logits = self.grammar.mask_tree(logits, proposal.ids, proposal.parents)
         if self.sampling.greedy:
             tree = verify_tree_greedy(_argmax(logits), proposal.ids, proposal.parents)
         else:
             uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
             tree = verify_tree(warp(logits, self.sampling), proposal.ids, proposal.parents, proposal.q, uniforms)
         self.sequence.commit_path(proposal.ids, tree.path, tree.token)
+        committed = [proposal.ids[node] for node in tree.path] + [tree.token]
+        if self.grammar is not None:
+            self.grammar.commit(committed)
         # Row 0 predicts the tree's first level, row n + 1 what follows node n.
-        self._keep_logprobs(raw, [0] + [node + 1 for node in tree.path],
-                            [proposal.ids[node] for node in tree.path] + [tree.token])
+        self._keep_logprobs(raw, [0] + [node + 1 for node in tree.path], committed)
         return Outcome(len(tree.path), tree.token, tree.path)
 
 

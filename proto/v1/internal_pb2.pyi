@@ -39,7 +39,7 @@ class SparseRow(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers", "alternatives", "decode_group", "logprobs", "top_logprobs", "processing")
+    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers", "alternatives", "decode_group", "logprobs", "top_logprobs", "processing", "grammar")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class SessionOpen(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROCESSING_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: Sampling
@@ -64,7 +65,16 @@ class SessionOpen(_message.Message):
     logprobs: bool
     top_logprobs: int
     processing: Processing
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ..., alternatives: _Optional[bool] = ..., decode_group: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., processing: _Optional[_Union[Processing, _Mapping]] = ...) -> None: ...
+    grammar: Grammar
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ..., alternatives: _Optional[bool] = ..., decode_group: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., processing: _Optional[_Union[Processing, _Mapping]] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ...) -> None: ...
+
+class Grammar(_message.Message):
+    __slots__ = ("compiled", "output_start")
+    COMPILED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_START_FIELD_NUMBER: _ClassVar[int]
+    compiled: str
+    output_start: int
+    def __init__(self, compiled: _Optional[str] = ..., output_start: _Optional[int] = ...) -> None: ...
 
 class Processing(_message.Message):
     __slots__ = ("bias_ids", "bias_values", "presence_penalty", "frequency_penalty", "output_start")

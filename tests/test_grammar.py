@@ -1,0 +1,160 @@
+"""Structured output (workers/grammar.py): the output is the target's constrained to the grammar.
+
+Greedy, every proposer gives the constrained target-only tokens, and the output parses and follows
+its schema; sampled, the first tokens under a small grammar have the masked target's exact
+distribution through the real engine (the statistics of test_lossless_sampling.py); a session
+reopened after a failure masks as one that never stopped; a grammar that does not compile is one
+message saying what is wrong. The rule's own masked cases are in test_acceptance_distribution.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from specserve.proto.v1 import internal_pb2 as pb
+from specserve.workers.acceptance import SamplingParams, warp
+from specserve.workers.engine import SpecEngine
+from specserve.workers.grammar import GrammarCompiler, GrammarError, GrammarSpec
+from specserve.workers.request import GenerationParams
+from specserve.workers.target_replica import target_session
+from specserve.workers.wire import sampling_message
+
+from test_lossless_sampling import LENGTH, assert_same_distribution, tiny_model, word_tokenizer
+
+PROPOSERS = [{"draft": "sql"}, {"draft": "eagle3"}, {"draft": "ngram"}, {"draft": "tree", "tree": ("sql", "general")}]
+# A schema a tiny model can finish within a few dozen tokens: every value bounded.
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "admin"],
+          "properties": {"name": {"enum": ["ada", "bob", "cy"]}, "age": {"type": "integer", "minimum": 0,
+                                                                         "maximum": 99},
+                         "admin": {"type": "boolean"}}}
+SCHEMA = GrammarSpec("json_schema", json.dumps(PERSON))
+
+
+def generate(engine, prompt, grammar, sampling=SamplingParams(), seed=3, tokens=48, **proposer):
+    params = GenerationParams(max_tokens=tokens, speculation=bool(proposer), grammar=grammar, sampling=sampling,
+                              seed=seed)
+    return engine.generate(prompt, params, **proposer).complete()
+
+
+@pytest.mark.parametrize("proposer", PROPOSERS, ids=["draft", "head", "ngram", "tree"])
+def test_greedy_output_under_a_schema_is_the_constrained_targets_with_every_proposer(tiny_engine, tiny_zoo, proposer):
+    prompt = tiny_zoo.prompts("sql")[2]
+    alone = generate(tiny_engine, prompt, SCHEMA)
+    assert alone.finish_reason == "eos"  # the grammar ended the text: nothing but EOS after the object
+    jsonschema.validate(json.loads(alone.text), PERSON)
+    speculated = generate(tiny_engine, prompt, SCHEMA, **proposer)
+    assert speculated.token_ids == alone.token_ids
+    assert speculated.stats.proposed > 0
+
+
+def test_sampled_outputs_follow_a_regex_and_a_lark_grammar(tiny_engine, tiny_zoo):
+    prompt = tiny_zoo.prompts("code")[0]
+    regex = r"(select|update) [a-z]{1,6} (from|set) [a-z_]{1,8};"
+    lark = 'start: "def " NAME "(" NAME? ")" ":"\nNAME: /[a-z]{1,5}/'
+    for seed in range(4):
+        done = generate(tiny_engine, prompt, GrammarSpec("regex", regex), SamplingParams(temperature=1.0), seed,
+                        draft="code")
+        assert done.finish_reason == "eos" and re.fullmatch(regex, done.text), done.text
+        done = generate(tiny_engine, prompt, GrammarSpec("lark", lark), SamplingParams(temperature=1.0), seed,
+                        draft="code")
+        assert done.finish_reason == "eos" and re.fullmatch(r"def [a-z]{1,5}\([a-z]{0,5}\):", done.text), done.text
+
+
+# Sampled, end to end: 3 positions of 3 allowed words each, the rest of the vocabulary forbidden.
+SMALL_GRAMMAR = GrammarSpec("regex", "[abc][ade][bcf]")
+SAMPLES = 6000
+
+
+@torch.inference_mode()
+def masked_distribution(model, prefix, params, compiler) -> dict[tuple, float]:
+    """P(first LENGTH tokens) of the target constrained to SMALL_GRAMMAR, by enumeration."""
+    out: dict[tuple, float] = {}
+
+    def walk(seq, prob, state):
+        generated = seq[len(prefix):]
+        if len(generated) == LENGTH:
+            out[tuple(generated)] = out.get(tuple(generated), 0.0) + prob
+            return
+        logits = state.mask_chain(model(torch.tensor([seq])).logits[0, -1:], [])
+        for token, pr in enumerate(warp(logits, params)[0].double().tolist()):
+            if pr > 0:
+                state.commit([token])
+                walk(seq + [token], prob * pr, state)
+                state.matcher.rollback(1)
+
+    walk(list(prefix), 1.0, compiler.state(SMALL_GRAMMAR.compiled()))
+    return out
+
+
+def test_sampling_under_a_grammar_has_the_masked_targets_distribution():
+    """A draft that knows nothing of the grammar proposes forbidden words; they are rejected and the
+    residual drawn within the mask. TV and chi-square as test_lossless_sampling.py's, 6,000 draws."""
+    torch.set_num_threads(1)  # as every model test here runs (two threads on two busy cores: ~5x slower)
+    tokenizer = word_tokenizer()
+    sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
+    engine = SpecEngine(tiny_model(0), tokenizer, {"d": tiny_model(1)})
+    exact = masked_distribution(engine.target, [tokenizer.bos_token_id], sampling, engine.grammars)
+    assert len(exact) == 27 and math.isclose(sum(exact.values()), 1.0, rel_tol=1e-6)
+    counts: dict[tuple, int] = {}
+    proposed = accepted = 0
+    for seed in range(SAMPLES):
+        params = GenerationParams(max_tokens=LENGTH, sampling=sampling, seed=seed, k=k, grammar=SMALL_GRAMMAR)
+        done = engine.generate([tokenizer.bos_token_id], params, draft="d").complete()
+        counts[tuple(done.token_ids)] = counts.get(tuple(done.token_ids), 0) + 1
+        proposed, accepted = proposed + done.stats.proposed, accepted + done.stats.accepted
+    assert 0 < accepted < proposed  # drafts were accepted and rejected both
+    assert_same_distribution(exact, counts, SAMPLES)
+
+
+def test_a_reopened_session_masks_as_one_that_never_stopped(tiny_engine):
+    """A replica lost mid-request: the next one's session consumes the output so far from its open
+    message (prompt_ids[output_start:]) and masks the next rows as the first would have."""
+    compiler = GrammarCompiler(tiny_engine.tokenizer)
+    output = tiny_engine.tokenizer.encode('{"name": "bob", "age": 4', add_special_tokens=False)
+    first = compiler.state(SCHEMA.compiled())
+    first.commit(output)
+    logits = torch.zeros(1, len(tiny_engine.tokenizer))
+
+    class Sequence:  # what target_session reads of a pooled sequence
+        committed, reused = [7, 8] + output, 0
+
+    opened = pb.SessionOpen(prompt_ids=[7, 8] + output, sampling=sampling_message(SamplingParams(), 1),
+                            grammar=pb.Grammar(compiled=SCHEMA.compiled(), output_start=2))
+    session = target_session(Sequence(), opened, lambda: compiler)
+    assert torch.equal(session.grammar.mask_chain(logits, []), first.mask_chain(logits, []))
+    assert not session.ids_only  # the pass must hand the masked rows their logits
+
+
+def test_masking_a_proposal_through_the_grammars_end_and_eos_leaves_the_state_as_it_was(tiny_engine):
+    """llguidance takes EOS after a complete grammar without counting it: masking a proposal that
+    runs through the closing brace and EOS must still roll back exactly what it consumed."""
+    state = GrammarCompiler(tiny_engine.tokenizer).state(SCHEMA.compiled())
+    eos = tiny_engine.tokenizer.eos_token_id
+    ids = tiny_engine.tokenizer.encode('{"name": "cy", "age": 7, "admin": true}', add_special_tokens=False)
+    rows = torch.zeros(len(ids) + 2, len(tiny_engine.tokenizer))
+    before = state.mask_chain(rows[:1], [])
+    masked = state.mask_chain(rows, ids + [eos])
+    assert (masked[len(ids)] == 0).nonzero().flatten().tolist() == [eos]  # after the object: EOS only
+    assert torch.equal(state.mask_chain(rows[:1], []), before)
+    state.commit(ids + [eos])
+    assert state.ended and not state.failed
+
+
+@pytest.mark.parametrize("kind,source,words", [
+    ("json_schema", "{not json", "not valid JSON"),
+    ("json_schema", '{"type": "nonsense"}', "nonsense"),
+    ("json_schema", "[1, 2]", "a JSON object"),
+    ("regex", "[a-", "unclosed character class"),
+    ("lark", "start: foo", "unknown name"),
+    ("yaml", "", "kind is one of"),
+    ("regex", "a" * 70_000, "at most"),
+])
+def test_a_grammar_that_does_not_compile_is_one_message_naming_the_fault(kind, source, words):
+    with pytest.raises(GrammarError, match=re.escape(words)):
+        GrammarSpec(kind, source).compiled()

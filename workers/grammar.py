@@ -1,0 +1,258 @@
+"""Structured output: a grammar (a JSON schema, a regular expression, a Lark grammar) over the output.
+
+The grammar masks the target: each verify row's logits keep only the tokens the grammar allows
+after the output that row sees (the committed tokens, then the proposal's tokens before it; a token
+tree's rows along their paths), and the acceptance rule runs on the masked rows, so the output is
+the constrained target's (its p masked and renormalised) with every proposer. Proposals are not
+masked here: the rule needs only the q a draft really sampled from, and a proposed token the grammar
+forbids has p = 0 there, so it is rejected (greedy: the row's argmax differs; sampled: accepted with
+probability 0, the next token drawn from the residual). The proposal is cut just after that token:
+the rows beyond it would never be read.
+
+Built on llguidance (Microsoft's, the Rust engine behind Guidance; vLLM and SGLang ship it as a
+backend): one self-contained wheel with no torch or CUDA dependency (xgrammar pulls Triton), masks
+computed lazily per step in tens of microseconds, a matcher that checks tokens without consuming them
+and rolls back, which is what checking a k-token proposal needs; docs/pages/api.md has the numbers.
+
+A grammar is compiled once per source at the edge (``compile_grammar``: the router checks it and
+answers a bad one with a message that says what to fix) and once per replica into a matcher that
+sessions copy (``GrammarCompiler``, an LRU of pristine matchers).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache, lru_cache
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from .loading import load_tokenizer
+
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark")
+MAX_GRAMMAR_CHARS = 64 * 1024  # a schema or grammar's source; far above any tool list a client sends
+MATCHERS_KEPT = 64  # a replica's compiled grammars, least recently used given back first
+ANY_OBJECT = {"type": "object"}  # response_format json_object: any JSON object
+# JSON is laid out as Python's json.dumps does, with no other whitespace: with whitespace free
+# between tokens a model can pad forever (a small one does, from the first brace) and never
+# produce the JSON before max_tokens.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(ValueError):
+    """A grammar that does not compile; the message says where."""
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a request constrains its output to: ``kind`` (one of GRAMMAR_KINDS) and its source text
+    (a JSON schema as JSON, a regular expression, a Lark grammar; empty for json_object)."""
+
+    kind: str
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise GrammarError(f"a grammar's kind is one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
+        if len(self.source) > MAX_GRAMMAR_CHARS:
+            raise GrammarError(f"a {self.kind} grammar is at most {MAX_GRAMMAR_CHARS} characters, "
+                               f"got {len(self.source)}")
+
+    def compiled(self) -> str:
+        """llguidance's form of the grammar, checked (a GrammarError says what is wrong)."""
+        return compile_grammar(self.kind, self.source)
+
+
+def _llguidance():
+    """llguidance, imported where a grammar is first used: a deployment that never constrains an
+    output runs without it (the GPU bundle, .ci/gpu/, carries only what every request needs)."""
+    try:
+        import llguidance
+        import llguidance.hf
+    except ImportError:
+        raise GrammarError("structured output needs the llguidance package, which this deployment lacks: "
+                           "pip install llguidance (deploy/constraints.txt pins it)") from None
+    return llguidance
+
+
+@lru_cache(maxsize=256)
+def compile_grammar(kind: str, source: str) -> str:
+    llguidance = _llguidance()
+    if kind in ("json_object", "json_schema"):
+        try:
+            schema = ANY_OBJECT if kind == "json_object" else json.loads(source)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise GrammarError(f"a JSON schema is a JSON object, got {type(schema).__name__}")
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)
+        except ValueError as exc:
+            raise GrammarError(f"the JSON schema does not compile: {exc}") from None
+    elif kind == "regex":
+        grammar = llguidance.LLMatcher.grammar_from_regex(source)
+    else:
+        grammar = llguidance.LLMatcher.grammar_from_lark(source)
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:
+        raise GrammarError(f"the {kind.replace('_', ' ')} does not compile: {_first_line(messages[0])}")
+    return grammar
+
+
+def _first_line(message: str) -> str:
+    """llguidance's error: its first line and the regex engine's ``error:`` line, less the source
+    excerpts and carets it draws under them."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    kept = lines[:1] + [line for line in lines[1:] if line.startswith("error:")]
+    return " ".join(kept) if kept else "unknown error"
+
+
+class GrammarCompiler:
+    """A model's grammars: its tokenizer as llguidance sees it and a pristine matcher per grammar."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = _grammar_tokenizer(tokenizer)
+        self.eos = tokenizer.eos_token_id
+        self._matchers: OrderedDict[str, object] = OrderedDict()  # llguidance.LLMatcher
+
+    def state(self, grammar: str, output: Sequence[int] = ()) -> GrammarState:
+        """A session's grammar, having consumed ``output`` (a reopened session's output so far)."""
+        pristine = self._matchers.pop(grammar, None)
+        if pristine is None:
+            pristine = _llguidance().LLMatcher(self.tokenizer, grammar, log_level=0)
+            if pristine.is_error():
+                raise GrammarError(f"the grammar does not compile: {_first_line(pristine.get_error())}")
+        self._matchers[grammar] = pristine
+        while len(self._matchers) > MATCHERS_KEPT:
+            self._matchers.popitem(last=False)
+        state = GrammarState(pristine.deep_copy(), self.eos)
+        state.commit(output)
+        return state
+
+
+def _grammar_tokenizer(tokenizer: PreTrainedTokenizerBase):
+    """The tokenizer as llguidance reads it: from its serialised form (byte-level BPE and the
+    like); a tokenizer whose decoder it does not know (a word-level one) by each token's text."""
+    llguidance = _llguidance()
+    try:
+        return llguidance.hf.from_tokenizer(tokenizer)
+    except ValueError:
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenTexts(tokenizer)))
+
+
+class _TokenTexts:
+    """What llguidance's TokenizerWrapper reads of a tokenizer: each token's bytes, and encoding."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.eos_token_id = tokenizer.eos_token_id
+        self.bos_token_id = tokenizer.bos_token_id
+        self.special_token_ids = list(tokenizer.all_special_ids)
+        self.tokens = [tokenizer.decode([token]).encode() for token in range(len(tokenizer))]
+        self._encode = tokenizer.encode
+
+    def __call__(self, text: str) -> list[int]:
+        return self._encode(text, add_special_tokens=False)
+
+
+@cache
+def grammar_compiler(tokenizer_source: str) -> GrammarCompiler:
+    """A model process's grammars, built on its first request that has one (about a second for a
+    large vocabulary)."""
+    return GrammarCompiler(load_tokenizer(tokenizer_source))
+
+
+def no_grammars() -> GrammarCompiler:
+    """Where a session's model has no tokenizer to build grammars with."""
+    raise GrammarError("this worker serves no structured output (it has no tokenizer for grammars)")
+
+
+class GrammarState:
+    """One session's place in its grammar: masks verify rows, consumes what the session commits."""
+
+    def __init__(self, matcher, eos: int | None) -> None:
+        self.matcher = matcher  # an llguidance.LLMatcher
+        self.eos = eos
+        self._bits = torch.arange(32, dtype=torch.int32)
+
+    @property
+    def ended(self) -> bool:
+        """The grammar can take nothing more but the end of the text (it is complete, or stuck)."""
+        return self.matcher.is_stopped()
+
+    @property
+    def failed(self) -> str:
+        """Why the grammar cannot continue ("" while it can)."""
+        return self.matcher.get_error()
+
+    def allowed_prefix(self, ids: Sequence[int]) -> int:
+        """How many of ``ids`` the grammar allows in a row from here (nothing consumed)."""
+        return self.matcher.validate_tokens(list(ids)) if ids else 0
+
+    def mask_chain(self, logits: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
+        """``logits`` [k+1, V] (row i after the first i of ``ids``) with what the grammar forbids at
+        -inf. Rows past the first forbidden token are left as they are: that token is rejected
+        there, so the verdict never reads them."""
+        allowed = self.allowed_prefix(ids)
+        words = [self._words()]
+        consumed = 0
+        for token in ids[:min(allowed, len(logits) - 1)]:
+            consumed += self._advance([token])
+            words.append(self._words())
+        self.matcher.rollback(consumed)
+        return self._masked(logits, words)
+
+    def mask_tree(self, logits: torch.Tensor, ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """A token tree's rows ([T+1, V]: the root, then after each node), each masked along its path;
+        a node the grammar forbids (or one under it) keeps its row unmasked, never read."""
+        words = [self._words()]
+        paths: list[list[int] | None] = []
+        for node, parent in enumerate(parents):
+            above = [] if parent < 0 else paths[parent]
+            path = None if above is None else above + [ids[node]]
+            if path is not None and self.allowed_prefix(path) < len(path):
+                path = None
+            paths.append(path)
+            if path is None:
+                words.append(None)
+                continue
+            consumed = self._advance(path)
+            words.append(self._words())
+            self.matcher.rollback(consumed)
+        return self._masked(logits, words)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """The session committed ``tokens`` (drawn from masked rows, so the grammar allows them)."""
+        self._advance(tokens)
+
+    def _advance(self, tokens: Sequence[int]) -> int:
+        """Consume ``tokens`` (each allowed) up to where the grammar stops: what follows is the end
+        of the text (EOS), which the matcher takes without counting it, so a rollback past it would
+        undo one token too many. How many were consumed."""
+        for consumed, token in enumerate(tokens):
+            if self.matcher.is_stopped():
+                return consumed
+            if not self.matcher.consume_token(token):
+                raise RuntimeError(f"grammar refused token {token}: {self.matcher.get_error()}")
+        return len(tokens)
+
+    def _words(self) -> torch.Tensor:
+        """The grammar's allowed tokens now, as int32 words (bit j of word w: token 32w + j)."""
+        return torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
+
+    def _masked(self, logits: torch.Tensor, words: list[torch.Tensor | None]) -> torch.Tensor:
+        masked = logits.float().clone()
+        rows = [i for i, row in enumerate(words) if row is not None][:len(masked)]
+        packed = torch.stack([words[i] for i in rows])  # [r, W]
+        allowed = ((packed.unsqueeze(-1) >> self._bits) & 1).bool().flatten(1)[:, :masked.shape[-1]]
+        if allowed.shape[-1] < masked.shape[-1]:  # ids the tokenizer does not have: never allowed
+            allowed = torch.nn.functional.pad(allowed, (0, masked.shape[-1] - allowed.shape[-1]))
+        # A grammar that cannot continue (nothing allowed) ends the text: the end-of-text token only.
+        stuck = ~allowed.any(-1)
+        if stuck.any() and self.eos is not None:
+            allowed[stuck, self.eos] = True
+        index = torch.tensor(rows, dtype=torch.long)
+        masked[index] = masked[index].masked_fill(~allowed, float("-inf"))
+        return masked
