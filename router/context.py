@@ -62,7 +62,7 @@ class RequestContext:
                               top_logprobs=0 if model else self.params.logprobs or 0,
                               processing=None if model or not self.params.processing.active else
                               processing_message(self.params.processing, len(self.history.prompt_ids)),
-                              grammar=None if model or self.params.grammar is None else
+                              grammar=None if self.params.grammar is None else
                               pb.Grammar(compiled=self.params.grammar.compiled(),
                                          output_start=len(self.history.prompt_ids)))
 

@@ -76,7 +76,9 @@ class FakeWorker:
                                 grpc.StatusCode.RESOURCE_EXHAUSTED, full=True)
         self.opened.append(len(opened.prompt_ids))
         self.live += 1
-        return target_session(sequence, opened, self.grammars) if self.endpoint.kind == "target" else DraftStream(sequence, opened)
+        if self.endpoint.kind == "target":
+            return target_session(sequence, opened, self.grammars)
+        return DraftStream(sequence, opened, self.grammars)
 
     def close(self, session) -> None:
         self.live -= 1

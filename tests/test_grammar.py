@@ -25,7 +25,7 @@ from specserve.workers.request import GenerationParams
 from specserve.workers.target_replica import target_session
 from specserve.workers.wire import sampling_message
 
-from test_lossless_sampling import LENGTH, assert_same_distribution, tiny_model, word_tokenizer
+from test_lossless_sampling import LENGTH, assert_same_distribution, tiny_head, tiny_model, word_tokenizer
 
 PROPOSERS = [{"draft": "sql"}, {"draft": "eagle3"}, {"draft": "ngram"}, {"draft": "tree", "tree": ("sql", "general")}]
 # A schema a tiny model can finish within a few dozen tokens: every value bounded.
@@ -68,7 +68,7 @@ def test_sampled_outputs_follow_a_regex_and_a_lark_grammar(tiny_engine, tiny_zoo
 
 # Sampled, end to end: 3 positions of 3 allowed words each, the rest of the vocabulary forbidden.
 SMALL_GRAMMAR = GrammarSpec("regex", "[abc][ade][bcf]")
-SAMPLES = 6000
+SAMPLES = 5000
 
 
 @torch.inference_mode()
@@ -92,20 +92,24 @@ def masked_distribution(model, prefix, params, compiler) -> dict[tuple, float]:
     return out
 
 
-def test_sampling_under_a_grammar_has_the_masked_targets_distribution():
-    """A draft that knows nothing of the grammar proposes forbidden words; they are rejected and the
-    residual drawn within the mask. TV and chi-square as test_lossless_sampling.py's, 6,000 draws."""
+@pytest.mark.parametrize("proposer", ["draft", "head"])
+def test_sampling_under_a_grammar_has_the_masked_targets_distribution(proposer):
+    """A draft model drafts within the grammar (its q masked as p is); an EAGLE-3 head knows nothing
+    of it and proposes forbidden words, which are rejected, the residual drawn within the mask. TV
+    and chi-square as test_lossless_sampling.py's, 5,000 draws each."""
     torch.set_num_threads(1)  # as every model test here runs (two threads on two busy cores: ~5x slower)
     tokenizer = word_tokenizer()
     sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
-    engine = SpecEngine(tiny_model(0), tokenizer, {"d": tiny_model(1)})
+    target = tiny_model(0)
+    engine = SpecEngine(target, tokenizer, {"draft": tiny_model(1)}, heads={"head": tiny_head(target)})
     exact = masked_distribution(engine.target, [tokenizer.bos_token_id], sampling, engine.grammars)
     assert len(exact) == 27 and math.isclose(sum(exact.values()), 1.0, rel_tol=1e-6)
     counts: dict[tuple, int] = {}
     proposed = accepted = 0
     for seed in range(SAMPLES):
-        params = GenerationParams(max_tokens=LENGTH, sampling=sampling, seed=seed, k=k, grammar=SMALL_GRAMMAR)
-        done = engine.generate([tokenizer.bos_token_id], params, draft="d").complete()
+        # A head's first step is target-only (it drafts from the target's hidden states): one more token.
+        params = GenerationParams(max_tokens=LENGTH + 1, sampling=sampling, seed=seed, k=k, grammar=SMALL_GRAMMAR)
+        done = engine.generate([tokenizer.bos_token_id], params, draft=proposer).complete()
         counts[tuple(done.token_ids)] = counts.get(tuple(done.token_ids), 0) + 1
         proposed, accepted = proposed + done.stats.proposed, accepted + done.stats.accepted
     assert 0 < accepted < proposed  # drafts were accepted and rejected both

@@ -104,7 +104,7 @@ class LocalApi:
     def __init__(self, tiny_engine, security: SecuritySettings, with_target: bool = True) -> None:
         tokenizer = copy.deepcopy(tiny_engine.tokenizer)
         tokenizer.chat_template = TEMPLATE
-        workers = [FakeWorker("draft", "d0", tiny_engine.target)]
+        workers = [FakeWorker("draft", "d0", tiny_engine.target, grammars=lambda: tiny_engine.grammars)]
         if with_target:
             workers.append(FakeWorker("target", "t0", tiny_engine.target, grammars=lambda: tiny_engine.grammars))
         tasks = {"code": (DRAFT,)}

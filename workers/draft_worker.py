@@ -10,8 +10,9 @@ verdict that did not come): that one stops at the next pass boundary.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -21,6 +22,7 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 from .batching import Scheduler, StepResult
 from .config import DraftPoolConfig
 from .drafting import DRAFT_MAX_SUPPORT, BranchRun, DraftSession, DraftRun, DraftTokens, score_continuation
+from .grammar import GrammarCompiler, GrammarError, GrammarState, grammar_compiler, no_grammars
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
 from .heads.proposer import HeadRun, HeadScheduler, HeadState
@@ -49,6 +51,8 @@ class DraftWorker:
         log_to_stderr()
         heads = {name: spec for name, spec in drafts.items() if is_head(spec.source)}
         self.models = {name: load_model(spec) for name, spec in drafts.items() if name not in heads}
+        # Each draft's structured output, over its own tokenizer (the target's ids: checked at start-up).
+        self.grammars = {name: functools.partial(grammar_compiler, drafts[name].source) for name in self.models}
         self.heads = {name: gemv_layout(head) for name, head in (load_heads(heads, target) if heads else {}).items()}
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, self.models, config, registration,
@@ -75,14 +79,28 @@ class DraftWorker:
         self.host.shutdown()
 
 
+def draft_grammar(opened: pb.SessionOpen, grammars: Callable[[], GrammarCompiler]) -> GrammarState | None:
+    """The grammar a draft drafts within, if the request has one. A draft that cannot build it
+    (no tokenizer beside its weights) drafts unmasked: still lossless, as a head's proposals are,
+    only accepted less often."""
+    if not opened.HasField("grammar"):
+        return None
+    try:
+        return grammars().state(opened.grammar.compiled)
+    except GrammarError as exc:
+        log.warning("draft %s drafts without the request's grammar: %s", opened.model, exc)
+        return None
+
+
 class DraftStream:
     """One Draft stream's session: each step brings the draft to what stands, then proposes."""
 
-    def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen) -> None:
+    def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen,
+                 grammars: Callable[[], GrammarCompiler] = no_grammars) -> None:
         sampling = sampling_from(opened.sampling)
         self.greedy = sampling.greedy
         self.session = DraftSession(sequence, sampling, DraftDraws(opened.sampling.seed, opened.model), DRAFT_MAX_SUPPORT,
-                                    opened.alternatives)
+                                    opened.alternatives, draft_grammar(opened, grammars), opened.grammar.output_start)
         self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
         self.held: DraftTokens | None = None  # that proposal: the last run's result, or an adopted branch's
         self.branch: BranchRun | None = None  # drafted beside the last run, for another verdict
@@ -248,7 +266,7 @@ class DrafterServicer(rpc.DrafterServicer):
         host = self.worker.host
         try:
             with host.session(opened.model, opened, context) as (scheduler, sequence):
-                stream = DraftStream(sequence, opened)
+                stream = DraftStream(sequence, opened, self.worker.grammars[opened.model])
                 async for run, done in _runs(scheduler, stream, host.steps(requests), opened.task):
                     yield stream.reply(run, done)
         except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)

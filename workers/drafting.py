@@ -9,6 +9,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .acceptance import SamplingParams, SparseDist, Outcome, one_hot, sample_sparse, sparsify, warp
+from .grammar import GrammarState
 from .kv_cache import BRANCH_ROOM
 from .ragged_pass import PooledSequence, Segment
 from .seeds import DraftDraws
@@ -61,12 +62,18 @@ class DraftSession:
     """Proposes continuations of one request's committed tokens with a draft model."""
 
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, draws: DraftDraws,
-                 max_support: int = DRAFT_MAX_SUPPORT, alternatives: bool = False) -> None:
+                 max_support: int = DRAFT_MAX_SUPPORT, alternatives: bool = False,
+                 grammar: GrammarState | None = None, output_start: int = 0) -> None:
         self.sequence = sequence
         self.sampling = sampling
         self.draws = draws
         self.max_support = max_support
         self.alternatives = alternatives  # (a softmax over the vocabulary per token: only where branches fork)
+        # Structured output (workers/grammar.py): the draft drafts within the grammar, its q masked
+        # as the target's p is, over the output from committed[output_start] on. Lossless either way
+        # (q is what it sampled from); masked, it no longer proposes what the target must reject.
+        self.grammar = grammar
+        self.output_start = output_start
 
     def step(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1, guess: bool = False) -> DraftRun:
         """Up to k tokens; with `min_confidence`, stop after a token (past the first `min_tokens`)
@@ -86,6 +93,17 @@ class DraftSession:
 
     def draw(self, logits: torch.Tensor, position: int) -> tuple[int, SparseDist]:
         return draw(logits, self.sampling, self.draws.uniform(position), self.max_support)
+
+    def constrain(self, logits: torch.Tensor, drafted: Sequence[int], fork: int | None = None) -> torch.Tensor:
+        """The logits [1, V] of the token after the committed tokens (the first ``fork`` of them,
+        for a branch) and ``drafted``, masked to what the grammar allows there (as they are
+        without one, or where ``drafted`` already left it)."""
+        if self.grammar is None:
+            return logits
+        committed = self.sequence.committed[self.output_start:fork]
+        if not self.grammar.sync(list(committed) + list(drafted)):
+            return logits
+        return self.grammar.mask_next(logits)
 
     def stops(self, logits: torch.Tensor, token: int, q: SparseDist, drawn: int, k: int, min_confidence: float,
               min_tokens: int) -> bool:
@@ -170,6 +188,7 @@ class DraftRun(Drafted):
         session.sequence.ran(self.planned)
         if not self.planned.logits:  # a prefill chunk
             return False
+        logits = session.constrain(logits, self.ids)
         if self.guess and not self.ids:  # the likeliest target token: a hit is likelier than on a sample
             token, q = draw(logits, GREEDY, 0.0, session.max_support)
             return self.took(logits, token, q, NO_ALTERNATIVE)  # never proposed: nothing to fork at
@@ -212,6 +231,7 @@ class BranchRun(Drafted):
 
     def advance(self, logits: torch.Tensor) -> bool:
         self.written += 1
+        logits = self.session.constrain(logits, self.ids, self.fork)
         token, q = self.session.draw(logits, self.fork + len(self.ids))
         return self.took(logits, token, q, self.session.alternative(logits, token, q))
 

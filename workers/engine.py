@@ -172,8 +172,10 @@ class Generation:
             return HeadDraft(name, state, self.recorder)
         model = self.engine.drafts[name]
         pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
+        grammar = self.engine.grammars.state(self.params.grammar.compiled()) if self.params.grammar else None
         session = DraftSession(sequence, self.params.sampling, DraftDraws(self.decoding.stats.seed, name),
-                               self.engine.draft_max_support)
+                               self.engine.draft_max_support, grammar=grammar,
+                               output_start=len(self.decoding.prompt_ids))
         return LocalDraft(name, model, pool, session, length, self.recorder, self.first_alone)
 
     @property

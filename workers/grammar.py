@@ -30,7 +30,7 @@ from functools import cache, lru_cache
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from .loading import load_tokenizer
+from .loading import ModelLoadError, load_tokenizer
 
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark")
 MAX_GRAMMAR_CHARS = 64 * 1024  # a schema or grammar's source; far above any tool list a client sends
@@ -161,7 +161,11 @@ class _TokenTexts:
 def grammar_compiler(tokenizer_source: str) -> GrammarCompiler:
     """A model process's grammars, built on its first request that has one (about a second for a
     large vocabulary)."""
-    return GrammarCompiler(load_tokenizer(tokenizer_source))
+    try:
+        tokenizer = load_tokenizer(tokenizer_source)
+    except ModelLoadError as exc:
+        raise GrammarError(f"no tokenizer to build grammars with: {exc}") from None
+    return GrammarCompiler(tokenizer)
 
 
 def no_grammars() -> GrammarCompiler:
@@ -175,6 +179,7 @@ class GrammarState:
     def __init__(self, matcher, eos: int | None) -> None:
         self.matcher = matcher  # an llguidance.LLMatcher
         self.eos = eos
+        self.consumed: list[int] = []  # what ``sync`` brought the matcher to (a draft's output so far)
         self._bits = torch.arange(32, dtype=torch.int32)
 
     @property
@@ -222,6 +227,26 @@ class GrammarState:
             words.append(self._words())
             self.matcher.rollback(consumed)
         return self._masked(logits, words)
+
+    def sync(self, tokens: Sequence[int]) -> bool:
+        """Bring the matcher to the output ``tokens`` from where the last ``sync`` left it: roll
+        back to what they share, consume the rest. A draft's session uses this alone (its output
+        moves by verdicts, resyncs and adopted branches alike). False where the grammar forbids one
+        of ``tokens`` (a draft's guess of a correction): the matcher then stops before it."""
+        shared = 0
+        for mine, theirs in zip(self.consumed, tokens):
+            if mine != theirs:
+                break
+            shared += 1
+        self.matcher.rollback(len(self.consumed) - shared)
+        rest = list(tokens[shared:])
+        allowed = self.allowed_prefix(rest) if rest and not self.matcher.is_stopped() else len(rest)
+        self.consumed = list(tokens[:shared]) + rest[:self._advance(rest[:allowed])]
+        return allowed == len(rest)
+
+    def mask_next(self, logits: torch.Tensor) -> torch.Tensor:
+        """One row of logits [1, V] masked to what the grammar allows now."""
+        return self._masked(logits, [self._words()])
 
     def commit(self, tokens: Sequence[int]) -> None:
         """The session committed ``tokens`` (drawn from masked rows, so the grammar allows them)."""
