@@ -20,7 +20,7 @@ from specserve.workers.security import TARGET_NAME_OVERRIDE, BearerToken, Securi
 from specserve.workers.stats import SpecStats
 
 FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
-                pb.FINISH_REASON_UNSPECIFIED: ""}
+                pb.FINISH_REASON_GRAMMAR: "grammar", pb.FINISH_REASON_UNSPECIFIED: ""}
 
 
 class SpecServeClient:

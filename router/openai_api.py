@@ -46,7 +46,8 @@ from .validation import InvalidRequest
 
 log = logging.getLogger("specserve.router")
 EXTENSION = "specserve"  # the response field with the request's stats
-FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # OpenAI says "stop" for both ends
+# OpenAI says "stop" for both ends; "grammar" (the structured output could take no further token) is ours.
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "grammar": "grammar"}
 TOOL_CALLS = "tool_calls"  # the finish reason of an answer that is a tool call
 SPECULATION = {"auto": pb.SPECULATION_AUTO, "on": pb.SPECULATION_ON, "off": pb.SPECULATION_OFF}
 MAX_BODY_BYTES = 4 * 1024 * 1024  # far above any context window's text (validation bounds the prompt)

@@ -45,7 +45,8 @@ log = logging.getLogger("specserve.router")
 # What ends a request mid-stream: no worker could serve or resume it, or a worker refused a step.
 FAILURES = (NoWorker, TargetsFull, WorkerFailed, grpc.aio.AioRpcError)
 SERVICE_NAME = "specserve.v1.SpecServe"
-FINISH_REASONS = {"eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+FINISH_REASONS = {"eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH,
+                  "grammar": pb.FINISH_REASON_GRAMMAR}
 
 
 class TaskTotals:

@@ -119,8 +119,8 @@ class TargetLink:
         verdict = reply.verdict
         outcome = Outcome(verdict.num_accepted, verdict.token, tuple(verdict.path))
         if AUX_HIDDEN in needs and reply.HasField("aux"):  # forwarded as they came: the router never unpacks them
-            return Verified(outcome, reply.seconds, {AUX_HIDDEN: reply.aux}, self._logprobs(reply))
-        return Verified(outcome, reply.seconds, logprobs=self._logprobs(reply))
+            return Verified(outcome, reply.seconds, {AUX_HIDDEN: reply.aux}, self._logprobs(reply), reply.ended)
+        return Verified(outcome, reply.seconds, logprobs=self._logprobs(reply), ended=reply.ended)
 
     def arrived(self) -> Verified | None:
         """A decode run's next token if its reply is already here. The last token owed is left to
@@ -138,7 +138,7 @@ class TargetLink:
         self.recorder.times.record(False, reply.seconds, reply)  # queued: it cost its pass
         self.verdicts += 1
         return Verified(Outcome(reply.verdict.num_accepted, reply.verdict.token), reply.seconds,
-                        logprobs=self._logprobs(reply))
+                        logprobs=self._logprobs(reply), ended=reply.ended)
 
     def _logprobs(self, reply: pb.VerifyReply) -> TokenLogprobs | None:
         """The reply's logprobs, where the request asks for them."""

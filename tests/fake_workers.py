@@ -97,7 +97,8 @@ class FakeWorker:
             self.proposals.append(request.step)
             verdict = await self.run(session.step(proposal_from(request.step)))
             self.verdicts.append(verdict.num_accepted)
-            return with_logprobs(pb.VerifyReply(verdict=verdict_message(verdict)), session.take_logprobs())
+            return with_logprobs(pb.VerifyReply(verdict=verdict_message(verdict), ended=session.ended),
+                                 session.take_logprobs())
         run = session.step(request.step)
         await self.run(run)
         if session.branch is not None:  # on a worker, in the same passes; here after the lookahead
@@ -124,8 +125,10 @@ class FakeWorker:
         verdicts = await self.run(session.decode(n))
         self.verdicts.extend(v.num_accepted for v in verdicts)
         logprobs = session.take_logprobs()  # one token a verdict
-        return [with_logprobs(pb.VerifyReply(verdict=verdict_message(v)), logprobs and TokenLogprobs(
-                    logprobs.chosen[i:i + 1], logprobs.top_ids[i:i + 1], logprobs.top[i:i + 1]))
+        last = len(verdicts) - 1  # a run ends at the verdict that ended the text, if one did
+        return [with_logprobs(pb.VerifyReply(verdict=verdict_message(v), ended=session.ended if i == last else ""),
+                              logprobs and TokenLogprobs(logprobs.chosen[i:i + 1], logprobs.top_ids[i:i + 1],
+                                                         logprobs.top[i:i + 1]))
                 for i, v in enumerate(verdicts)]
 
     def _count_step(self) -> None:

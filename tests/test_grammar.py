@@ -20,7 +20,7 @@ import torch
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.acceptance import SamplingParams, warp
 from specserve.workers.engine import SpecEngine
-from specserve.workers.grammar import GrammarCompiler, GrammarError, GrammarSpec
+from specserve.workers.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
 from specserve.workers.request import GenerationParams
 from specserve.workers.target_replica import target_session
 from specserve.workers.wire import sampling_message
@@ -147,7 +147,25 @@ def test_masking_a_proposal_through_the_grammars_end_and_eos_leaves_the_state_as
     assert (masked[len(ids)] == 0).nonzero().flatten().tolist() == [eos]  # after the object: EOS only
     assert torch.equal(state.mask_chain(rows[:1], []), before)
     state.commit(ids + [eos])
-    assert state.ended and not state.failed
+    assert state.ended and not state.stuck
+
+
+def stick_after(monkeypatch, tokens: int) -> None:
+    """Grammars report themselves stuck (as llguidance does past a limit of its own, a parser too
+    complex) once ``tokens`` output tokens were committed to them."""
+    committed = []
+    commit = GrammarState.commit
+    monkeypatch.setattr(GrammarState, "commit", lambda self, ids: (committed.extend(ids), commit(self, ids))[1])
+    monkeypatch.setattr(GrammarState, "stuck", property(lambda self: "ParserTooComplex" * (len(committed) >= tokens)))
+
+
+def test_a_grammar_that_can_take_no_further_token_ends_the_text_with_finish_reason_grammar(tiny_engine, tiny_zoo,
+                                                                                          monkeypatch):
+    prompt = tiny_zoo.prompts("sql")[2]
+    free = generate(tiny_engine, prompt, GrammarSpec("regex", "[a-z]{30}"))
+    stick_after(monkeypatch, 5)
+    stuck = generate(tiny_engine, prompt, GrammarSpec("regex", "[a-z]{30}"))
+    assert stuck.finish_reason == "grammar" and stuck.token_ids == free.token_ids[:5]
 
 
 @pytest.mark.parametrize("kind,source,words", [

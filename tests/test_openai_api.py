@@ -448,6 +448,16 @@ def test_response_format_and_tools_through_the_official_client(local_api, tiny_e
             "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "nonsense"}}})
 
 
+def test_a_stuck_grammar_ends_the_answer_with_finish_reason_grammar(local_api, monkeypatch):
+    from test_grammar import stick_after
+
+    stick_after(monkeypatch, 3)
+    done = local_api.client().completions.create(model=MODEL, prompt="x = ", max_tokens=24, temperature=0,
+                                                 extra_body={"structured_outputs": {"regex": "[a-c]{20}"},
+                                                             "speculation": "off"})  # a decode run: ends at 3
+    assert done.choices[0].finish_reason == "grammar" and len(done.choices[0].text) == 3
+
+
 def test_the_services_structured_output_is_the_constrained_targets_on_every_path(cluster_api, client, tiny_zoo,
                                                                                  tiny_engine):
     """Through the real service: target-only, a draft, prompt lookup, over HTTP and gRPC, greedy:

@@ -62,10 +62,11 @@ class Decoding:
         return min(k, self.remaining - 1)
 
     def commit(self, proposed: Sequence[int], num_accepted: int, token: int,
-               logprobs: TokenLogprobs | None = None) -> Chunk:
+               logprobs: TokenLogprobs | None = None, ended: str = "") -> Chunk:
         """Commit the verdict's tokens (the accepted prefix, then the target's token; with their
-        ``logprobs``) and return the output they add, up to the first stop condition: what the loop emits."""
-        return self.output.add(list(proposed[:num_accepted]) + [token], logprobs)
+        ``logprobs``) and return the output they add, up to the first stop condition: what the loop
+        emits. ``ended``: the target ends the text after them, and why."""
+        return self.output.add(list(proposed[:num_accepted]) + [token], logprobs, ended)
 
     def completion(self, draft: str | None) -> Completion:
         out = self.output

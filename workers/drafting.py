@@ -101,7 +101,7 @@ class DraftSession:
         if self.grammar is None:
             return logits
         committed = self.sequence.committed[self.output_start:fork]
-        if not self.grammar.sync(list(committed) + list(drafted)):
+        if not self.grammar.sync(list(committed) + list(drafted)) or self.grammar.stuck:
             return logits
         return self.grammar.mask_next(logits)
 

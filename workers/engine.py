@@ -123,10 +123,10 @@ class LocalVerifier:
         started = time.perf_counter()
         verdict = run_alone(self.model, self.pool, self.session.step(proposal))
         seconds = time.perf_counter() - started
-        logprobs = self.session.take_logprobs()
+        logprobs, ended = self.session.take_logprobs(), self.session.ended
         if AUX_HIDDEN in needs:
-            return Verified(verdict, seconds, {AUX_HIDDEN: self.session.take_aux()}, logprobs)
-        return Verified(verdict, seconds, logprobs=logprobs)
+            return Verified(verdict, seconds, {AUX_HIDDEN: self.session.take_aux()}, logprobs, ended)
+        return Verified(verdict, seconds, logprobs=logprobs, ended=ended)
 
     def arrived(self) -> Verified | None:
         return None  # every verdict is computed when asked

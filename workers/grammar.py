@@ -188,9 +188,15 @@ class GrammarState:
         return self.matcher.is_stopped()
 
     @property
-    def failed(self) -> str:
-        """Why the grammar cannot continue ("" while it can)."""
-        return self.matcher.get_error()
+    def stuck(self) -> str:
+        """Why the grammar can take no further token though it is not complete ("": it can, or it is
+        complete and takes the end of the text). llguidance stops so on a limit of its own (a
+        lexer or parser too complex) or an error."""
+        if self.matcher.is_error():
+            return self.matcher.get_error()
+        if self.matcher.is_stopped() and not self.matcher.is_accepting():
+            return str(self.matcher.stop_reason())
+        return ""
 
     def allowed_prefix(self, ids: Sequence[int]) -> int:
         """How many of ``ids`` the grammar allows in a row from here (nothing consumed)."""
@@ -255,12 +261,12 @@ class GrammarState:
     def _advance(self, tokens: Sequence[int]) -> int:
         """Consume ``tokens`` (each allowed) up to where the grammar stops: what follows is the end
         of the text (EOS), which the matcher takes without counting it, so a rollback past it would
-        undo one token too many. How many were consumed."""
+        undo one token too many. How many were consumed. A token refused after all (llguidance
+        disagreeing with its own mask) leaves the matcher in error: ``stuck`` says so, and the
+        session ends its text there rather than fail."""
         for consumed, token in enumerate(tokens):
-            if self.matcher.is_stopped():
+            if self.matcher.is_stopped() or not self.matcher.consume_token(token):
                 return consumed
-            if not self.matcher.consume_token(token):
-                raise RuntimeError(f"grammar refused token {token}: {self.matcher.get_error()}")
         return len(tokens)
 
     def _words(self) -> torch.Tensor:

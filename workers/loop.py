@@ -118,7 +118,7 @@ class SpeculativeLoop:
         if self.proposer is not None:
             self.proposer.commit(proposal, verdict, verified.extras)
         return self.decoding.commit(accepted_ids(proposal, verdict), verdict.num_accepted, verdict.token,
-                                    verified.logprobs)
+                                    verified.logprobs, verified.ended)
 
     def abandon(self) -> None:
         """Free the request's state on every worker now (idempotent): its client is gone."""

@@ -66,6 +66,7 @@ class Verified:
     seconds: float  # the target's device time for the pass (0 where unknown)
     extras: Mapping[str, object] = field(default_factory=lambda: NO_EXTRAS)  # what the proposer ``needs``, as far as given
     logprobs: TokenLogprobs | None = None  # the committed tokens' (workers/logprobs.py), when the request asks
+    ended: str = ""  # the target ends the text after these tokens, and why ("grammar"; "": it goes on)
 
 
 class StepRecorder(Protocol):

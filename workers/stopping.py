@@ -26,7 +26,7 @@ class Chunk:
 
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str | None = None  # "eos", "stop" (a stop string), "length" (max_tokens)
+    finish_reason: str | None = None  # "eos", "stop" (a stop string), "length" (max_tokens), "grammar"
     logprobs: TokenLogprobs | None = None  # of token_ids, where the request asks (workers/logprobs.py)
 
     def followed_by(self, later: Chunk) -> Chunk:
@@ -61,14 +61,17 @@ class OutputAssembler:
     def remaining(self) -> int:
         return self.max_tokens - len(self.token_ids)
 
-    def add(self, tokens: list[int], logprobs: TokenLogprobs | None = None) -> Chunk:
+    def add(self, tokens: list[int], logprobs: TokenLogprobs | None = None, ended: str = "") -> Chunk:
         """Append committed tokens (with their ``logprobs``) up to the first stop condition; return
-        what may be emitted."""
+        what may be emitted. ``ended``: the text ends after them whatever they are, and why (the
+        target's word: a grammar that can take no further token)."""
         chunk = Chunk()
         for token in tokens:
             self._add_one(token, chunk)
             if self.finish_reason:
                 break
+        if ended and not self.finish_reason:
+            self.finish_reason = ended
         if logprobs is not None:  # those of the tokens kept (an end of text is no output token)
             chunk.logprobs = logprobs.first(len(chunk.token_ids))
             self.logprobs = chunk.logprobs if self.logprobs is None else self.logprobs.followed_by(chunk.logprobs)

@@ -97,6 +97,8 @@ def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> 
         reply.aux.CopyFrom(hidden_message(hidden))
     if (logprobs := session.take_logprobs()) is not None:
         reply.logprobs.CopyFrom(logprobs_message(logprobs))
+    if session.ended:
+        reply.ended = session.ended
     return reply
 
 
@@ -154,7 +156,7 @@ class DecodeRuns:
             grant = self._arrived_grant()
             if grant and run.extend(grant):
                 self.reader = self._read()
-            if held and (drawn == 1 or len(held) >= self.group or drawn >= run.n):  # first, full, or last
+            if held and (drawn == 1 or len(held) >= self.group or run.result is not None):  # first, full, or last
                 for reply in held:  # put in one turn: they leave in one message
                     replies.put_nowait(reply)
                 held.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -16,6 +17,8 @@ from .proposing import HiddenRows
 from .ragged_pass import PooledSequence, Segment
 
 NO_PROPOSAL = DraftTokens.empty()
+GRAMMAR_ENDED = "grammar"  # Verified.ended, VerifyReply.ended: the grammar could take no further token
+log = logging.getLogger("specserve.workers")
 
 
 # A reply's hidden states at most: a long prompt's are cut to its last positions that fit (SmolLM2
@@ -43,6 +46,7 @@ class TargetSession:
         # Structured output (workers/grammar.py): the grammar masks each row after processing, and
         # has consumed the output so far.
         self.grammar = grammar
+        self.ended = ""  # "grammar" once the grammar can take no further token (the text ends there)
         # A greedy verdict reads the argmax alone, unless logprobs, processing or a grammar need the logits.
         self.ids_only = sampling.greedy and logprobs is None and not self.processed and grammar is None
         self.output_start = len(sequence.committed) if output_start is None else output_start
@@ -96,6 +100,12 @@ class TargetSession:
         taken, self.committed_logprobs = self.committed_logprobs, NO_LOGPROBS
         return taken
 
+    def _commit_grammar(self, tokens: list[int]) -> None:
+        self.grammar.commit(tokens)
+        if why := self.grammar.stuck:  # the next row would allow nothing: the text ends here
+            self.ended = GRAMMAR_ENDED
+            log.warning("a request's grammar can take no further token (%s): its output ends there", why)
+
     def _keep_logprobs(self, logits: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
         """The committed ``tokens``' logprobs, each from the logits row that predicted it."""
         if self.logprobs is not None:
@@ -136,7 +146,7 @@ class TargetSession:
         self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
         committed = list(proposal.ids[:verdict.num_accepted]) + [verdict.token]
         if self.grammar is not None:
-            self.grammar.commit(committed)
+            self._commit_grammar(committed)
         self._keep_logprobs(raw, list(range(verdict.num_accepted + 1)), committed)
         return verdict
 
@@ -159,7 +169,7 @@ class TargetSession:
         self.sequence.commit_path(proposal.ids, tree.path, tree.token)
         committed = [proposal.ids[node] for node in tree.path] + [tree.token]
         if self.grammar is not None:
-            self.grammar.commit(committed)
+            self._commit_grammar(committed)
         # Row 0 predicts the tree's first level, row n + 1 what follows node n.
         self._keep_logprobs(raw, [0] + [node + 1 for node in tree.path], committed)
         return Outcome(len(tree.path), tree.token, tree.path)
@@ -233,7 +243,7 @@ class DecodeRun:
         if not self.planned.logits:  # a prefill chunk
             return False
         self.verdicts.append(self.session.judge(NO_PROPOSAL, logits))
-        if len(self.verdicts) < self.n:
+        if len(self.verdicts) < self.n and not self.session.ended:  # ended: the text is over (a grammar's)
             return False
         self.result = self.verdicts
         return True

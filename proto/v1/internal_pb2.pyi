@@ -211,7 +211,7 @@ class PassInfo(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
 
 class VerifyReply(_message.Message):
-    __slots__ = ("verdict", "seconds", "pass_info", "refused", "aux", "cached_tokens", "logprobs")
+    __slots__ = ("verdict", "seconds", "pass_info", "refused", "aux", "cached_tokens", "logprobs", "ended")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     PASS_INFO_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +219,7 @@ class VerifyReply(_message.Message):
     AUX_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
     verdict: Verdict
     seconds: float
     pass_info: PassInfo
@@ -226,7 +227,8 @@ class VerifyReply(_message.Message):
     aux: HiddenStates
     cached_tokens: int
     logprobs: Logprobs
-    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ..., refused: _Optional[str] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...
+    ended: str
+    def __init__(self, verdict: _Optional[_Union[Verdict, _Mapping]] = ..., seconds: _Optional[float] = ..., pass_info: _Optional[_Union[PassInfo, _Mapping]] = ..., refused: _Optional[str] = ..., aux: _Optional[_Union[HiddenStates, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ..., ended: _Optional[str] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
     __slots__ = ()

@@ -19,6 +19,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_EOS: _ClassVar[FinishReason]
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_GRAMMAR: _ClassVar[FinishReason]
 SPECULATION_AUTO: Speculation
 SPECULATION_ON: Speculation
 SPECULATION_OFF: Speculation
@@ -26,6 +27,7 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_EOS: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_GRAMMAR: FinishReason
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "task", "speculation", "draft", "k", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "structured_output")
