@@ -24,6 +24,27 @@ def module_main(register_command: Callable[[argparse._SubParsersAction], None], 
     raise SystemExit(args.run(args))
 
 
+def workload_arguments(parser: argparse.ArgumentParser, defaults, paths: dict, paths_help: str = "") -> None:
+    """The options every workload bench through the service shares (``defaults``: its settings,
+    with zoo, clients, paths, requests, max_tokens and out; ``paths``: the paths it knows)."""
+    parser.add_argument("--zoo", default=defaults.zoo, help="a zoo preset name or directory (default: %(default)s)")
+    parser.add_argument("--clients", type=comma_ints, default=defaults.clients, metavar="N,N",
+                        help="concurrent clients per level (default: %(default)s)")
+    parser.add_argument("--paths", type=lambda s: tuple(s.split(",")), default=defaults.paths, metavar="P,P",
+                        help=f"of {', '.join(paths)}{paths_help} (default: %(default)s)")
+    parser.add_argument("--requests", type=int, default=defaults.requests,
+                        help="per level and path (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="(default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=defaults.out, help="results directory (default: %(default)s)")
+
+
+def known_paths(asked: tuple[str, ...], paths: dict) -> tuple[str, ...]:
+    unknown = set(asked) - set(paths)
+    if unknown:
+        raise ValueError(f"--paths takes {', '.join(paths)}; got {', '.join(sorted(unknown))}")
+    return asked
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds `specserve bench` (the ``specserve.commands`` entry point named bench)."""
     d = BenchSettings()  # the defaults, defined once there

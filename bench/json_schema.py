@@ -26,12 +26,11 @@ import jsonschema
 from transformers import AutoTokenizer
 
 from specserve.cluster.bringup import start_service
-from specserve.cluster.commands.common import comma_ints
 from specserve.cluster.demo import ensure_zoo
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.zoo.zoo import Zoo
 
-from .cli import module_main
+from .cli import known_paths, module_main, workload_arguments
 from .settings import RESULTS_DIR
 from .shared_prefix import run_level
 
@@ -193,23 +192,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Through the service on a zoo: the held-out prompts asking for JSON, free and constrained to a "
                     "JSON schema, at each level of clients and path. Reports throughput, tokens per pass, the "
                     "share of valid JSON, the speedup each path keeps under the schema, and greedy identity.")
-    parser.add_argument("--zoo", default=d.zoo, help="a zoo preset name or directory (default: %(default)s)")
-    parser.add_argument("--clients", type=comma_ints, default=d.clients, metavar="N,N",
-                        help="concurrent clients per level (default: %(default)s)")
-    parser.add_argument("--paths", type=lambda s: tuple(s.split(",")), default=d.paths, metavar="P,P",
-                        help=f"of {', '.join(PATHS)}; off is always measured (default: %(default)s)")
-    parser.add_argument("--requests", type=int, default=d.requests,
-                        help="per level, path and mode (default: %(default)s)")
-    parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="(default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
+    workload_arguments(parser, d, PATHS, "; off is always measured")
     parser.set_defaults(run=_run_command)
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    unknown = set(args.paths) - set(PATHS)
-    if unknown:
-        raise ValueError(f"--paths takes {', '.join(PATHS)}; got {', '.join(sorted(unknown))}")
-    paths = ("off",) + tuple(p for p in args.paths if p != "off")
+    paths = ("off",) + tuple(p for p in known_paths(args.paths, PATHS) if p != "off")
     settings = JsonSchemaSettings(zoo=args.zoo, clients=tuple(args.clients), paths=paths, requests=args.requests,
                                   max_tokens=args.max_tokens, out=args.out)
     run(settings, "specserve json-schema " + " ".join(sys.argv[2:]))

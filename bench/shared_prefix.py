@@ -26,14 +26,13 @@ from pathlib import Path
 import grpc
 
 from specserve.cluster.bringup import start_service
-from specserve.cluster.commands.common import comma_ints
 from specserve.cluster.demo import ensure_zoo
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.proto.v1 import specserve_pb2_grpc as rpc
 from specserve.workers.zoo.head import HEAD
 from specserve.workers.zoo.zoo import Zoo
 
-from .cli import module_main
+from .cli import known_paths, module_main, workload_arguments
 from .faults import inspect
 from .settings import RESULTS_DIR
 
@@ -267,16 +266,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "--system-tokens tokens before each held-out prompt, at each level of clients, target-only "
                     "(off) and routed (auto). Reports time to first token, throughput, the cache's hit rate on "
                     "target replicas and draft workers, and whether greedy outputs match with and without it.")
-    parser.add_argument("--zoo", default=d.zoo, help="a zoo preset name or directory (default: %(default)s)")
-    parser.add_argument("--clients", type=comma_ints, default=d.clients, metavar="N,N",
-                        help="concurrent clients per level (default: %(default)s)")
-    parser.add_argument("--paths", type=lambda s: tuple(s.split(",")), default=d.paths, metavar="P,P",
-                        help=f"of {', '.join(PATHS)} (default: %(default)s)")
+    workload_arguments(parser, d, PATHS)
     parser.add_argument("--system-tokens", type=int, default=d.system_tokens,
                         help="the shared system prompt's length in tokens, about (default: %(default)s)")
-    parser.add_argument("--requests", type=int, default=d.requests, help="per level and path (default: %(default)s)")
-    parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="(default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")
     parser.add_argument("--rerender", type=Path, metavar="RUN_DIR",
                         help="measure nothing: write a past run's report again from its results.json")
     parser.set_defaults(run=_run_command)
@@ -286,10 +278,7 @@ def _run_command(args: argparse.Namespace) -> int:
     if args.rerender:
         rerender(args.rerender)
         return 0
-    unknown = set(args.paths) - set(PATHS)
-    if unknown:
-        raise ValueError(f"--paths takes {', '.join(PATHS)}; got {', '.join(sorted(unknown))}")
-    settings = SharedPrefixSettings(zoo=args.zoo, clients=tuple(args.clients), paths=tuple(args.paths),
+    settings = SharedPrefixSettings(zoo=args.zoo, clients=tuple(args.clients), paths=known_paths(args.paths, PATHS),
                                     system_tokens=args.system_tokens, requests=args.requests,
                                     max_tokens=args.max_tokens, out=args.out)
     run(settings, "specserve shared-prefix " + " ".join(sys.argv[2:]))

@@ -42,6 +42,10 @@ ANY_OBJECT = {"type": "object"}  # response_format json_object: any JSON object
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+# A byte's 8 bits, lowest first: unpacks llguidance's bitmask (little-endian words) a byte at a time.
+_BITS = ((torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1).bool()
+
+
 class GrammarError(ValueError):
     """A grammar that does not compile; the message says where."""
 
@@ -180,7 +184,6 @@ class GrammarState:
         self.matcher = matcher  # an llguidance.LLMatcher
         self.eos = eos
         self.consumed: list[int] = []  # what ``sync`` brought the matcher to (a draft's output so far)
-        self._bits = torch.arange(32, dtype=torch.int32)
 
     @property
     def ended(self) -> bool:
@@ -269,21 +272,23 @@ class GrammarState:
                 return consumed
         return len(tokens)
 
-    def _words(self) -> torch.Tensor:
-        """The grammar's allowed tokens now, as int32 words (bit j of word w: token 32w + j)."""
-        return torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
+    def _words(self) -> bytes:
+        """The grammar's allowed tokens now, packed: bit j of byte b is token 8b + j."""
+        return self.matcher.compute_bitmask()
 
-    def _masked(self, logits: torch.Tensor, words: list[torch.Tensor | None]) -> torch.Tensor:
+    def _masked(self, logits: torch.Tensor, words: list[bytes | None]) -> torch.Tensor:
         masked = logits.float().clone()
         rows = [i for i, row in enumerate(words) if row is not None][:len(masked)]
-        packed = torch.stack([words[i] for i in rows])  # [r, W]
-        allowed = ((packed.unsqueeze(-1) >> self._bits) & 1).bool().flatten(1)[:, :masked.shape[-1]]
+        packed = torch.frombuffer(bytearray(b"".join(words[i] for i in rows)), dtype=torch.uint8)
+        allowed = _BITS[packed.view(len(rows), -1).int()].flatten(1)[:, :masked.shape[-1]]  # [r, V] or narrower
         if allowed.shape[-1] < masked.shape[-1]:  # ids the tokenizer does not have: never allowed
             allowed = torch.nn.functional.pad(allowed, (0, masked.shape[-1] - allowed.shape[-1]))
         # A grammar that cannot continue (nothing allowed) ends the text: the end-of-text token only.
         stuck = ~allowed.any(-1)
         if stuck.any() and self.eos is not None:
             allowed[stuck, self.eos] = True
+        if len(rows) == len(masked):
+            return masked.masked_fill_(~allowed, float("-inf"))
         index = torch.tensor(rows, dtype=torch.long)
         masked[index] = masked[index].masked_fill(~allowed, float("-inf"))
         return masked
