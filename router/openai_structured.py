@@ -110,7 +110,8 @@ def _tool_mode(fields: dict) -> ToolMode | None:
                          "tool_choice")
     if choice == "required":
         return ToolMode(tuple(tools))
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    named = function.get("name") if isinstance(function, dict) else None
     if named not in names:
         raise FieldError(f"tool_choice must be none, required or {{type: function, function: {{name}}}} naming one "
                          f"of the tools ({', '.join(names)}), got {choice!r}", "tool_choice")
@@ -124,9 +125,31 @@ def _is_function(tool) -> bool:
 
 
 def _call_schema(tools: tuple[dict, ...]) -> dict:
-    """One call of one of ``tools``: its name, and arguments that follow its parameters' schema."""
-    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-              "properties": {"name": {"const": tool["function"]["name"]},
-                             "arguments": tool["function"].get("parameters") or {"type": "object"}}}
-             for tool in tools]
-    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+    """One call of one of ``tools``: its name, and arguments that follow its parameters' schema.
+
+    A parameters schema's definitions (``$defs``, ``definitions``: pydantic writes them) move to
+    the root, renamed per tool, and its references with them: a reference is a pointer from the
+    root of the whole schema, where the parameters are now nested."""
+    calls, definitions = [], {}
+    for number, tool in enumerate(tools):
+        parameters = dict(tool["function"].get("parameters") or {"type": "object"})
+        found = {(key, name): schema for key in ("$defs", "definitions")
+                 for name, schema in (parameters.pop(key, None) or {}).items()}
+        moved = {f"#/{key}/{name}": f"tool{number}_{name}" for key, name in found}
+        for (key, name), schema in found.items():
+            definitions[moved[f"#/{key}/{name}"]] = _moved_refs(schema, moved)
+        calls.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                      "properties": {"name": {"const": tool["function"]["name"]},
+                                     "arguments": _moved_refs(parameters, moved)}})
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return schema | {"$defs": definitions} if definitions else schema
+
+
+def _moved_refs(schema, moved: dict[str, str]):
+    """``schema`` with each ``$ref`` to a moved definition pointing at its new place."""
+    if isinstance(schema, dict):
+        return {key: (f"#/$defs/{moved[value]}" if key == "$ref" and value in moved else _moved_refs(value, moved))
+                for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [_moved_refs(item, moved) for item in schema]
+    return schema

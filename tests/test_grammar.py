@@ -66,29 +66,30 @@ def test_sampled_outputs_follow_a_regex_and_a_lark_grammar(tiny_engine, tiny_zoo
         assert done.finish_reason == "eos" and re.fullmatch(r"def [a-z]{1,5}\([a-z]{0,5}\):", done.text), done.text
 
 
-# Sampled, end to end: 3 positions of 3 allowed words each, the rest of the vocabulary forbidden.
+# Sampled, end to end: 3 positions of 3 allowed words each, the rest of the vocabulary forbidden
+# (the word tokenizer's ids: a..f are 0..5).
 SMALL_GRAMMAR = GrammarSpec("regex", "[abc][ade][bcf]")
+ALLOWED = ({0, 1, 2}, {0, 3, 4}, {1, 2, 5})  # the reference's own reading of it, not llguidance's
 SAMPLES = 5000
 
 
 @torch.inference_mode()
-def masked_distribution(model, prefix, params, compiler) -> dict[tuple, float]:
+def masked_distribution(model, prefix, params) -> dict[tuple, float]:
     """P(first LENGTH tokens) of the target constrained to SMALL_GRAMMAR, by enumeration."""
     out: dict[tuple, float] = {}
 
-    def walk(seq, prob, state):
+    def walk(seq, prob):
         generated = seq[len(prefix):]
         if len(generated) == LENGTH:
             out[tuple(generated)] = out.get(tuple(generated), 0.0) + prob
             return
-        logits = state.mask_chain(model(torch.tensor([seq])).logits[0, -1:], [])
+        logits = model(torch.tensor([seq])).logits[0, -1:].clone()
+        logits[0, [t for t in range(logits.shape[-1]) if t not in ALLOWED[len(generated)]]] = -math.inf
         for token, pr in enumerate(warp(logits, params)[0].double().tolist()):
             if pr > 0:
-                state.commit([token])
-                walk(seq + [token], prob * pr, state)
-                state.matcher.rollback(1)
+                walk(seq + [token], prob * pr)
 
-    walk(list(prefix), 1.0, compiler.state(SMALL_GRAMMAR.compiled()))
+    walk(list(prefix), 1.0)
     return out
 
 
@@ -104,7 +105,7 @@ def test_sampling_under_a_grammar_has_the_masked_targets_distribution(proposer):
     sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
     target = tiny_model(0)
     engine = SpecEngine(target, tokenizer, {"draft": tiny_model(1)}, heads={"head": tiny_head(target)})
-    exact = masked_distribution(engine.target, [tokenizer.bos_token_id], sampling, engine.grammars)
+    exact = masked_distribution(engine.target, [tokenizer.bos_token_id], sampling)
     assert len(exact) == 27 and math.isclose(sum(exact.values()), 1.0, rel_tol=1e-6)
     counts: dict[tuple, int] = {}
     proposed = accepted = 0
@@ -150,6 +151,20 @@ def test_masking_a_proposal_through_the_grammars_end_and_eos_leaves_the_state_as
     assert torch.equal(state.mask_chain(rows[:1], []), before)
     state.commit(ids + [eos])
     assert state.ended and not state.stuck
+
+
+def test_a_proposed_id_outside_the_tokenizer_is_forbidden_and_leaves_the_state_as_it_was(tiny_engine):
+    """A model may pad its vocabulary past the tokenizer's; llguidance stops for good on such an
+    id, so a proposal carrying one (an unmasked head's) must not reach it."""
+    state = GrammarCompiler(tiny_engine.tokenizer).state(SCHEMA.compiled())
+    vocab = len(tiny_engine.tokenizer)
+    first = tiny_engine.tokenizer.encode('{"', add_special_tokens=False)
+    rows = torch.zeros(len(first) + 2, vocab + 64)  # logits wider than the tokenizer
+    before = state.mask_chain(rows[:1], [])
+    assert state.allowed_prefix(first + [vocab + 3, first[0]]) == len(first)
+    masked = state.mask_chain(rows, first + [vocab + 3])
+    assert torch.isinf(masked[:len(first) + 1, vocab:]).all() and not state.stuck  # (the row after it: never read)
+    assert torch.equal(state.mask_chain(rows[:1], []), before)
 
 
 def stick_after(monkeypatch, tokens: int) -> None:

@@ -394,6 +394,7 @@ CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "naming one of"),
     ({"tools": [{"type": "function"}], "tool_choice": "required"}, "tools must be a list of"),
     ({"tool_choice": "required"}, "tool_choice needs tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": "weather"}}, "naming one of"),
 ])
 def test_a_bad_structured_output_field_is_refused_naming_it(tiny_engine, extra, words):
     templated = copy.deepcopy(tiny_engine.tokenizer)
@@ -401,6 +402,28 @@ def test_a_bad_structured_output_field_is_refused_naming_it(tiny_engine, extra, 
     with pytest.raises(ApiError) as caught:
         chat_request({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]} | extra, MODEL, templated)
     assert words in caught.value.body()["error"]["message"] and caught.value.response().status == 400
+
+
+def test_a_tools_definitions_move_to_the_schemas_root(tiny_engine):
+    """pydantic writes a tool's nested models under $defs, referenced from the root of its
+    parameters; nested in the call's schema, they move to its root, renamed per tool."""
+    from specserve.workers.grammar import GrammarSpec
+
+    guest = {"type": "object", "properties": {"name": {"type": "string"}, "friend": {"$ref": "#/$defs/Guest"}},
+             "required": ["name"]}
+    book = {"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object", "properties": {"guest": {"$ref": "#/$defs/Guest"}}, "required": ["guest"],
+        "$defs": {"Guest": guest}}}}
+    templated = copy.deepcopy(tiny_engine.tokenizer)
+    templated.chat_template = TEMPLATE
+    request = chat_request({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [book, CLOCK],
+                            "tool_choice": "required"}, MODEL, templated)
+    schema = json.loads(request.generate.structured_output.json_schema)
+    GrammarSpec("json_schema", json.dumps(schema)).compiled()
+    call = {"name": "book", "arguments": {"guest": {"name": "ada", "friend": {"name": "bob"}}}}
+    jsonschema.validate(call, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "book", "arguments": {"guest": {"friend": {}}}}, schema)
 
 
 def constrained_alone(tiny_engine, prompt: str, grammar, max_tokens: int = 48):

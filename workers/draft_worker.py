@@ -22,7 +22,7 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 from .batching import Scheduler, StepResult
 from .config import DraftPoolConfig
 from .drafting import DRAFT_MAX_SUPPORT, BranchRun, DraftSession, DraftRun, DraftTokens, score_continuation
-from .grammar import GrammarCompiler, GrammarError, GrammarState, grammar_compiler, no_grammars
+from .grammar import GrammarCompiler, GrammarError, GrammarState, grammar_compiler, no_grammars, warm_grammars
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
 from .heads.proposer import HeadRun, HeadScheduler, HeadState
@@ -53,6 +53,8 @@ class DraftWorker:
         self.models = {name: load_model(spec) for name, spec in drafts.items() if name not in heads}
         # Each draft's structured output, over its own tokenizer (the target's ids: checked at start-up).
         self.grammars = {name: functools.partial(grammar_compiler, drafts[name].source) for name in self.models}
+        for name in self.models:
+            warm_grammars(drafts[name].source)
         self.heads = {name: gemv_layout(head) for name, head in (load_heads(heads, target) if heads else {}).items()}
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, self.models, config, registration,

@@ -3,11 +3,13 @@
 The grammar masks the target: each verify row's logits keep only the tokens the grammar allows
 after the output that row sees (the committed tokens, then the proposal's tokens before it; a token
 tree's rows along their paths), and the acceptance rule runs on the masked rows, so the output is
-the constrained target's (its p masked and renormalised) with every proposer. Proposals are not
-masked here: the rule needs only the q a draft really sampled from, and a proposed token the grammar
-forbids has p = 0 there, so it is rejected (greedy: the row's argmax differs; sampled: accepted with
-probability 0, the next token drawn from the residual). The proposal is cut just after that token:
-the rows beyond it would never be read.
+the constrained target's (its p masked and renormalised) with every proposer. A draft model drafts
+within the grammar too (workers/drafting.py: its q masked alike, so it proposes nothing the target
+must reject). Other proposals (a head's, prompt lookup's) are not masked: the rule needs only the q
+they really sampled from, and a proposed token the grammar forbids has p = 0 there, so it is
+rejected (greedy: the row's argmax differs; sampled: accepted with probability 0, the next token
+drawn from the residual). The proposal is cut just after that token: the rows beyond it would never
+be read.
 
 Built on llguidance (Microsoft's, the Rust engine behind Guidance; vLLM and SGLang ship it as a
 backend): one self-contained wheel with no torch or CUDA dependency (xgrammar pulls Triton), masks
@@ -25,7 +27,8 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache, lru_cache
+import threading
+from functools import lru_cache
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -36,6 +39,9 @@ GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark")
 MAX_GRAMMAR_CHARS = 64 * 1024  # a schema or grammar's source; far above any tool list a client sends
 MATCHERS_KEPT = 64  # a replica's compiled grammars, least recently used given back first
 ANY_OBJECT = {"type": "object"}  # response_format json_object: any JSON object
+# How llguidance stops once a grammar is complete (the end of the text is all that is left); any
+# other stop is a limit of its own or an error: the grammar is stuck.
+COMPLETE = ("NoExtension", "NoExtensionBias", "EndOfSentence")
 # JSON is laid out as Python's json.dumps does, with no other whitespace: with whitespace free
 # between tokens a model can pad forever (a small one does, from the first brace) and never
 # produce the JSON before max_tokens.
@@ -132,7 +138,7 @@ class GrammarCompiler:
         self._matchers[grammar] = pristine
         while len(self._matchers) > MATCHERS_KEPT:
             self._matchers.popitem(last=False)
-        state = GrammarState(pristine.deep_copy(), self.eos)
+        state = GrammarState(pristine, self.eos, self.tokenizer.vocab_size)
         state.commit(output)
         return state
 
@@ -161,15 +167,39 @@ class _TokenTexts:
         return self._encode(text, add_special_tokens=False)
 
 
-@cache
+_compilers: dict[str, GrammarCompiler | GrammarError] = {}
+_compilers_lock = threading.Lock()
+
+
 def grammar_compiler(tokenizer_source: str) -> GrammarCompiler:
-    """A model process's grammars, built on its first request that has one (about a second for a
-    large vocabulary)."""
-    try:
-        tokenizer = load_tokenizer(tokenizer_source)
-    except ModelLoadError as exc:
-        raise GrammarError(f"no tokenizer to build grammars with: {exc}") from None
-    return GrammarCompiler(tokenizer)
+    """A model process's grammars (a failure to build them remembered too, so a worker without a
+    tokenizer says so once). Building takes about a second for a large vocabulary: a worker warms
+    it at start-up (``warm_grammars``) so that its first request with a grammar does not stall
+    every session's replies."""
+    with _compilers_lock:
+        if tokenizer_source not in _compilers:
+            try:
+                _compilers[tokenizer_source] = GrammarCompiler(load_tokenizer(tokenizer_source))
+            except ModelLoadError as exc:
+                _compilers[tokenizer_source] = GrammarError(f"no tokenizer to build grammars with: {exc}")
+            except GrammarError as exc:  # llguidance missing
+                _compilers[tokenizer_source] = exc
+        built = _compilers[tokenizer_source]
+    if isinstance(built, GrammarError):
+        raise built
+    return built
+
+
+def warm_grammars(tokenizer_source: str) -> None:
+    """Build a model's grammars in the background (a worker's start-up; a failure waits for the
+    first request that needs them)."""
+    def build() -> None:
+        try:
+            grammar_compiler(tokenizer_source)
+        except GrammarError:
+            pass
+
+    threading.Thread(target=build, name="grammar-warm-up", daemon=True).start()
 
 
 def no_grammars() -> GrammarCompiler:
@@ -177,13 +207,30 @@ def no_grammars() -> GrammarCompiler:
     raise GrammarError("this worker serves no structured output (it has no tokenizer for grammars)")
 
 
+def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share: slices compared in C, halving (a draft's
+    output grows by a token a call, so the whole shorter one is shared most of the time)."""
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while low < high:  # a[:low] == b[:low] and a[:high + 1] != b[:high + 1]
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 class GrammarState:
     """One session's place in its grammar: masks verify rows, consumes what the session commits."""
 
-    def __init__(self, matcher, eos: int | None) -> None:
-        self.matcher = matcher  # an llguidance.LLMatcher
+    def __init__(self, pristine, eos: int | None, vocab_size: int) -> None:
+        self.pristine = pristine  # an llguidance.LLMatcher at the output's start, never consumed into
+        self.matcher = pristine.deep_copy()
         self.eos = eos
-        self.consumed: list[int] = []  # what ``sync`` brought the matcher to (a draft's output so far)
+        self.vocab_size = vocab_size  # the ids llguidance knows: it stops for good on any other
+        self.consumed: list[int] = []  # the output the matcher has consumed (``commit``, ``sync``)
 
     @property
     def ended(self) -> bool:
@@ -196,14 +243,16 @@ class GrammarState:
         complete and takes the end of the text). llguidance stops so on a limit of its own (a
         lexer or parser too complex) or an error."""
         if self.matcher.is_error():
-            return self.matcher.get_error()
-        if self.matcher.is_stopped() and not self.matcher.is_accepting():
+            return self.matcher.get_error() or "error"
+        if self.matcher.is_stopped() and (not self.matcher.is_accepting() or self.matcher.stop_reason() not in COMPLETE):
             return str(self.matcher.stop_reason())
         return ""
 
     def allowed_prefix(self, ids: Sequence[int]) -> int:
-        """How many of ``ids`` the grammar allows in a row from here (nothing consumed)."""
-        return self.matcher.validate_tokens(list(ids)) if ids else 0
+        """How many of ``ids`` the grammar allows in a row from here (nothing consumed). An id
+        llguidance does not know (a padded vocabulary's) is never allowed, and never shown to it."""
+        known = next((i for i, token in enumerate(ids) if not 0 <= token < self.vocab_size), len(ids))
+        return self.matcher.validate_tokens(list(ids[:known])) if known else 0
 
     def mask_chain(self, logits: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
         """``logits`` [k+1, V] (row i after the first i of ``ids``) with what the grammar forbids at
@@ -215,7 +264,7 @@ class GrammarState:
         for token in ids[:min(allowed, len(logits) - 1)]:
             consumed += self._advance([token])
             words.append(self._words())
-        self.matcher.rollback(consumed)
+        self._back(consumed)
         return self._masked(logits, words)
 
     def mask_tree(self, logits: torch.Tensor, ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -234,23 +283,19 @@ class GrammarState:
                 continue
             consumed = self._advance(path)
             words.append(self._words())
-            self.matcher.rollback(consumed)
+            self._back(consumed)
         return self._masked(logits, words)
 
     def sync(self, tokens: Sequence[int]) -> bool:
-        """Bring the matcher to the output ``tokens`` from where the last ``sync`` left it: roll
-        back to what they share, consume the rest. A draft's session uses this alone (its output
-        moves by verdicts, resyncs and adopted branches alike). False where the grammar forbids one
-        of ``tokens`` (a draft's guess of a correction): the matcher then stops before it."""
-        shared = 0
-        for mine, theirs in zip(self.consumed, tokens):
-            if mine != theirs:
-                break
-            shared += 1
-        self.matcher.rollback(len(self.consumed) - shared)
+        """Bring the matcher to the output ``tokens`` from where it is: roll back to what they
+        share, consume the rest. A draft's session uses this alone (its output moves by verdicts,
+        resyncs and adopted branches alike). False where the grammar forbids one of ``tokens`` (a
+        draft's guess of a correction): the matcher then stops before it."""
+        shared = _shared_prefix(self.consumed, tokens)
+        self._back(len(self.consumed) - shared, keep=shared)
         rest = list(tokens[shared:])
         allowed = self.allowed_prefix(rest) if rest and not self.matcher.is_stopped() else len(rest)
-        self.consumed = list(tokens[:shared]) + rest[:self._advance(rest[:allowed])]
+        self.consumed += rest[:self._advance(rest[:allowed])]
         return allowed == len(rest)
 
     def mask_next(self, logits: torch.Tensor) -> torch.Tensor:
@@ -259,7 +304,18 @@ class GrammarState:
 
     def commit(self, tokens: Sequence[int]) -> None:
         """The session committed ``tokens`` (drawn from masked rows, so the grammar allows them)."""
-        self._advance(tokens)
+        self.consumed += tokens[:self._advance(tokens)]
+
+    def _back(self, n: int, keep: int | None = None) -> None:
+        """Undo the last ``n`` tokens consumed (``keep``: the ``consumed`` tokens that stay). Where
+        llguidance cannot (a limit of its own stopped it in between), the matcher is built again
+        from the pristine one and what stays: a rejected proposal never costs the committed state."""
+        if keep is not None:
+            del self.consumed[keep:]
+        if n and not self.matcher.rollback(n):
+            self.matcher = self.pristine.deep_copy()
+            kept = self._advance(self.consumed)
+            del self.consumed[kept:]
 
     def _advance(self, tokens: Sequence[int]) -> int:
         """Consume ``tokens`` (each allowed) up to where the grammar stops: what follows is the end
@@ -285,8 +341,11 @@ class GrammarState:
             allowed = torch.nn.functional.pad(allowed, (0, masked.shape[-1] - allowed.shape[-1]))
         # A grammar that cannot continue (nothing allowed) ends the text: the end-of-text token only.
         stuck = ~allowed.any(-1)
-        if stuck.any() and self.eos is not None:
-            allowed[stuck, self.eos] = True
+        if stuck.any():  # (a tokenizer without EOS: left unmasked, the session ends on ``stuck``)
+            if self.eos is not None:
+                allowed[stuck, self.eos] = True
+            else:
+                allowed[stuck] = True
         if len(rows) == len(masked):
             return masked.masked_fill_(~allowed, float("-inf"))
         index = torch.tensor(rows, dtype=torch.long)

@@ -26,7 +26,7 @@ from .acceptance import Outcome
 from .batching import Scheduler, StepResult
 from .calibration import widest_within
 from .config import TargetConfig
-from .grammar import GrammarCompiler, grammar_compiler, no_grammars
+from .grammar import GrammarCompiler, grammar_compiler, no_grammars, warm_grammars
 from .loading import ModelSpec, load_model
 from .logs import log_to_stderr
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
@@ -46,8 +46,9 @@ class TargetReplica:
         log_to_stderr()
         cfg = TargetConfig.model_validate(config)  # plain data across Serve, checked again here
         self.autoscaling = cfg.autoscaling
-        # Structured output's grammars, over the target's own tokenizer, built on first use.
+        # Structured output's grammars, over the target's own tokenizer, built in the background now.
         self.grammars = lambda: grammar_compiler(target.source)
+        warm_grammars(target.source)
         servicer = VerifierServicer(self)
         self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", {"target": load_model(target)}, cfg,
                               registration, lambda server: rpc.add_VerifierServicer_to_server(servicer, server),

@@ -46,7 +46,9 @@ class TargetSession:
         # Structured output (workers/grammar.py): the grammar masks each row after processing, and
         # has consumed the output so far.
         self.grammar = grammar
-        self.ended = ""  # "grammar" once the grammar can take no further token (the text ends there)
+        # "grammar" once the grammar can take no further token (the text ends there; a reopened
+        # session's may be so already).
+        self.ended = GRAMMAR_ENDED if grammar is not None and grammar.stuck else ""
         # A greedy verdict reads the argmax alone, unless logprobs, processing or a grammar need the logits.
         self.ids_only = sampling.greedy and logprobs is None and not self.processed and grammar is None
         self.output_start = len(sequence.committed) if output_start is None else output_start
