@@ -32,7 +32,7 @@ from specserve.workers.zoo.zoo import Zoo
 
 from .cli import known_paths, module_main, workload_arguments
 from .settings import RESULTS_DIR
-from .shared_prefix import run_level
+from .shared_prefix import run_level, summary_lines
 
 PATHS = {"off": pb.SPECULATION_OFF, "auto": pb.SPECULATION_AUTO, "on": pb.SPECULATION_ON}
 MODES = ("free", "json")
@@ -146,10 +146,7 @@ def report(levels: list[Level], identical: dict[str, list[int]], settings: JsonS
             goals.append({"name": f"{path}, {clients} clients: constrained speedup {json_speedup:.2f}x over free "
                                   f"{free_speedup:.2f}x, kept >= {GOAL_KEPT:g}", "measured": kept,
                           "met": kept >= GOAL_KEPT})
-    lines += ["", "## Goals", ""] + [f"- {g['name']}: {g['measured']:.2f}, {'met' if g['met'] else 'missed'}"
-                                     for g in goals]
-    lines += ["", "Greedy outputs identical to OFF's at the same level and mode: "
-              + ", ".join(f"{key} {same}/{total}" for key, (same, total) in identical.items()) + "."]
+    lines += summary_lines(goals, "Greedy outputs identical to OFF's at the same level and mode", identical)
     return "\n".join(lines) + "\n", goals
 
 

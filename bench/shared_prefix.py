@@ -200,11 +200,16 @@ def report(levels: list[Level], identical: dict[str, list[int]], settings: Share
             points = 100 * (on_off.hit_rate("target") - on_auto.hit_rate("target"))
             goals.append({"name": f"{clients} clients: target hit rate AUTO at most {GOAL_HIT_POINTS:g} point below "
                                   f"OFF (points below)", "measured": points, "met": points <= GOAL_HIT_POINTS})
-    lines += ["", "## Goals", ""] + [f"- {g['name']}: {g['measured']:.2f}, {'met' if g['met'] else 'missed'}"
-                                     for g in goals]
-    lines += ["", "Greedy outputs with the cache on identical to those with it off: "
-              + ", ".join(f"{key} {same}/{total}" for key, (same, total) in identical.items()) + "."]
+    lines += summary_lines(goals, "Greedy outputs with the cache on identical to those with it off", identical)
     return "\n".join(lines) + "\n", goals
+
+
+def summary_lines(goals: list[dict], compared: str, identical: dict[str, list[int]]) -> list[str]:
+    """A workload report's end: each goal met or missed, then how many greedy outputs matched."""
+    return (["", "## Goals", ""] + [f"- {g['name']}: {g['measured']:.2f}, {'met' if g['met'] else 'missed'}"
+                                    for g in goals]
+            + ["", f"{compared}: " + ", ".join(f"{key} {same}/{total}" for key, (same, total) in identical.items())
+               + "."])
 
 
 def run(settings: SharedPrefixSettings, command: str) -> Path:
