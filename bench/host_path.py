@@ -64,7 +64,7 @@ from specserve.workers.zoo.zoo import Zoo
 
 from .cli import module_main
 from .memory import component_of
-from .settings import REPLICA_CORE, RESULTS_DIR
+from .settings import REPLICA_CORE, RESULTS_DIR, provenance
 
 PATHS = ("off", "draft", HEAD, NGRAM)  # "draft": each request's task draft (a copy of the target here)
 COMPONENTS = ("router", "target replica", "draft worker", "ray daemons", "client")
@@ -534,7 +534,7 @@ def run(settings: HostPathSettings, command: str) -> Path:
     in_process = {"scheduler": scheduler, "engine": engine}
     meta = {"when": when, "zoo": str(zoo.root), "target_parameters": zoo.manifest["target"]["parameters"],
             "max_tokens": settings.max_tokens, "k": settings.k, "paths": list(settings.paths),
-            "sessions": list(settings.sessions), "command": command,
+            "sessions": list(settings.sessions), "command": command, "provenance": provenance(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"}
     out.mkdir(parents=True, exist_ok=True)
     results = {"meta": meta, "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},

@@ -31,7 +31,7 @@ from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.zoo.zoo import Zoo
 
 from .cli import known_paths, module_main, workload_arguments
-from .settings import RESULTS_DIR
+from .settings import RESULTS_DIR, provenance
 from .shared_prefix import run_level, summary_lines
 
 PATHS = {"off": pb.SPECULATION_OFF, "auto": pb.SPECULATION_AUTO, "on": pb.SPECULATION_ON}
@@ -173,7 +173,7 @@ def run(settings: JsonSchemaSettings, command: str) -> Path:
     (out / "report.md").write_text(text)
     (out / "results.json").write_text(json.dumps({
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
-        "command": command, "schema": SCHEMA,
+        "command": command, "provenance": provenance(), "schema": SCHEMA,
         "levels": [asdict(lv) | {"tokens_per_second": lv.tokens_per_second} for lv in levels],
         "identical": identical, "goals": goals}, indent=1))
     print(text, flush=True)

@@ -60,7 +60,7 @@ from .plots import write_plots
 from .prompts import load_prompts
 from .report import render_report, summary
 from .samples import ENGINE_OFF, ENGINE_TASK, GREEDY_PATHS, HF_ASSISTED, OFF, OFF_UNBATCHED, ROUTED, TASK, Sample
-from .settings import REPLICA_CORE, BenchSettings, Goals
+from .settings import REPLICA_CORE, BenchSettings, Goals, provenance
 
 # The service with batching off: one session per forward pass, on the target and on the drafts.
 UNBATCHED = {part: {"batching": {"max_sessions_per_pass": 1}} for part in ("target", "draft_pool")}
@@ -398,6 +398,7 @@ def _meta(settings: BenchSettings, zoo: Zoo, held_out, started: datetime, target
         "prompts": {"checked": held_out.checked, "found_in_training": held_out.found_in_training,
                     "available": {t: len(p) for t, p in held_out.by_task.items()}},
         "goals": asdict(Goals()),
+        "provenance": provenance(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": transformers.__version__, "ray": ray.__version__,
                     "in_process_core": REPLICA_CORE, "target_cpus": list(target.cpus), "target_threads": target.threads,

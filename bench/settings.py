@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -9,6 +12,27 @@ from specserve.workers.request import DEFAULT_K
 
 DEFAULT_ZOO = "bench"  # the zoo whose cost ratio (c ~ 0.05-0.08) resembles a real target/draft pair
 RESULTS_DIR = Path("bench/results")
+SOURCE = Path(__file__).resolve().parent.parent  # the checkout the bench runs from
+
+
+def provenance() -> dict:
+    """What a run's numbers come from, recorded in its results.json: the code (the commit, and
+    whether the checkout had uncommitted changes) and the machine."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(SOURCE), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    import torch  # (here: the settings are read by processes that load no model)
+
+    commit = git("rev-parse", "HEAD")
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "uncommitted_changes": bool(changed) if changed is not None else None,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                        "torch": torch.__version__,
+                        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}}
 SECTIONS = ("greedy", "score", "sampling", "load")  # in the order they run (run.py)
 DEVICES = ("auto", "cpu", "cuda")  # --device (bench/device.py resolves auto)
 REPLICA_CORE = 0  # where deploy/serve_config.yaml pins the target replica: in-process paths run there too

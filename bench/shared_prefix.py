@@ -34,7 +34,7 @@ from specserve.workers.zoo.zoo import Zoo
 
 from .cli import known_paths, module_main, workload_arguments
 from .faults import inspect
-from .settings import RESULTS_DIR
+from .settings import RESULTS_DIR, provenance
 
 # off: target-only; auto: the policy's choice; eagle3: the EAGLE-3 head (its target session hands it
 # hidden states from the end of the cached prefix on: the head's context is shorter with the cache).
@@ -236,13 +236,14 @@ def run(settings: SharedPrefixSettings, command: str) -> Path:
 
 
 def write(out: Path, levels: list[Level], identical: dict[str, list[int]], settings: SharedPrefixSettings,
-          command: str) -> None:
+          command: str, origin: dict | None = None) -> None:
+    """The run's report and results (``origin``: a past run's provenance, when written again)."""
     text, goals = report(levels, identical, settings, command, settings.system_tokens)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text)
     (out / "results.json").write_text(json.dumps({
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
-        "command": command, "levels": [asdict(lv) | {"ttft_p50_ms": lv.ttft_ms(0.5), "ttft_p90_ms": lv.ttft_ms(0.9),
+        "command": command, "provenance": origin or provenance(), "levels": [asdict(lv) | {"ttft_p50_ms": lv.ttft_ms(0.5), "ttft_p90_ms": lv.ttft_ms(0.9),
                                                      "tokens_per_second": lv.tokens_per_second,
                                                      "mean_ttft_ms": 1000 * statistics.fmean(lv.ttft or [0])}
                                        for lv in levels],
@@ -259,7 +260,7 @@ def rerender(out: Path) -> None:
     s = saved["settings"]
     settings = SharedPrefixSettings(**(s | {"clients": tuple(s["clients"]), "paths": tuple(s["paths"]),
                                             "out": Path(s["out"])}))
-    write(out, levels, saved["identical"], settings, saved["command"])
+    write(out, levels, saved["identical"], settings, saved["command"], saved.get("provenance"))
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specserve.bench.json_schema import JsonSchemaSettings, Level, follows_schema, report
 
 
@@ -30,3 +32,13 @@ def test_valid_means_it_parses_and_follows_the_schema():
     assert follows_schema(json.dumps(good))
     assert not follows_schema(json.dumps(good | {"confidence": 101}))
     assert not follows_schema(json.dumps(good)[:-1])  # cut short by max_tokens
+
+
+def test_a_run_records_the_commit_and_the_machine_it_ran_on():
+    from specserve.bench.settings import SOURCE, provenance
+
+    if not (SOURCE / ".git").exists():
+        pytest.skip("not a git checkout: no commit to record")
+    origin = provenance()
+    assert len(origin["commit"]) == 40 and isinstance(origin["uncommitted_changes"], bool)
+    assert origin["machine"]["cpus"] >= 1 and origin["machine"]["torch"]

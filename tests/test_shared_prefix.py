@@ -29,10 +29,11 @@ def test_the_report_says_each_ratio_and_goal():
 
 
 def test_a_past_run_is_written_again_from_its_results(tmp_path):
-    write(tmp_path, LEVELS, {"off 16": [48, 48]}, SETTINGS, "specserve shared-prefix")
+    write(tmp_path, LEVELS, {"off 16": [48, 48]}, SETTINGS, "specserve shared-prefix", {"commit": "abc"})
     first = (tmp_path / "report.md").read_text()
     (tmp_path / "report.md").unlink()
     rerender(tmp_path)
     again = (tmp_path / "report.md").read_text()
     assert again.splitlines()[1:] == first.splitlines()[1:]  # all but the heading's time
-    assert json.loads((tmp_path / "results.json").read_text())["goals"]
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert again["goals"] and again["provenance"] == {"commit": "abc"}  # the run's, not the re-writer's
