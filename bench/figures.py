@@ -162,6 +162,8 @@ def _greedy_task(task: str, samples: list[Sample], k: int) -> dict:
         "of_bound_with_w": speedup["median"] / bound_w if speedup and bound_w else None,
         "adaptive_speedup": ratios(TASK_ADAPTIVE, OFF),
         "identical": {path: sum(bool(s.identical) for s in group) for path, group in paths.items() if path != OFF},
+        # Prompts whose target-only output was empty: every path "matches" it, which shows nothing.
+        "empty": sum(1 for s in paths[OFF] if not s.tokens),
         "routed": {
             "alpha": alpha(routed),
             "speedup": ratios(ROUTED, OFF),

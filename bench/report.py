@@ -298,7 +298,10 @@ def _load_memory(rss: dict | None) -> list[str]:
 def _identical(row: dict) -> str:
     """Outputs equal to target-only's, over the service and engine paths (the peer has its own column)."""
     counts = {p: n for p, n in row["identical"].items() if p != "hf_assisted"}
-    return f"{min(counts.values())}/{row['runs']}" if counts else DASH
+    if not counts:
+        return DASH
+    empty = row.get("empty", 0)  # (runs before it was counted: none said)
+    return f"{min(counts.values())}/{row['runs']}" + (f" ({empty} of 0 tokens)" if empty else "")
 
 
 def _matrix(matrix: dict[str, dict[str, float]]) -> list[str]:

@@ -163,6 +163,13 @@ def test_the_figures_move_with_the_measurements(results):
         assert after["tasks"][task]["bound"] == row["bound"]  # alpha, c and k did not change
 
 
+def test_outputs_of_no_tokens_are_said_apart_from_identical_ones():
+    from specserve.bench.report import _identical
+
+    assert _identical({"identical": {TASK: 4, "hf_assisted": 3}, "runs": 4, "empty": 2}) == "4/4 (2 of 0 tokens)"
+    assert _identical({"identical": {TASK: 4}, "runs": 4, "empty": 0}) == "4/4"
+
+
 @SMOKE_RUN
 def test_every_section_was_measured_and_every_output_is_the_targets(results, tiny_zoo):
     f, meta = results["figures"], results["meta"]
