@@ -17,7 +17,7 @@ import argparse
 import asyncio
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from specserve.workers.zoo.zoo import Zoo
 
 from .cli import known_paths, module_main, workload_arguments
 from .settings import RESULTS_DIR, provenance
-from .shared_prefix import run_level, summary_lines
+from .shared_prefix import Throughput, run_level, summary_lines
 
 PATHS = {"off": pb.SPECULATION_OFF, "auto": pb.SPECULATION_AUTO, "on": pb.SPECULATION_ON}
 MODES = ("free", "json")
@@ -57,24 +57,12 @@ class JsonSchemaSettings:
 
 
 @dataclass
-class Level:
+class Level(Throughput):
     mode: str
     path: str
     clients: int
-    ttft: list[float] = field(default_factory=list)
-    tokens: int = 0
-    passes: int = 0
-    seconds: float = 0.0
     valid: int = 0  # outputs that parse and follow the schema (json mode)
     outputs: int = 0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return self.tokens / self.passes if self.passes else 0.0
 
 
 def follows_schema(text: str) -> bool:

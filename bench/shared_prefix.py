@@ -55,18 +55,14 @@ class SharedPrefixSettings:
     out: Path = RESULTS_DIR
 
 
-@dataclass
-class Level:
-    cache: str
-    path: str
-    clients: int
+@dataclass(kw_only=True)
+class Throughput:
+    """What ``run_level`` measures of a level's requests (a workload bench's level adds its own)."""
+
     ttft: list[float] = field(default_factory=list)
     tokens: int = 0
     passes: int = 0  # target passes (verify steps) over the level's requests
     seconds: float = 0.0
-    # Prompt tokens and reused tokens over the level, by worker kind (target, draft).
-    prompt_tokens: dict[str, int] = field(default_factory=dict)
-    reused_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def tokens_per_second(self) -> float:
@@ -75,6 +71,16 @@ class Level:
     @property
     def tokens_per_pass(self) -> float:
         return self.tokens / self.passes if self.passes else 0.0
+
+
+@dataclass
+class Level(Throughput):
+    cache: str
+    path: str
+    clients: int
+    # Prompt tokens and reused tokens over the level, by worker kind (target, draft).
+    prompt_tokens: dict[str, int] = field(default_factory=dict)
+    reused_tokens: dict[str, int] = field(default_factory=dict)
 
     def ttft_ms(self, q: float) -> float:
         ordered = sorted(self.ttft)
@@ -113,7 +119,8 @@ def worker_counters(stub: rpc.SpecServeStub) -> dict[str, tuple[int, int]]:
     return totals
 
 
-async def run_level(address: str, requests: list[pb.GenerateRequest], clients: int, level: Level) -> list[list[int]]:
+async def run_level(address: str, requests: list[pb.GenerateRequest], clients: int,
+                    level: Throughput) -> list[list[int]]:
     outputs: list[list[int]] = [[] for _ in requests]
     async with grpc.aio.insecure_channel(address) as channel:
         stub = rpc.SpecServeStub(channel)

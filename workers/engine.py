@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .decoding import Completion, Decoding
 from .draft_length import DraftLength
 from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftTokens
-from .grammar import GrammarCompiler
+from .grammar import GrammarCompiler, GrammarState
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_head_of
 from .heads.proposer import HeadDraft, HeadState
@@ -154,10 +154,9 @@ class Generation:
         length = DraftLength("fixed", params.k if draft else 0, params.k)
         proposer = self._proposer(draft, tree, length) if draft else None
         pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
-        grammar = engine.grammars.state(params.grammar.compiled()) if params.grammar else None
         session = TargetSession(sequence, params.sampling, self.verify_generator,
                                 proposer.aux_layers if proposer else (), params.logprobs, params.processing,
-                                grammar=grammar)
+                                grammar=self._grammar())
         self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer, length,
                                     self.recorder)
 
@@ -172,11 +171,14 @@ class Generation:
             return HeadDraft(name, state, self.recorder)
         model = self.engine.drafts[name]
         pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
-        grammar = self.engine.grammars.state(self.params.grammar.compiled()) if self.params.grammar else None
         session = DraftSession(sequence, self.params.sampling, DraftDraws(self.decoding.stats.seed, name),
-                               self.engine.draft_max_support, grammar=grammar,
+                               self.engine.draft_max_support, grammar=self._grammar(),
                                output_start=len(self.decoding.prompt_ids))
         return LocalDraft(name, model, pool, session, length, self.recorder, self.first_alone)
+
+    def _grammar(self) -> GrammarState | None:
+        """A state of the request's grammar of its own, for the target's session or a draft's."""
+        return self.engine.grammars.state(self.params.grammar.compiled()) if self.params.grammar else None
 
     @property
     def stats(self) -> SpecStats:
