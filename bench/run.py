@@ -35,7 +35,7 @@ from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 from specserve.cluster.bringup import default_config_path, merge_into, serve_config, start_service
-from specserve.cluster.client import SpecServeClient
+from specserve.cluster.client import READY_TIMEOUT_SECONDS, SpecServeClient
 from specserve.cluster.config import ServiceConfig
 from specserve.cluster.demo import MEASURED_ON_UNSEEN, ensure_zoo
 from specserve.cluster.local import zoo_engine
@@ -288,6 +288,8 @@ def run_bench(settings: BenchSettings) -> Path:
         print("starting the embedded cluster (Ray, Serve, target replica, draft pool)...", flush=True)
         service = start_service(port=0, overrides=overrides)
     client = SpecServeClient(settings.address or service.address)
+    if service is None:  # another's service: a starting one would measure target-only
+        client.wait_ready(READY_TIMEOUT_SECONDS, say=print)
     bench = Bench(settings, zoo, held_out.by_task, client, engine, device, own_cluster=service is not None)
     target = target_config(overrides)
     with contextlib.closing(bench.bar):

@@ -15,14 +15,13 @@ from pathlib import Path
 import ray
 from ray import serve
 
-from .client import SpecServeClient
+from .client import READY_TIMEOUT_SECONDS, SpecServeClient
 from .config import DEFAULT_CONFIG_FILE, NAMESPACE, ServiceConfig, load_yaml
 from .models import check_tokenizers, head_layers, resolve_models
 from .placement import check_devices, local_resources
 from specserve.workers.security import SecuritySettings
 
 log = logging.getLogger("specserve.cluster")
-READY_TIMEOUT_SECONDS = 600.0  # model loading on a cold machine; a GPU node pulling weights takes longer
 # Small for an embedded cluster: the service moves tokens over gRPC, not objects through the store.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
 # Ray's default is 10 s; an embedded cluster is watched by a person or a test, so report sooner.
@@ -164,7 +163,7 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
         handle = serve.run(app, name=app_doc["name"], route_prefix=app_doc.get("route_prefix"))
         address = handle.endpoint.remote().result()
         http_address = handle.http_endpoint.remote().result()
-        SpecServeClient(address).wait_ready(ready_timeout)
+        SpecServeClient(address).wait_ready(ready_timeout, say=log.info)
     except BaseException:
         if owns:
             ray.shutdown()

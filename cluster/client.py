@@ -8,7 +8,7 @@ verifying the router against that directory's ca.crt (the only file a client nee
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -19,6 +19,7 @@ from specserve.proto.v1 import specserve_pb2_grpc as rpc
 from specserve.workers.security import TARGET_NAME_OVERRIDE, BearerToken, SecuritySettings
 from specserve.workers.stats import SpecStats
 
+READY_TIMEOUT_SECONDS = 600.0  # model loading on a cold machine; a GPU node pulling weights takes longer
 FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
                 pb.FINISH_REASON_GRAMMAR: "grammar", pb.FINISH_REASON_UNSPECIFIED: ""}
 
@@ -55,16 +56,21 @@ class SpecServeClient:
         check = health_pb2_grpc.HealthStub(self.channel).Check
         return check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
 
-    def wait_ready(self, timeout: float) -> None:
-        """Poll the health service until SERVING; TimeoutError names the last state seen."""
+    def wait_ready(self, timeout: float, say: Callable[[str], None] | None = None) -> None:
+        """Poll the health service until SERVING (the configured capacity is up: speculation on);
+        ``say`` hears what the service still waits for (GetStats' waiting_for) whenever it changes.
+        TimeoutError names the last state seen."""
         deadline = time.monotonic() + timeout
-        last = "no answer"
+        last, said = "no answer", ""
         while time.monotonic() < deadline:
             try:
                 status = self.health()
                 if status == health_pb2.HealthCheckResponse.SERVING:
                     return
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+                if say is not None and (waiting := self.stats().waiting_for) and waiting != said:
+                    say(f"specserve at {self.address} is starting; waiting for {waiting}")
+                    said = waiting
             except grpc.RpcError as exc:  # the details name a TLS problem (an address the certificate lacks)
                 last = f"{exc.code().name}: {exc.details()}"
             time.sleep(0.5)

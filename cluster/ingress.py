@@ -5,14 +5,16 @@ only model file it needs) and serves the client API (``router/service.py``), the
 service and server reflection from one grpc.aio server, and the OpenAI-compatible HTTP API
 (``router/openai_api.py``) on that server's event loop.
 Health turns SERVING once a target replica and the whole draft pool (so a worker for every draft)
-have registered. With ``router.replicas`` > 1 there are as many processes, each its own router,
-listening on the same ports (SO_REUSEPORT).
+have registered (``router/readiness.py``); requests before then run target-only, route "starting".
+With ``router.replicas`` > 1 there are as many processes, each its own router, listening on the same
+ports (SO_REUSEPORT).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from specserve.proto.v1 import specserve_pb2
 from specserve.router.directory import WorkerDirectory
 from specserve.router.openai_api import OpenAIServer
+from specserve.router.readiness import Readiness
 from specserve.router.service import SERVICE_NAME, SpecServeService
 from specserve.router.tasks import TaskResolver
 from specserve.router.validation import Limits
@@ -40,6 +43,7 @@ from .pool import initial_size
 
 log = logging.getLogger("specserve.router")
 READY_POLL_SECONDS = 0.5
+WAITING_LOG_SECONDS = 10.0  # while starting: how often the log says what the router still waits for
 HEALTH_POLL_SECONDS = 1.0  # once ready: how often the router checks that a target replica is registered
 HTTP_START_SECONDS = 30.0
 
@@ -62,8 +66,12 @@ class Router:
         self.router_id = f"router-{uuid.uuid4().hex[:6]}"
         limits = Limits(tasks=models.tasks, drafts=models.proposers, context_window=_context_window(models.target))
         self.directory = WorkerDirectory(registry, registration.ttl, security, cfg.router.prefix_affinity_sessions)
+        needed = {name for names in models.tasks.values() for name in names if name in models.drafts}
+        self.readiness = Readiness(frozenset(needed), self.pool_size)
+        self.readiness.check(())  # what it waits for, before anything registered
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
-                                        priors=models.priors, trees=models.trees, heads=heads, router_id=self.router_id)
+                                        priors=models.priors, trees=models.trees, heads=heads, router_id=self.router_id,
+                                        readiness=self.readiness)
         self.health = health_aio.HealthServicer()
         shared = cfg.router.replicas > 1  # the other router processes listen on the same ports
         self.server = BackgroundServer(self._add_servicers, cfg.router.host, cfg.router.port, name="router-grpc",
@@ -81,7 +89,10 @@ class Router:
                      advertised_host(), port, self.http.model)
         self.heartbeat = Heartbeat(registration, lambda: Endpoint("router", self.router_id, self.address))
         asyncio.run_coroutine_threadsafe(self._mark_serving_when_ready(), self.server.loop)
-        log.info("%s listening on %s", self.router_id, self.address)
+        # Requests are answered from here on, target-only (route "starting") until the health
+        # service says SERVING: clients that wait for it (SpecServeClient.wait_ready) get speculation.
+        log.info("%s listening on %s; target-only (NOT_SERVING) until ready, waiting for %s", self.router_id,
+                 self.address, self.readiness.waiting_for)
 
     def _add_servicers(self, server) -> None:
         server.add_generic_rpc_handlers((self.service.handler(),))
@@ -90,22 +101,18 @@ class Router:
         reflection.enable_server_reflection(names, server, pool=specserve_pb2.DESCRIPTOR.pool)
 
     async def _mark_serving_when_ready(self) -> None:
-        """NOT_SERVING until a target, the whole draft pool, and so a worker for every draft in the
-        task table, are registered: ready means the configured capacity is up, not just some of it.
-        Then NOT_SERVING again whenever no target replica is registered (every request would wait
-        for one, then fail), and SERVING when one returns; a missing draft worker only slows
-        requests (they run on another worker, or target-only)."""
-        needed = {name for names in self.models.tasks.values() for name in names if name in self.models.drafts}
-        await self._set_serving(False, "starting")
-        while True:
-            endpoints = await self.directory.refresh(force=True)
-            drafts = [e for e in endpoints if e.kind == "draft"]
-            served = {m for e in drafts for m in e.models}
-            if (any(e.kind == "target" for e in endpoints) and needed <= served
-                    and len(drafts) >= self.pool_size):
-                break
+        """NOT_SERVING until the configured capacity is up (router/readiness.py), saying every
+        WAITING_LOG_SECONDS what is missing. Then NOT_SERVING again whenever no target replica is
+        registered (every request would wait for one, then fail), and SERVING when one returns; a
+        missing draft worker only slows requests (they run on another worker, or target-only)."""
+        await self._set_serving(False, f"starting: waiting for {self.readiness.waiting_for}")
+        said = time.monotonic()
+        while not self.readiness.check(endpoints := await self.directory.refresh(force=True)):
+            if time.monotonic() - said >= WAITING_LOG_SECONDS:
+                log.info("not serving yet: waiting for %s", self.readiness.waiting_for)
+                said = time.monotonic()
             await asyncio.sleep(READY_POLL_SECONDS)
-        await self._set_serving(True, f"ready: {len(endpoints)} endpoints registered")
+        await self._set_serving(True, f"ready, speculation on: {self.readiness.describe(endpoints)}")
         while True:
             await asyncio.sleep(HEALTH_POLL_SECONDS)
             try:
@@ -113,9 +120,10 @@ class Router:
             except Exception as exc:  # the registry itself unreachable: say so, keep watching
                 log.warning("health: the registry did not answer (%s)", exc)
                 continue
-            targets = sum(e.kind == "target" for e in endpoints)
-            if bool(targets) != self.serving:
-                await self._set_serving(bool(targets), f"{targets} target replicas registered")
+            self.readiness.check(endpoints)
+            if bool(self.readiness.targets) != self.serving:
+                await self._set_serving(bool(self.readiness.targets),
+                                        f"{self.readiness.targets} target replicas registered")
 
     async def _set_serving(self, serving: bool, why: str) -> None:
         self.serving = serving

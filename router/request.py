@@ -39,9 +39,10 @@ from .tasks import ResolvedTask
 from .validation import ValidRequest
 
 log = logging.getLogger("specserve.router")
-# Route reasons a request sets itself when its draft is not there: none could be opened, or it
-# failed mid-request. The request goes on target-only: the target alone decides every token.
-DRAFT_UNAVAILABLE, DRAFT_LOST = "unavailable", "lost"
+# Route reasons a request sets itself when its draft is not there: none could be opened (the service
+# still starting: its draft workers have not all registered yet), or it failed mid-request. The
+# request goes on target-only: the target alone decides every token.
+DRAFT_UNAVAILABLE, DRAFT_STARTING, DRAFT_LOST = "unavailable", "starting", "lost"
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Routing:
     length: DraftLength  # k per step
     pressure: float = 0.0  # sessions per target replica when it was routed
     lookahead: bool = True  # it may draft ahead, where the service does (router/lookahead_budget.py)
+    starting: bool = False  # the service is not ready yet (router/readiness.py): a missing draft is "starting"
 
 
 class Request:
@@ -77,6 +79,7 @@ class Request:
         self.task = routing.task
         self.route = routing.route
         self.pressure = routing.pressure
+        self.starting = routing.starting
         self.request_id = uuid.uuid4().hex[:12]
         self.decoding = Decoding(workers.tokenizer, valid.prompt_ids, valid.params, valid.params.resolved_seed())
         self.recorder = RequestRecorder(self.decoding.stats)
@@ -117,7 +120,7 @@ class Request:
         log.warning("request %s continues target-only: draft %s: %s", self.request_id, self.route.draft, why)
         drafted = self.decoding.stats.proposed > 0
         self.route = Route(self.route.draft if drafted else None, self.route.k if drafted else 0,
-                           DRAFT_LOST if drafted else DRAFT_UNAVAILABLE)
+                           DRAFT_LOST if drafted else DRAFT_STARTING if self.starting else DRAFT_UNAVAILABLE)
 
     @property
     def params(self) -> GenerationParams:

@@ -34,6 +34,7 @@ from .metrics import RouterMetrics
 from .passes import PassWindow
 from .policy import Policy
 from .proposers import ProposerFactory
+from .readiness import Readiness
 from .scoring import ContinuationScorer
 from .request import Request, Routing, Workers
 from .target_link import TargetsFull
@@ -80,8 +81,11 @@ class SpecServeService:
                  config: RouterConfig, resolver: TaskResolver, rng: random.Random | None = None,
                  priors: dict[str, dict[str, float]] | None = None,
                  trees: dict[str, tuple[str, ...]] | None = None,
-                 heads: dict[str, tuple[int, ...]] | None = None, router_id: str = "router") -> None:
+                 heads: dict[str, tuple[int, ...]] | None = None, router_id: str = "router",
+                 readiness: Readiness | None = None) -> None:
         self.config = config
+        # Whether the configured capacity is up (the ingress keeps it; in process: from the start).
+        self.readiness = readiness or Readiness(frozenset(), 0, ready=True, waiting_for="")
         self.router_id = router_id  # which router process this is (GetStats says: router.replicas > 1)
         self.tokenizer = tokenizer
         self.limits = limits
@@ -193,7 +197,8 @@ class SpecServeService:
         schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
         length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
         ahead = self.lookahead_budget.allows(task.task, route.draft, request.params.sampling.greedy)
-        return Request(request, Routing(task, route, length, pressure, ahead), self.workers, deadline)
+        starting = not self.readiness.ready
+        return Request(request, Routing(task, route, length, pressure, ahead, starting), self.workers, deadline)
 
     def _learn(self, request: Request) -> None:
         """A finished request: into the totals and the policy; scored by the other proposers (the
@@ -231,7 +236,8 @@ class SpecServeService:
             self.policy.seed_passes(self.directory.target_pass_times())
         return pb.ServiceStats(tasks=self._task_rows(), workers=workers, requests_in_flight=self.admission.running,
                                requests_rejected=self.admission.refused, requests_queued=self.admission.waiting,
-                               passes=self._pass_rows(), load=self._load_pricing(), router=self.router_id)
+                               passes=self._pass_rows(), load=self._load_pricing(), router=self.router_id,
+                               ready=self.readiness.ready, waiting_for=self.readiness.waiting_for)
 
     def _pass_rows(self) -> list[pb.PassStats]:
         return [pb.PassStats(kind=kind, **asdict(window.summary())) for kind, window in self.passes.items()]

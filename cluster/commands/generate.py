@@ -28,6 +28,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_zoo_argument(generate, "(local mode)")
     generate.add_argument("--prompt", required=True, help="the text to continue")
     generate.add_argument("--timeout", type=float, help="deadline in seconds (--address mode; default: none)")
+    generate.add_argument("--no-wait", action="store_true",
+                          help="--address mode: send at once, also while the service is starting (its requests then "
+                               "run target-only, route 'starting'); by default wait until its health says SERVING")
     add_model_arguments(generate, choosing=True)
     generate.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens to generate at most (default: %(default)s)")
     generate.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS.temperature,
@@ -108,7 +111,7 @@ def _generate_remote(args: argparse.Namespace) -> int:
 
     from specserve.proto.v1 import specserve_pb2 as pb
 
-    from ..client import FINISH_NAMES, SpecServeClient
+    from ..client import FINISH_NAMES, READY_TIMEOUT_SECONDS, SpecServeClient
 
     speculation = {"auto": pb.SPECULATION_AUTO, "on": pb.SPECULATION_ON, "off": pb.SPECULATION_OFF}[args.speculation]
     request = pb.GenerateRequest(prompt=args.prompt, max_tokens=args.max_tokens, temperature=args.temperature,
@@ -118,6 +121,8 @@ def _generate_remote(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             setattr(request, name, getattr(args, name))
     client = SpecServeClient(args.address)
+    if not args.no_wait:
+        client.wait_ready(READY_TIMEOUT_SECONDS, say=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         response = client.generate(request, timeout=args.timeout)
         print(json.dumps(MessageToDict(response, preserving_proto_field_name=True)))

@@ -52,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
     service = start_service(args.config, address=args.address, port=args.port, overrides=overrides,
                             metrics_port=args.metrics_port)
     http = f"; OpenAI API: http://{service.http_address}/v1" if service.http_address else "; OpenAI API off"
-    print(f"specserve listening on {service.address} (gRPC: specserve.v1.SpecServe, grpc.health.v1, reflection)"
-          f"{http}; Ctrl-C to stop", flush=True)
+    # Printed once the health service says SERVING: the drafts are up, requests get speculation.
+    print(f"specserve listening on {service.address} (ready, speculation on; gRPC: specserve.v1.SpecServe, "
+          f"grpc.health.v1, reflection){http}; Ctrl-C to stop", flush=True)
     try:
         wait_forever()
     except KeyboardInterrupt:

@@ -130,7 +130,7 @@ def _in_process(args, own, task, draft, k, settings, say) -> Report:
 
 
 def _through_service(args, own, task, draft, k, settings, say) -> Report:
-    from ..client import SpecServeClient
+    from ..client import READY_TIMEOUT_SECONDS, SpecServeClient
     from ..local import open_zoo
 
     if own.given or args.threads:
@@ -140,6 +140,7 @@ def _through_service(args, own, task, draft, k, settings, say) -> Report:
     prompts = [p if p.task else replace(p, task=task) for p in prompts]
     client = SpecServeClient(args.address)
     try:
+        client.wait_ready(READY_TIMEOUT_SECONDS, say)  # a starting service would measure target-only
         say(f"through the service at {args.address}")
         return validate(service_decoder(client, k), prompts, [[draft] for _ in prompts], settings, say)
     finally:

@@ -285,7 +285,7 @@ class LoadPricing(_message.Message):
     def __init__(self, sessions: _Optional[float] = ..., pass_fixed_seconds: _Optional[float] = ..., pass_seconds_per_token: _Optional[float] = ..., saturated: _Optional[bool] = ...) -> None: ...
 
 class ServiceStats(_message.Message):
-    __slots__ = ("tasks", "workers", "requests_in_flight", "requests_rejected", "requests_queued", "passes", "load", "router")
+    __slots__ = ("tasks", "workers", "requests_in_flight", "requests_rejected", "requests_queued", "passes", "load", "router", "ready", "waiting_for")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +294,8 @@ class ServiceStats(_message.Message):
     PASSES_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     ROUTER_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStats]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
     requests_in_flight: int
@@ -302,4 +304,6 @@ class ServiceStats(_message.Message):
     passes: _containers.RepeatedCompositeFieldContainer[PassStats]
     load: LoadPricing
     router: str
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_queued: _Optional[int] = ..., passes: _Optional[_Iterable[_Union[PassStats, _Mapping]]] = ..., load: _Optional[_Union[LoadPricing, _Mapping]] = ..., router: _Optional[str] = ...) -> None: ...
+    ready: bool
+    waiting_for: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_queued: _Optional[int] = ..., passes: _Optional[_Iterable[_Union[PassStats, _Mapping]]] = ..., load: _Optional[_Union[LoadPricing, _Mapping]] = ..., router: _Optional[str] = ..., ready: _Optional[bool] = ..., waiting_for: _Optional[str] = ...) -> None: ...
