@@ -1,5 +1,5 @@
 # The README's two commands (`make demo`, `make test`) and the benchmarks. Each target creates
-# .venv and installs the pinned dependencies itself (torch: the CPU build; see deploy/constraints.txt).
+# .venv and installs the pinned dependencies itself (torch: the CPU build unless TORCH=cuda; see below).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,9 +7,22 @@ INSTALLED := $(VENV)/.installed
 
 .PHONY: demo test test-slow test-gpu gpu-check bench soak serve proto manifests image docs
 
+# torch: TORCH=cpu (the default) installs the CPU build from PyTorch's CPU index, first and alone (an
+# extra index for torch only: everything else comes from PyPI at its pin); TORCH=cuda installs PyPI's
+# Linux wheel, the CUDA build (several GB). Both at the version deploy/constraints.txt pins.
+TORCH ?= cpu
+TORCH_VERSION := $(shell sed -n 's/^torch==//p' deploy/constraints.txt)
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c deploy/constraints.txt
+
 $(INSTALLED): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c deploy/constraints.txt -e '.[test,dev,bench]'
+	case "$(TORCH)" in \
+	  cpu) $(PIP) --no-deps --extra-index-url $(TORCH_CPU_INDEX) 'torch==$(TORCH_VERSION)+cpu' ;; \
+	  cuda) $(PIP) --no-deps 'torch==$(TORCH_VERSION)' ;; \
+	  *) echo "TORCH must be cpu or cuda, got '$(TORCH)'" >&2; exit 2 ;; \
+	esac
+	$(PIP) -e '.[test,dev,bench]'
 	touch $@
 
 demo: $(INSTALLED)

@@ -25,10 +25,8 @@ from specserve.cluster.two_sample import permutation_test
 from specserve.cluster.validate import validate
 from specserve.cluster.validate_report import Settings
 from specserve.cluster.validate_runs import Prompt, engine_decoder, read_prompts
-from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers import drafting
-from specserve.workers.acceptance import SamplingParams, one_hot, sample_sparse, sparsify, warp
-from specserve.workers.request import GenerationParams
+from specserve.workers.acceptance import one_hot, sample_sparse, sparsify, warp
 
 SAMPLES = 60  # per prompt and side: the misreported q is rejected ~5 sd beyond the critical value (see above)
 
@@ -197,48 +195,27 @@ def test_a_zoo_task_is_validated_with_its_drafts_and_the_draft_free_proposers(ti
         local_models(None, OwnModels(str(tiny_zoo.target_dir), {"mine": "x"}, {"db": ("ngram", "tree")}), None)
 
 
-class EngineBehindGrpc:
-    """Stands in for SpecServeClient: answers Generate from the in-process engine as the service
-    would (a prompt without a task is `general`; ON without a draft takes the task's first), so
-    the --address path's requests and responses are checked without a cluster."""
-
-    def __init__(self, engine, zoo):
-        self.engine, self.zoo = engine, zoo
-
-    def generate(self, request: pb.GenerateRequest, timeout: float | None = None) -> pb.GenerateResponse:
-        task = request.task or "general"
-        on = request.speculation == pb.SPECULATION_ON
-        draft = (request.draft or ("general" if task == "general" else self.zoo.default_draft(task))) if on else None
-        sampling = SamplingParams(temperature=request.temperature)
-        params = GenerationParams(max_tokens=request.max_tokens, sampling=sampling, seed=request.seed,
-                                  k=request.k if request.HasField("k") else 3, speculation=on)
-        done = self.engine.generate(request.prompt, params, draft=draft).complete()
-        s = done.stats
-        stats = pb.GenerateStats(task=task, draft=draft or "", proposed_tokens=s.proposed, accepted_tokens=s.accepted,
-                                 rejections=s.rejections, target_passes=s.target_passes, seed=s.seed,
-                                 draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,
-                                 k=params.k if draft else 0)
-        return pb.GenerateResponse(text=done.text, token_ids=done.token_ids, stats=stats)
-
-    def close(self) -> None:
-        pass
-
-
-def test_validate_command_through_a_service(tiny_zoo, tiny_engine, tmp_path, capsys, monkeypatch):
-    from specserve.cluster import client
-
-    monkeypatch.setattr(client, "SpecServeClient", lambda address: EngineBehindGrpc(tiny_engine, tiny_zoo))
+def test_validate_command_through_the_service(service, tiny_zoo, tmp_path, capsys):
+    """`validate --address` against the real service (the shared cluster): its requests over gRPC,
+    the service's choices of task and draft, and its report."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": tiny_zoo.prompts("sql")[0], "task": "sql"}) + "\n"
                        + json.dumps({"prompt": tiny_zoo.prompts("prose")[0]}) + "\n")
-    code = main(["validate", "--address", "localhost:1", "--prompts", str(prompts), "--temperatures", "1.0",
+    code = main(["validate", "--address", service.address, "--prompts", str(prompts), "--temperatures", "1.0",
                  "--samples", "10", "--max-tokens", "16", "--seed", "0"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     report = json.loads(captured.out)
-    assert [(t["task"], t["draft"], t["k"]) for t in report["tasks"]] == [("sql", "sql", 3), ("general", "general", 3)]
-    assert [(t["task"], t["draft"]) for t in report["sampled"]["tests"]] == [("sql", ""), ("general", "")]
+    rows = [(t["task"], t["draft"]) for t in report["tasks"]]
+    # The task a prompt names, with its first draft; the other prompt's task, classified; then the
+    # service's other drafts for each (the EAGLE-3 head among them).
+    assert rows[0] == ("sql", "sql") and all(draft for _, draft in rows), rows
+    tasks = {task for task, _ in rows}
+    assert tasks <= set(tiny_zoo.manifest["task_drafts"]) and len(tasks) == 2, rows
+    assert ("sql", "eagle3") in rows, rows
+    assert {t["task"] for t in report["sampled"]["tests"]} == tasks, report["sampled"]
     assert report["greedy"]["identical"] and "the service's choice" in captured.err
+    assert f"through the service at {service.address}" in captured.err
 
 
 @pytest.mark.parametrize("content, flags, message", [
