@@ -350,3 +350,41 @@ def test_load_figures_on_known_samples():
     assert rss_goal.met is False and rss_goal.measured == pytest.approx(1.1)  # the router's growth is no pool's
     assert goals["1 client: OFF p50, batching on / off"].met is True
     assert goals["16 clients: OFF over static-batch peer"].met is None  # 16 clients not run
+
+
+def test_figures_match_hand_worked_samples():
+    """A few samples whose figures are worked out by hand here (not by the functions that make them)."""
+    greedy = [  # task sql, k 3: two prompts, each decoded target-only (OFF) and with its draft (TASK)
+        Sample("greedy", "sql", OFF, 0, tokens=40, seconds=2.0, target_passes=40, verify_seconds=1.6),
+        Sample("greedy", "sql", TASK, 0, tokens=40, seconds=1.0, target_passes=20, accepted=30, rejections=10,
+               proposed=40, drafted=40, draft="sql", k=3, verify_seconds=1.0),
+        Sample("greedy", "sql", OFF, 1, tokens=20, seconds=1.0, target_passes=20, verify_seconds=0.8),
+        Sample("greedy", "sql", TASK, 1, tokens=20, seconds=0.8, target_passes=12, accepted=8, rejections=4,
+               proposed=24, drafted=24, draft="sql", k=3, verify_seconds=0.6),
+        # c in process: 60 drafted tokens in 0.3 s (5 ms each) over 50 target-only passes in 1.0 s (20 ms each)
+        Sample("greedy", "sql", ENGINE_TASK, 0, tokens=40, seconds=1.0, drafted=60, draft_seconds=0.3, draft="sql"),
+        Sample("greedy", "sql", ENGINE_OFF, 0, tokens=40, seconds=1.0, target_passes=50, verify_seconds=1.0),
+    ]
+    load = [  # two clients, three requests: the level's wall time is 0 .. 2.5 s
+        Sample("load", "sql", OFF, 0, tokens=20, seconds=2.0, first_token_seconds=0.2, first_chunk_tokens=1,
+               concurrency=2, started=0.0),
+        Sample("load", "sql", OFF, 1, tokens=30, seconds=2.0, first_token_seconds=0.3, first_chunk_tokens=1,
+               concurrency=2, started=0.5),
+        Sample("load", "sql", OFF, 2, tokens=10, seconds=1.0, first_token_seconds=0.1, first_chunk_tokens=1,
+               concurrency=2, started=1.0),
+    ]
+    figures = F.derive({"k": 3, "tasks": ["sql"]}, greedy + load, [])
+    row = figures["tasks"]["sql"]
+    assert row["speedup"]["median"] == pytest.approx((40 / 1.0) / (40 / 2.0) / 2 + (20 / 0.8) / (20 / 1.0) / 2)  # 1.625
+    assert row["speedup"]["min"] == pytest.approx(1.25) and row["speedup"]["max"] == pytest.approx(2.0)
+    assert row["alpha"] == pytest.approx(38 / 52)  # accepted / (accepted + rejections)
+    assert row["tokens_per_pass"] == pytest.approx(60 / 32)  # output tokens per target pass
+    assert row["c"] == pytest.approx(0.005 / 0.020)
+    a, c = 38 / 52, 0.25
+    assert row["bound"] == pytest.approx((1 - a ** 4) / (1 - a) / (3 * c + 1))  # Leviathan et al., k = 3
+    # w: a verify pass's device time (1.6 s / 32 passes) over a target-only pass's (2.4 s / 60), less 1, per token
+    assert row["w"] == pytest.approx((0.05 / 0.04 - 1) / 3)
+    level = figures["load"]["levels"]["2"][OFF]
+    assert level["requests"] == 3 and level["tokens_per_second"] == pytest.approx(60 / 2.5)
+    assert level["p50"] == pytest.approx(2.0) and level["ttft_p50"] == pytest.approx(0.2)
+    assert level["tpot_p50"] == pytest.approx((2.0 - 0.2) / 19)  # of 1.8/19, 1.7/29, 0.9/9: the middle one
