@@ -22,8 +22,8 @@ from collections.abc import Callable
 from tokenizers.decoders import DecodeStream
 
 from specserve.workers.stopping import OutputAssembler
-from specserve.workers.zoo.corpora import TASKS, build_corpus
-from specserve.workers.zoo.tokenizer import train_tokenizer
+from specserve.cluster.zoo.corpora import TASKS, build_corpus
+from specserve.cluster.zoo.tokenizer import train_tokenizer
 
 REPEATS = 41
 MAX_TOKENS = 1 << 20  # never reached: requests here end with their text

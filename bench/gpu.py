@@ -46,8 +46,8 @@ from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass, use_pooled_attention
 from specserve.workers.request import GenerationParams
 from specserve.workers.verifying import TargetSession
-from specserve.workers.zoo.head import HEAD
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.head import HEAD
+from specserve.cluster.zoo.zoo import Zoo
 
 from .device import facts
 

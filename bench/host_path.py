@@ -1,6 +1,6 @@
 """`specserve host-path`: what the service spends around the forward pass, per process.
 
-The service runs on the host-path zoo (workers/zoo/host_path.py: a target of about 150k parameters
+The service runs on the host-path zoo (cluster/zoo/host_path.py: a target of about 150k parameters
 whose pass costs next to nothing, drafts that are copies of it, a small EAGLE-3 head), so that its
 ceiling in tokens/s and its CPU per token are those of the host path: gRPC, protobuf, the router's
 bookkeeping, the replica's and the workers' scheduling. At each level of concurrent sessions, for
@@ -58,9 +58,9 @@ from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.request import GenerationParams
 from specserve.workers.verifying import TargetSession
-from specserve.workers.zoo.head import HEAD
-from specserve.workers.zoo.host_path import ensure_host_path_zoo
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.head import HEAD
+from specserve.cluster.zoo.host_path import ensure_host_path_zoo
+from specserve.cluster.zoo.zoo import Zoo
 
 from .cli import module_main
 from .memory import component_of

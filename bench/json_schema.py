@@ -28,7 +28,7 @@ from transformers import AutoTokenizer
 from specserve.cluster.bringup import start_service
 from specserve.cluster.demo import ensure_zoo
 from specserve.proto.v1 import specserve_pb2 as pb
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.zoo import Zoo
 
 from .cli import known_paths, module_main, workload_arguments
 from .settings import RESULTS_DIR, provenance

@@ -51,7 +51,7 @@ from specserve.workers.loading import ModelSpec, gemv_layout, load_model, load_t
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import Segment, run_pass, use_pooled_attention
 from specserve.workers.stats import alpha
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.zoo import Zoo
 
 from .prompts import load_prompts
 from .settings import REPLICA_CORE

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.zoo import Zoo
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from specserve.cluster.bringup import start_service
 from specserve.cluster.client import SpecServeClient
 from specserve.cluster.local import open_zoo
 from specserve.proto.v1 import specserve_pb2 as pb
-from specserve.workers.zoo.presets import GENERAL_DRAFT
+from specserve.cluster.zoo.presets import GENERAL_DRAFT
 from specserve.workers.stats import alpha
 
 MODES = ("routed", "general", "off")

@@ -45,7 +45,7 @@ from specserve.workers.heads.proposer import score_head
 from specserve.workers.engine import SpecEngine
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.grpc_host import Device
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.zoo import Zoo
 
 from . import load as load_section
 from .device import facts as device_facts

@@ -29,8 +29,8 @@ from specserve.cluster.bringup import start_service
 from specserve.cluster.demo import ensure_zoo
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.proto.v1 import specserve_pb2_grpc as rpc
-from specserve.workers.zoo.head import HEAD
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.head import HEAD
+from specserve.cluster.zoo.zoo import Zoo
 
 from .cli import known_paths, module_main, workload_arguments
 from .faults import inspect

@@ -207,9 +207,9 @@ def _request(task: str, prompt: str, max_tokens: int, mode, temperature: float =
 
 
 def _zoo(name: str):
-    from specserve.workers.zoo.build import build_zoo
-    from specserve.workers.zoo.presets import PRESETS, get_preset
-    from specserve.workers.zoo.zoo import ZooNotBuilt
+    from specserve.cluster.zoo.build import build_zoo
+    from specserve.cluster.zoo.presets import PRESETS, get_preset
+    from specserve.cluster.zoo.zoo import ZooNotBuilt
 
     try:
         return open_zoo(name)

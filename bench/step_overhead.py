@@ -37,7 +37,7 @@ from specserve.workers.grpc_host import Device
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.seeds import DraftDraws
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.zoo import Zoo
 
 from .memory import component_of
 

@@ -19,7 +19,7 @@ import grpc
 from transformers.utils import logging as hf_logging
 
 from specserve.workers.loading import ModelLoadError
-from specserve.workers.zoo.zoo import specserve_home
+from specserve.cluster.zoo.zoo import specserve_home
 
 from .commands import classifier, demo, distill, generate, plan, serve, stats, validate, zoo
 from .commands.common import SECURITY_EPILOG

@@ -24,10 +24,10 @@ from specserve.router.cost_model import expected_speedup
 from specserve.workers.engine import SpecEngine
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
-from specserve.workers.zoo.build import build_zoo
-from specserve.workers.zoo.head import HEAD
-from specserve.workers.zoo.presets import PRESETS, get_preset
-from specserve.workers.zoo.zoo import MANIFEST, Zoo
+from specserve.cluster.zoo.build import build_zoo
+from specserve.cluster.zoo.head import HEAD
+from specserve.cluster.zoo.presets import PRESETS, get_preset
+from specserve.cluster.zoo.zoo import MANIFEST, Zoo
 
 from .bringup import start_service
 from .client import SpecServeClient, stats_from_message

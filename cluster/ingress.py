@@ -152,7 +152,7 @@ class Router:
 
 
 def _task_resolver(cfg: ServiceConfig, models: ModelSet) -> TaskResolver:
-    from specserve.workers.zoo.task_classifier import load_task_classifier
+    from specserve.cluster.zoo.task_classifier import load_task_classifier
 
     policy = cfg.router.policy
     zoo = open_zoo(cfg.models.zoo) if cfg.models.zoo is not None else None

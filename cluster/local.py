@@ -6,8 +6,8 @@ from pathlib import Path
 
 from specserve.workers.engine import SpecEngine
 from specserve.workers.loading import ModelSpec
-from specserve.workers.zoo.presets import PRESETS
-from specserve.workers.zoo.zoo import MANIFEST, Zoo, ZooNotBuilt, default_zoo_dir
+from specserve.cluster.zoo.presets import PRESETS
+from specserve.cluster.zoo.zoo import MANIFEST, Zoo, ZooNotBuilt, default_zoo_dir
 
 
 def zoo_location(name_or_dir: str) -> Path:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE
-from specserve.workers.zoo.presets import GENERAL_DRAFT
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.presets import GENERAL_DRAFT
+from specserve.cluster.zoo.zoo import Zoo
 
 from .config import ModelsConfig
 from .model_args import OwnModels

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from specserve.workers.zoo.build import build_zoo
-from specserve.workers.zoo.presets import get_preset
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.build import build_zoo
+from specserve.cluster.zoo.presets import get_preset
+from specserve.cluster.zoo.zoo import Zoo
 
 
 @pytest.fixture(scope="session")

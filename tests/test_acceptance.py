@@ -6,7 +6,7 @@ import pytest
 from specserve.workers.acceptance import (
     SamplingParams, one_hot, residual, sample, sample_sparse, sparsify, verify, verify_greedy, warp,
 )
-from specserve.workers.acceptance_reference import sample_reference, verify_reference, warp_reference
+from acceptance_reference import sample_reference, verify_reference, warp_reference
 
 SETTINGS = [
     SamplingParams(),

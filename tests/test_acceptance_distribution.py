@@ -26,7 +26,7 @@ import torch
 from scipy.stats import chisquare
 
 from specserve.workers.acceptance import SamplingParams, SparseDist, Outcome, sample, sparsify, verify_batch, warp
-from specserve.workers.acceptance_reference import verify_reference
+from acceptance_reference import verify_reference
 
 DRAWS = 200_000  # proposals per case, all verified in one call
 # A correct sampler exceeds the total-variation bound with probability at most DELTA and fails the

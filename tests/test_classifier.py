@@ -15,12 +15,12 @@ import pytest
 
 from specserve.cluster.cli import main
 from specserve.workers.classifier import FORMAT, ClassifierFileError, FeatureParams, TaskClassifier, features
-from specserve.workers.zoo.build import build_zoo
-from specserve.workers.zoo.presets import get_preset
-from specserve.workers.zoo.task_classifier import (
+from specserve.cluster.zoo.build import build_zoo
+from specserve.cluster.zoo.presets import get_preset
+from specserve.cluster.zoo.task_classifier import (
     corpus_examples, load_task_classifier, read_labelled, train_from_corpora, zoo_corpora,
 )
-from specserve.workers.zoo.zoo import CLASSIFIER, Zoo
+from specserve.cluster.zoo.zoo import CLASSIFIER, Zoo
 
 # Measured on the tiny zoo's held-out prompts: code 13/15, sql, math and prose all right (53/55).
 MIN_TASK_ACCURACY = 0.7

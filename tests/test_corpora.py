@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from specserve.workers.zoo import corpora
-from specserve.workers.zoo.corpora import task_prose
-from specserve.workers.zoo.corpora import (
+from specserve.cluster.zoo import corpora
+from specserve.cluster.zoo.corpora import task_prose
+from specserve.cluster.zoo.corpora import (
     HELD_OUT_FRACTION, TASKS, Corpus, build_corpus, prompt_of, split_held_out,
 )
 

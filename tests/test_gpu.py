@@ -28,8 +28,8 @@ from specserve.workers.lookup import NGRAM, SUFFIX, TREE
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import use_pooled_attention
 from specserve.workers.request import GenerationParams
-from specserve.workers.zoo.head import HEAD
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.head import HEAD
+from specserve.cluster.zoo.zoo import Zoo
 
 from scheduled import decode_alone, decode_scheduled, verify_scheduled
 

@@ -48,7 +48,7 @@ def random_pair(vocab: int, seed: int):
     import copy
 
     from transformers import LlamaConfig, LlamaForCausalLM
-    from specserve.workers.zoo.tokenizer import train_tokenizer
+    from specserve.cluster.zoo.tokenizer import train_tokenizer
 
     torch.manual_seed(seed)
     target = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

@@ -11,13 +11,13 @@ from safetensors.torch import save_file
 
 from specserve.cluster.cli import main
 from specserve.workers.engine import SpecEngine
-from specserve.workers.heads.distill import FACTS, HeadEvaluation, distill_head
+from specserve.cluster.zoo.head_distill import FACTS, HeadEvaluation, distill_head
 from specserve.workers.heads.eagle3 import Eagle3Head, HeadCache, config_for
 from specserve.workers.heads.format import CONFIG, WEIGHTS, HeadFormatError, is_head, load_head_of, read_config
-from specserve.workers.heads.training import HeadTraining, target_features, ttt_loss
+from specserve.cluster.zoo.head_training import HeadTraining, target_features, ttt_loss
 from specserve.workers.request import GenerationParams
 from specserve.workers.seeds import DraftDraws
-from specserve.workers.zoo.presets import TrainBudget
+from specserve.cluster.zoo.presets import TrainBudget
 
 TRAINING = HeadTraining(budget=TrainBudget(steps=60, batch_size=8, learning_rate=3e-3), sequence_tokens=128,
                         train_tokens=24_000)
@@ -256,7 +256,7 @@ def test_a_chat_served_target_writes_answers_in_its_template_for_training(engine
     the corpus in it, packed into full windows (the tiny zoo's tokenizer has none: one is set here)."""
     from copy import deepcopy
 
-    from specserve.workers.heads.training import chat_answers
+    from specserve.cluster.zoo.head_training import chat_answers
 
     tokenizer = deepcopy(engine.tokenizer)
     tokenizer.chat_template = "{% for m in messages %}<user> {{ m['content'] }} <assistant>{% endfor %}"

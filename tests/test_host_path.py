@@ -6,9 +6,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specserve.bench.host_path import COMPONENTS, Level, cpu_by_component, report, summarize
-from specserve.workers.zoo.head import HEAD
-from specserve.workers.zoo.host_path import ensure_host_path_zoo
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.head import HEAD
+from specserve.cluster.zoo.host_path import ensure_host_path_zoo
+from specserve.cluster.zoo.zoo import Zoo
 
 
 def test_the_host_path_zoo_has_cheaper_drafts_that_accept_every_greedy_token(tiny_zoo, tmp_path):

@@ -211,6 +211,24 @@ def test_no_import_circle_inside_a_folder(folder):
     assert not circles, "modules that import each other:\n" + "\n".join(circles)
 
 
+TRAINING = "cluster.zoo"  # the zoo and training: a layer of its own between workers and cluster
+
+
+def test_serving_imports_nothing_of_training_and_training_only_what_serves():
+    """Building and training models (the zoo, distillation, heads' training) is a layer of its own:
+    it imports proto and workers only; workers and router cannot import it (test_layers_import_one_way),
+    cluster's commands and bench do. The top level keeps the design card's folders, so it lives in
+    cluster/zoo/."""
+    problems = []
+    for path in sorted((ROOT / "cluster" / "zoo").rglob("*.py")):
+        for line, module in imported_modules(path):
+            layer = layer_of(module)
+            inside = module.startswith(f"{PACKAGE}.{TRAINING}")
+            if layer is not None and layer not in ("proto", "workers") and not inside:
+                problems.append(f"{path.relative_to(ROOT)}:{line}: imports {module}")
+    assert not problems, "the training layer's imports:\n" + "\n".join(problems)
+
+
 def test_bench_and_cluster_use_no_private_name_of_another_module():
     problems = private_imports()
     assert not problems, "private names used from another module (make them public where they belong):\n" + \

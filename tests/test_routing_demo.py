@@ -21,8 +21,8 @@ CLEAR_GAP = 0.3  # judged where the zoo's held-out alpha puts the task's draft t
 
 @pytest.fixture(scope="module")
 def demo_zoo(specserve_home):
-    from specserve.workers.zoo.build import build_zoo
-    from specserve.workers.zoo.presets import get_preset
+    from specserve.cluster.zoo.build import build_zoo
+    from specserve.cluster.zoo.presets import get_preset
 
     return build_zoo(get_preset("demo"), Path(specserve_home) / "zoo" / "demo")
 

@@ -5,7 +5,7 @@ import pytest
 from specserve.workers.engine import SpecEngine
 from specserve.workers.loading import ModelSpec
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
-from specserve.workers.zoo.tokenizer import train_tokenizer
+from specserve.cluster.zoo.tokenizer import train_tokenizer
 
 
 def test_the_zoo_drafts_pass(tiny_zoo):

@@ -19,7 +19,7 @@ import torch
 from specserve.workers import acceptance
 from specserve.workers.acceptance import (SamplingParams, SparseDist, children_of, one_hot, sample, sparsify, verify,
                                           verify_tree, verify_tree_greedy, warp)
-from specserve.workers.acceptance_reference import verify_tree_reference
+from acceptance_reference import verify_tree_reference
 
 from test_acceptance_distribution import assert_distributed_as, distribution_gap
 

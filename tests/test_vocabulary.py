@@ -15,8 +15,8 @@ from specserve.workers.loading import ModelSpec, load_model
 from specserve.workers.request import GenerationParams
 from specserve.workers.vocabulary import (VOCAB_FILE, PrunedHead, choose_vocabulary, prune_head, read_vocabulary,
                                           write_vocabulary)
-from specserve.workers.zoo.distill import distill_to_directory
-from specserve.workers.zoo.presets import TrainBudget
+from specserve.cluster.zoo.distill import distill_to_directory
+from specserve.cluster.zoo.presets import TrainBudget
 
 
 def test_the_vocabulary_is_the_most_frequent_tokens_and_says_what_it_covers():

@@ -8,11 +8,11 @@ import torch
 
 from specserve.workers.loading import load_tokenizer
 from specserve.workers.tokenizer_check import check_compatible
-from specserve.workers.zoo.build import build_zoo
-from specserve.workers.zoo.corpora import TASKS
-from specserve.workers.zoo.distill import distill_to_directory
-from specserve.workers.zoo.presets import TrainBudget, get_preset
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.build import build_zoo
+from specserve.cluster.zoo.corpora import TASKS
+from specserve.cluster.zoo.distill import distill_to_directory
+from specserve.cluster.zoo.presets import TrainBudget, get_preset
+from specserve.cluster.zoo.zoo import Zoo
 
 
 def test_manifest_describes_the_zoo(tiny_zoo):
@@ -83,7 +83,7 @@ def test_zoo_open_refuses_an_incomplete_directory(tmp_path):
 
 
 def test_an_early_exit_of_the_target_starts_as_its_first_layers_with_its_vocabulary_frozen(tiny_engine):
-    from specserve.workers.zoo.distill import draft_from_target
+    from specserve.cluster.zoo.distill import draft_from_target
 
     target = tiny_engine.target
     draft = draft_from_target(target, layers=1)

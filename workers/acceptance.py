@@ -14,7 +14,7 @@ target's distribution whatever the draft proposed.
 
 Randomness is explicit: every sample is an inverse-CDF draw from a uniform the caller takes from the
 request's own ``torch.Generator``, so the plain reference implementation
-(``acceptance_reference.py``) can be fed the same uniforms and must make the same decisions.
+(``tests/acceptance_reference.py``) can be fed the same uniforms and must make the same decisions.
 ``verify_batch`` applies the rule to a batch of proposals at once; ``verify``, the serving path,
 is its batch of one, and the distribution tests draw many thousands in one call.
 Greedy decoding (temperature 0) is the one-hot case of the same rule; ``verify_greedy`` is its

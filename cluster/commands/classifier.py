@@ -37,7 +37,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from specserve.workers.classifier import TaskClassifier
-    from specserve.workers.zoo.task_classifier import held_out_examples, read_labelled, train_from_corpora, zoo_corpora
+    from specserve.cluster.zoo.task_classifier import held_out_examples, read_labelled, train_from_corpora, zoo_corpora
 
     from ..local import open_zoo
 
@@ -69,7 +69,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from specserve.workers.zoo.task_classifier import load_task_classifier
+    from specserve.cluster.zoo.task_classifier import load_task_classifier
 
     from ..local import open_zoo
 

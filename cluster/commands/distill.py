@@ -13,13 +13,13 @@ from pathlib import Path
 from specserve.router.config import PolicyConfig
 from specserve.router.cost_model import best_k
 from specserve.workers.request import MAX_K
-from specserve.workers.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
+from specserve.cluster.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
 
 METHODS = ("draft", "eagle3")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    from specserve.workers.heads.training import HeadTraining
+    from specserve.cluster.zoo.head_training import HeadTraining
 
     head = HeadTraining()
     distill = commands.add_parser(
@@ -101,7 +101,7 @@ def _verdict(speedup: float) -> str:
 def _draft(args: argparse.Namespace) -> dict:
     from dataclasses import replace
 
-    from specserve.workers.zoo.distill import distill_to_directory
+    from specserve.cluster.zoo.distill import distill_to_directory
 
     if args.aux_layers:
         raise ValueError("--aux-layers shapes an EAGLE-3 head: give --method eagle3")
@@ -125,8 +125,8 @@ def _speedup(facts: dict) -> tuple[int, float]:
 def _head(args: argparse.Namespace) -> dict:
     from dataclasses import replace
 
-    from specserve.workers.heads.distill import distill_head
-    from specserve.workers.heads.training import HeadTraining
+    from specserve.cluster.zoo.head_distill import distill_head
+    from specserve.cluster.zoo.head_training import HeadTraining
 
     d = HeadTraining()
     settings = HeadTraining(draft_vocab_size=args.draft_vocab, aux_layers=_layers(args.aux_layers),

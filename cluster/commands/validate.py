@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from specserve.workers.request import DEFAULT_K, GenerationParams
-from specserve.workers.zoo.zoo import Zoo
+from specserve.cluster.zoo.zoo import Zoo
 
 from ..model_args import add_model_arguments, own_models, split_choice
 from ..validate import validate

@@ -18,9 +18,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from specserve.workers.zoo.build import build_zoo
-    from specserve.workers.zoo.presets import get_preset
-    from specserve.workers.zoo.zoo import default_zoo_dir
+    from specserve.cluster.zoo.build import build_zoo
+    from specserve.cluster.zoo.presets import get_preset
+    from specserve.cluster.zoo.zoo import default_zoo_dir
 
     preset = get_preset(args.preset)
     out = args.out or default_zoo_dir(preset.name)

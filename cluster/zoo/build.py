@@ -20,14 +20,14 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from ..heads.distill import FACTS as HEAD_FACTS
-from ..heads.distill import train_head_on
-from ..heads.format import load_head_of, save_head
+from specserve.workers.heads.format import load_head_of, save_head
 
 from .corpora import TASKS, Corpus, build_corpus, prompt_of
 from .distill import DistillSet, build_distill_set, distill_draft
 from .evaluate import eval_prompts, greedy_acceptance, perplexity
 from .head import HEAD, HEAD_PATH, head_acceptance, head_entry, head_settings, with_head
+from .head_distill import FACTS as HEAD_FACTS
+from .head_distill import train_head_on
 from .presets import GENERAL_DRAFT, ZooPreset, stage_seed
 from .rollout import continue_all
 from .task_classifier import train_from_corpora

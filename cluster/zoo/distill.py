@@ -31,8 +31,9 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..loading import ModelSpec, load_model, load_tokenizer
-from ..vocabulary import DEFAULT_MAX_VOCAB, choose_vocabulary, prune_head, write_vocabulary
+from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
+from specserve.workers.vocabulary import DEFAULT_MAX_VOCAB, choose_vocabulary, prune_head, write_vocabulary
+
 from .evaluate import eval_prompts, greedy_acceptance
 from .presets import ModelShape, TrainBudget
 from .rollout import continue_all

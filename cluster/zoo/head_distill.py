@@ -17,15 +17,16 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..engine import SpecEngine
-from ..loading import ModelSpec, load_model, load_tokenizer
-from ..request import GenerationParams
-from ..stats import SpecStats
-from ..zoo.distill import documents_from_files, held_out_split
-from .eagle3 import Eagle3Head, config_for
-from .format import save_head
-from ..vocabulary import choose_vocabulary
-from .training import HeadTraining, head_from_target, target_features, train_head, training_sequences
+from specserve.workers.engine import SpecEngine
+from specserve.workers.heads.eagle3 import Eagle3Head, config_for
+from specserve.workers.heads.format import save_head
+from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
+from specserve.workers.request import GenerationParams
+from specserve.workers.stats import SpecStats
+from specserve.workers.vocabulary import choose_vocabulary
+
+from .distill import documents_from_files, held_out_split
+from .head_training import HeadTraining, head_from_target, target_features, train_head, training_sequences
 
 log = logging.getLogger("specserve.heads")
 FACTS = "specserve_head.json"  # what distill measured, beside the head (read by the zoo and the policy's priors)

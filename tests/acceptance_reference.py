@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .acceptance import SamplingParams, TreeVerdict, Outcome
+from specserve.workers.acceptance import Outcome, SamplingParams, TreeVerdict
 
 
 def warp_reference(logits: list[float], params: SamplingParams) -> list[float]:

@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from ..heads.distill import FACTS as HEAD_FACTS
-from ..heads.distill import train_head_on
-from ..heads.format import load_head_of, save_head
-from ..heads.training import HeadTraining
+from specserve.workers.heads.format import load_head_of, save_head
+
 from .head import HEAD, HEAD_PATH, head_entry
+from .head_distill import FACTS as HEAD_FACTS
+from .head_distill import train_head_on
+from .head_training import HeadTraining
 from .presets import GENERAL_DRAFT, ModelShape, TrainBudget
 from .training import new_model, parameter_count
 from .zoo import CLASSIFIER, MANIFEST, Zoo

@@ -13,10 +13,11 @@ from dataclasses import replace
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..heads.distill import HeadEvaluation, measure_head
-from ..heads.eagle3 import Eagle3Head
-from ..heads.training import HeadTraining
+from specserve.workers.heads.eagle3 import Eagle3Head
+
 from .corpora import TASKS, Corpus
+from .head_distill import HeadEvaluation, measure_head
+from .head_training import HeadTraining
 from .presets import TrainBudget, ZooPreset, stage_seed
 
 HEAD = "eagle3"  # its name among the zoo's drafts

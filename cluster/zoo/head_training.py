@@ -25,11 +25,12 @@ from torch import nn
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..zoo.presets import TrainBudget
-from ..zoo.rollout import continue_all
-from ..zoo.training import fit, fixed_length_prompts, random_windows, token_stream
-from ..vocabulary import choose_vocabulary
-from .eagle3 import Eagle3Head, HeadConfig
+from specserve.workers.heads.eagle3 import Eagle3Head, HeadConfig
+from specserve.workers.vocabulary import choose_vocabulary
+
+from .presets import TrainBudget
+from .rollout import continue_all
+from .training import fit, fixed_length_prompts, random_windows, token_stream
 
 log = logging.getLogger("specserve.heads")
 

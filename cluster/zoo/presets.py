@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from ..request import GENERAL_TASK
+from specserve.workers.request import GENERAL_TASK
+
 from .corpora import TASKS
 
 GENERAL_DRAFT = GENERAL_TASK  # the draft distilled on every task's data, the fallback for unknown tasks

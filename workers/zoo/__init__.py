@@ -1,1 +1,0 @@
-"""specserve.workers.zoo."""
