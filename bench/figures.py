@@ -58,9 +58,9 @@ def alpha(samples: list[Sample]) -> float | None:
 
 
 def tokens_per_pass(samples: list[Sample]) -> float | None:
-    """Output tokens per target pass (each pass's accepted tokens and the target's own)."""
+    """workers/stats.py's tokens per target pass over the samples; None where no pass ran."""
     passes = sum(s.target_passes for s in samples)
-    return sum(s.tokens for s in samples) / passes if passes else None
+    return stats.tokens_per_pass(sum(s.accepted for s in samples), passes) if passes else None
 
 
 def hit_rate(samples: list[Sample], branch: bool = False) -> float | None:

@@ -32,6 +32,9 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from specserve.cluster.zoo.head import HEAD
+from specserve.cluster.zoo.zoo import Zoo
+from specserve.workers import stats as figures
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
@@ -46,8 +49,6 @@ from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass, use_pooled_attention
 from specserve.workers.request import GenerationParams
 from specserve.workers.verifying import TargetSession
-from specserve.cluster.zoo.head import HEAD
-from specserve.cluster.zoo.zoo import Zoo
 
 from .device import facts
 
@@ -194,15 +195,16 @@ def speculation(engine: SpecEngine, zoo: Zoo, prompts: int, max_tokens: int) -> 
             if proposer == HEAD and HEAD not in engine.heads:
                 continue
             on = _decode(engine, ids, GenerationParams(max_tokens=max_tokens, k=K), proposer)
-            stats = on["stats"]
-            passes = max(stats.target_passes, 1)
-            draft_step = stats.draft_seconds / max(stats.drafted, 1)
-            target_step = off["stats"].verify_seconds / max(off["stats"].target_passes, 1)
+            stats, alone = on["stats"], off["stats"]
+            target_step = alone.verify_seconds / max(alone.target_passes, 1)
+            # Each figure as workers/stats.py defines it (c: device time; alpha: per token, not per proposal).
             rows.append({"task": task, "proposer": proposer, "speedup": off["seconds"] / on["seconds"],
                          "identical": on["tokens"] == off["tokens"],
-                         "alpha": stats.accepted / max(stats.proposed, 1),
-                         "tokens_per_pass": sum(map(len, on["tokens"])) / passes,
-                         "c": draft_step / target_step if stats.drafted else None,
+                         "alpha": figures.alpha(stats.accepted, stats.rejections),
+                         "acceptance_rate": figures.acceptance_rate(stats.accepted, stats.proposed),
+                         "tokens_per_pass": figures.tokens_per_pass(stats.accepted, stats.target_passes),
+                         "c": figures.cost_ratio(stats.draft_seconds, stats.drafted, alone.verify_seconds,
+                                                 alone.target_passes) if stats.drafted else None,
                          "target_ms": target_step * 1000, "tok_s_off": off["tok_s"], "tok_s_on": on["tok_s"]})
     return rows
 
@@ -359,12 +361,12 @@ def format_report(report: dict) -> str:
 
 def _speculation_table(rows: list[dict]) -> list[str]:
     lines = ["## speculation in one process (greedy, k = 4)",
-              f"{'task':<6} {'proposer':<8} {'speedup':>7} {'alpha':>6} {'tok/pass':>8} {'c':>6} {'target ms':>9} "
-              f"{'tok/s off':>9} {'tok/s on':>8} identical"]
+              f"{'task':<6} {'proposer':<8} {'speedup':>7} {'alpha':>6} {'acc.rate':>8} {'tok/pass':>8} {'c':>6} "
+              f"{'target ms':>9} {'tok/s off':>9} {'tok/s on':>8} identical"]
     for r in rows:
         c = f"{r['c']:.2f}" if r["c"] is not None else "-"
         lines.append(f"{r['task']:<6} {r['proposer']:<8} {r['speedup']:>6.2f}x {r['alpha']:>6.2f} "
-                     f"{r['tokens_per_pass']:>8.2f} {c:>6} {r['target_ms']:>9.2f} {r['tok_s_off']:>9.0f} "
+                     f"{r['acceptance_rate']:>8.2f} {r['tokens_per_pass']:>8.2f} {c:>6} {r['target_ms']:>9.2f} {r['tok_s_off']:>9.0f} "
                      f"{r['tok_s_on']:>8.0f} {r['identical']}")
     return lines + [""]
 

@@ -38,7 +38,7 @@ from specserve.cluster.client import SpecServeClient
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.grpc_host import Device
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer, resolve_device, resolve_dtype
-from specserve.workers.stats import wasted_share
+from specserve.workers.stats import alpha, tokens_per_pass, wasted_share
 
 from .figures import spread
 from .settings import REPLICA_CORE
@@ -228,18 +228,17 @@ def figures(decodes: list[Decode]) -> dict:
             base = "hf_off" if path.startswith("hf") else "off"
             ratios = [(d.tokens / d.seconds) / (by[(base, d.prompt)].tokens / by[(base, d.prompt)].seconds)
                       for d in mine if (base, d.prompt) in by]
-            passes = sum(d.target_passes for d in mine)
-            trials = sum(d.accepted + d.rejections for d in mine)
+            accepted, rejections = sum(d.accepted for d in mine), sum(d.rejections for d in mine)
             steps = sum(d.target_passes for d in mine)
             drafted = sum(d.drafted for d in mine)
             rows[path] = {"speedup": spread(ratios),
-                          "tokens_per_pass": sum(d.tokens for d in mine) / passes if passes else None,
+                          "tokens_per_pass": tokens_per_pass(accepted, steps) if steps else None,
                           # per target pass: the draft's and the replica's device time
                           "draft_ms_per_step": 1e3 * sum(d.draft_seconds for d in mine) / steps if steps else None,
                           "draft_ms_per_token": 1e3 * sum(d.draft_seconds for d in mine) / drafted if drafted else None,
                           "wasted": wasted_share(sum(d.wasted for d in mine), drafted) if drafted else None,
                           "verify_ms_per_step": 1e3 * sum(d.verify_seconds for d in mine) / steps if steps else None,
-                          "alpha": sum(d.accepted for d in mine) / trials if trials else None,
+                          "alpha": alpha(accepted, rejections) if accepted + rejections else None,
                           "served_by": sorted({d.proposer or "target-only" for d in mine}),
                           "identical": sum(bool(d.identical) for d in mine if d.identical is not None),
                           "runs": len(mine)}

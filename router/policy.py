@@ -4,8 +4,10 @@ Glossary
     arm         one (task, draft) pair and what the router has measured about it
     alpha       per-token acceptance; estimated as accepted / (accepted + rejections) over the arm's
                 faded trials, with a Beta(1, 1) prior, so an arm without data sits at 0.5
-    c           the draft's cost per token relative to a target-only step, as the router waits for it
-                (round trips included; a lookahead hit costs nothing)
+    c           here c_wall: the draft's cost per token relative to a target-only step, as the router
+                waits for it (wall time, round trips included; a lookahead hit costs nothing). It
+                prices steps in the cost model's c; workers/stats.py's c (cost_ratio) is device time
+                alone, what the bench, the demo and validate report
     w           what each verified token adds to a target pass, relative to a target-only step
                 (request-level; superseded by the pass-time fit once there is one)
     r           what a verify step waits beyond its pass (round trip, the pass under way), relative
@@ -39,7 +41,7 @@ import math
 import random
 from dataclasses import dataclass, field, fields
 
-from specserve.workers.lookup import DRAFT_FREE
+from specserve.workers.lookup import ProposerKind, kind_of
 from specserve.workers.stats import alpha as alpha_of
 
 from .config import PolicyConfig
@@ -214,7 +216,7 @@ class Policy:
         self._unsettled = set(self._tasks)  # judged on the priors before the first request
 
     def _prior(self, task: str, name: str) -> Prior | None:
-        if name in DRAFT_FREE:
+        if kind_of(name) is ProposerKind.DRAFT_FREE:
             return Prior(0.0, self.config.prior_trials, c=0.0)
         alpha = self.priors.get(task, {}).get(name)
         return None if alpha is None else Prior(alpha, self.config.prior_trials)
@@ -408,7 +410,7 @@ class Policy:
         """c of the drafts that have timings (draft-free proposers, priced apart, left out), else the prior."""
         known = [_per(arm.draft_seconds, arm.draft_tokens) / _per(arm.verify_seconds, arm.verify_passes)
                  for state in self._tasks.values() for name, arm in state.arms.items()
-                 if arm.draft_tokens and arm.verify_seconds and name not in DRAFT_FREE]
+                 if arm.draft_tokens and arm.verify_seconds and kind_of(name) is not ProposerKind.DRAFT_FREE]
         return sum(known) / len(known) if known else self.config.prior_cost_ratio
 
     def _saturated(self) -> bool:
@@ -435,4 +437,4 @@ def _why(view: TaskView) -> str:
     where = f"at {load.sessions:.1f} sessions per pass" if load.pass_time else "with no pass timings yet"
     hidden = " (target saturated: drafting hidden)" if load.saturated else ""
     return (f"{where} a step of k={best.k} costs {best.step_cost:.2f} target steps{hidden}: expected "
-            f"speedup {best.expected_speedup:.2f} with {best.draft} (alpha {best.alpha:.2f}, c {best.c:.2f})")
+            f"speedup {best.expected_speedup:.2f} with {best.draft} (alpha {best.alpha:.2f}, c_wall {best.c:.2f})")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specserve.workers.draft_length import DraftLength
-from specserve.workers.lookup import DRAFT_FREE, TREE, DraftFree
+from specserve.workers.lookup import DraftFree, ProposerKind, kind_of
 from specserve.workers.proposing import Proposer, ProposerGone, StepRecorder
 from specserve.workers.token_tree import TREE_MAX_TOKENS, TreeProposer
 
@@ -26,9 +26,10 @@ class ProposerFactory:
     heads: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def make(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> Proposer:
-        if name in DRAFT_FREE:
+        kind = kind_of(name, self.heads)
+        if kind is ProposerKind.DRAFT_FREE:
             return self.draft_free.proposer(name, context.task, recorder)
-        if name == TREE:
+        if kind is ProposerKind.TREE:
             # Each member once: two of one draft would draw the same tokens (a draft's draws are keyed
             # by its name and position, workers/seeds.py), and a tree's siblings must be independent.
             members = tuple(dict.fromkeys(self.trees.get(context.task) or ()))

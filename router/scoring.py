@@ -21,7 +21,7 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .directory import NoWorker, WorkerDirectory
 from .policy import Policy
-from specserve.workers.lookup import DRAFT_FREE, TREE, DraftFree
+from specserve.workers.lookup import DraftFree, ProposerKind, kind_of
 
 log = logging.getLogger("specserve.router")
 SCORE_TIMEOUT_SECONDS = 10.0
@@ -43,7 +43,9 @@ class ContinuationScorer:
     def score_draft_free(self, task: str, served_draft: str | None, prompt_ids: list[int],
                          output_ids: list[int]) -> None:
         """Score this finished greedy request by the task's draft-free proposers, now, in the router."""
-        for name in (d for d in self.policy.tasks[task] if d != served_draft and d in DRAFT_FREE):
+        for name in self.policy.tasks[task]:
+            if name == served_draft or kind_of(name) is not ProposerKind.DRAFT_FREE:
+                continue
             positions, proposed, matches = self.draft_free.score(name, task, prompt_ids, output_ids)
             if positions:
                 self.policy.observe_scored(task, name, positions, matches, proposed)
@@ -51,8 +53,9 @@ class ContinuationScorer:
     def offer(self, task: str, served_draft: str | None, prompt_ids: list[int], output_ids: list[int]) -> bool:
         """Maybe score this finished greedy request by the task's other drafts, off the request
         path; True when a scoring job started."""
-        others = [d for d in self.policy.tasks[task] if d != served_draft and d not in DRAFT_FREE and d != TREE
-                  and d not in self.heads]  # heads: served only
+        # Draft models only: draft-free ones are scored above, trees are their members, heads only serve.
+        others = [d for d in self.policy.tasks[task]
+                  if d != served_draft and kind_of(d, self.heads) is ProposerKind.DRAFT]
         if not (others and output_ids) or (self.running and not self.running.done()):
             return False
         if self.rng.random() >= self.fraction:

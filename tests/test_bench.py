@@ -356,10 +356,10 @@ def test_figures_match_hand_worked_samples():
     """A few samples whose figures are worked out by hand here (not by the functions that make them)."""
     greedy = [  # task sql, k 3: two prompts, each decoded target-only (OFF) and with its draft (TASK)
         Sample("greedy", "sql", OFF, 0, tokens=40, seconds=2.0, target_passes=40, verify_seconds=1.6),
-        Sample("greedy", "sql", TASK, 0, tokens=40, seconds=1.0, target_passes=20, accepted=30, rejections=10,
+        Sample("greedy", "sql", TASK, 0, tokens=40, seconds=1.0, target_passes=16, accepted=24, rejections=8,
                proposed=40, drafted=40, draft="sql", k=3, verify_seconds=1.0),
         Sample("greedy", "sql", OFF, 1, tokens=20, seconds=1.0, target_passes=20, verify_seconds=0.8),
-        Sample("greedy", "sql", TASK, 1, tokens=20, seconds=0.8, target_passes=12, accepted=8, rejections=4,
+        Sample("greedy", "sql", TASK, 1, tokens=20, seconds=0.8, target_passes=10, accepted=10, rejections=5,
                proposed=24, drafted=24, draft="sql", k=3, verify_seconds=0.6),
         # c in process: 60 drafted tokens in 0.3 s (5 ms each) over 50 target-only passes in 1.0 s (20 ms each)
         Sample("greedy", "sql", ENGINE_TASK, 0, tokens=40, seconds=1.0, drafted=60, draft_seconds=0.3, draft="sql"),
@@ -377,13 +377,13 @@ def test_figures_match_hand_worked_samples():
     row = figures["tasks"]["sql"]
     assert row["speedup"]["median"] == pytest.approx((40 / 1.0) / (40 / 2.0) / 2 + (20 / 0.8) / (20 / 1.0) / 2)  # 1.625
     assert row["speedup"]["min"] == pytest.approx(1.25) and row["speedup"]["max"] == pytest.approx(2.0)
-    assert row["alpha"] == pytest.approx(38 / 52)  # accepted / (accepted + rejections)
-    assert row["tokens_per_pass"] == pytest.approx(60 / 32)  # output tokens per target pass
+    assert row["alpha"] == pytest.approx(34 / 47)  # accepted / (accepted + rejections)
+    assert row["tokens_per_pass"] == pytest.approx(60 / 26)  # tokens per target pass: its accepted ones and its own
     assert row["c"] == pytest.approx(0.005 / 0.020)
-    a, c = 38 / 52, 0.25
+    a, c = 34 / 47, 0.25
     assert row["bound"] == pytest.approx((1 - a ** 4) / (1 - a) / (3 * c + 1))  # Leviathan et al., k = 3
-    # w: a verify pass's device time (1.6 s / 32 passes) over a target-only pass's (2.4 s / 60), less 1, per token
-    assert row["w"] == pytest.approx((0.05 / 0.04 - 1) / 3)
+    # w: a verify pass's device time (1.6 s / 26 passes) over a target-only pass's (2.4 s / 60), less 1, per token
+    assert row["w"] == pytest.approx((1.6 / 26 / 0.04 - 1) / 3)
     level = figures["load"]["levels"]["2"][OFF]
     assert level["requests"] == 3 and level["tokens_per_second"] == pytest.approx(60 / 2.5)
     assert level["p50"] == pytest.approx(2.0) and level["ttft_p50"] == pytest.approx(0.2)

@@ -22,7 +22,7 @@ from .heads.proposer import HeadDraft, HeadState
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
 from .local_draft import LocalDraft
-from .lookup import DRAFT_FREE, TREE, DraftFree
+from .lookup import DRAFT_FREE, TREE, DraftFree, ProposerKind, kind_of
 from .loop import SpeculativeLoop, run_now
 from .proposing import AUX_HIDDEN, Proposer, Verified
 from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
@@ -161,11 +161,12 @@ class Generation:
                                     self.recorder)
 
     def _proposer(self, name: str, tree: Sequence[str], length: DraftLength) -> Proposer:
-        if name in DRAFT_FREE:
+        kind = kind_of(name, self.engine.heads)
+        if kind is ProposerKind.DRAFT_FREE:
             return self.engine.draft_free.proposer(name, self.engine.task, self.recorder)
-        if name == TREE:
+        if kind is ProposerKind.TREE:
             return TreeProposer([self._proposer(member, (), length) for member in tree], self.engine.tree_max_tokens)
-        if name in self.engine.heads:
+        if kind is ProposerKind.HEAD:
             state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling,
                               DraftDraws(self.decoding.stats.seed, name), self.engine.draft_max_support)
             return HeadDraft(name, state, self.recorder)

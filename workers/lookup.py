@@ -8,8 +8,9 @@ in-process engine). Their proposals are deterministic, so q is one-hot and trave
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from .drafting import DraftTokens
 from .ngram import NgramConfig, NgramIndex
@@ -20,6 +21,24 @@ NGRAM, SUFFIX = "ngram", "suffix"
 DRAFT_FREE = (NGRAM, SUFFIX)
 TREE = "tree"  # a task's draft and draft-free proposers at once, as one token tree (workers/token_tree.py)
 RESERVED = (*DRAFT_FREE, TREE)  # proposer names no draft model may take
+
+
+class ProposerKind(Enum):
+    DRAFT = "draft"  # a draft model: on a draft worker, or in process
+    HEAD = "head"  # an EAGLE-3 head: a draft fed the target's hidden states (workers/heads/)
+    DRAFT_FREE = "draft_free"  # prompt lookup or suffix decoding: no model, wherever the loop runs
+    TREE = "tree"  # several of a task's proposers merged into one token tree (workers/token_tree.py)
+
+
+def kind_of(name: str, heads: Container[str] = ()) -> ProposerKind:
+    """What a proposer's name makes it: the one place a name is read so (``heads``: the names of
+    the served EAGLE-3 heads). The engine and the router build each kind their own way; the policy
+    and the scorer price and score by kind."""
+    if name in DRAFT_FREE:
+        return ProposerKind.DRAFT_FREE
+    if name == TREE:
+        return ProposerKind.TREE
+    return ProposerKind.HEAD if name in heads else ProposerKind.DRAFT
 
 
 class LookupProposer(Proposer):

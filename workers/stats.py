@@ -4,8 +4,12 @@ every figure derived from them, defined once here.
     alpha            per-token acceptance probability (Leviathan et al.): accepted / (accepted + rejections)
     acceptance_rate  vLLM's: accepted / proposed draft tokens (falls with k even at a fixed alpha)
     tokens_per_pass  tokens committed per target pass: its accepted drafts plus the target's own
-                     (vLLM's mean acceptance length; a batch's width is ``pass_width``, in router/metrics.py)
-    cost_ratio (c)   a drafted token's device time over a target-only pass's
+                     (vLLM's mean acceptance length). Not a batch's width: the tokens one batched
+                     pass runs for all its sessions are ``pass_width`` (router/metrics.py, the
+                     bench's load section, the ``max_tokens_per_pass`` setting that caps it)
+    cost_ratio (c)   a drafted token's device time over a target-only pass's. The routing policy
+                     prices steps with ``c_wall`` instead (router/policy.py): what the router waits
+                     per drafted token, round trips included, over a target-only step
     wasted_share     the share of drafted tokens that no proposal used (lookaheads that missed)
     time_per_output_token  after a request's first chunk, its seconds per further token (TPOT)
     expected tokens per pass and expected speedup: router/cost_model.py (they need the load)

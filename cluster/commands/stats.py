@@ -35,15 +35,15 @@ def run(args: argparse.Namespace) -> int:
     print("Per task, its decision (draft '-': the task, and its target-only requests), then each allowed draft;")
     print("k at the current load (k1: with one session per pass), and what a step of k costs in target steps:")
     print("drafted: tokens the draft computed (proposed or not); wasted: of those, drafted ahead for a verdict that")
-    print("did not come:")
+    print("did not come; c_wall: what the router waits per drafted token over a target-only step (wall time):")
     print(f"{'task':<8} {'draft':<8} {'requests':>8} {'drafted':>8} {'wasted':>6} {'proposed':>9} {'accepted':>9} "
-          f"{'tok/pass':>8} {'alpha':>6} {'c':>5} {'k':>2} {'k1':>2} {'cost':>5} {'speedup':>7} {'scored':>7} decision")
+          f"{'tok/pass':>8} {'alpha':>6} {'c_wall':>6} {'k':>2} {'k1':>2} {'cost':>5} {'speedup':>7} {'scored':>7} decision")
     for t in stats.tasks:
         decision = f"{t.decision}: {t.reason}" if t.reason else t.decision
         wasted = f"{wasted_share(t.wasted_draft_tokens, t.drafted_tokens):.0%}"
         print(f"{t.task:<8} {t.draft or '-':<8} {t.requests:>8} {t.drafted_tokens:>8} {wasted:>6} "
               f"{t.proposed_tokens:>9} {t.accepted_tokens:>9} {t.tokens_per_pass:>8.2f} {t.alpha:>6.2f} "
-              f"{t.cost_ratio:>5.2f} {t.k:>2} {t.unloaded_k:>2} {t.step_cost:>5.2f} {t.expected_speedup:>7.2f} {t.scored_tokens:>7} {decision}")
+              f"{t.cost_ratio:>6.2f} {t.k:>2} {t.unloaded_k:>2} {t.step_cost:>5.2f} {t.expected_speedup:>7.2f} {t.scored_tokens:>7} {decision}")
     _print_batches(stats)
     print("Workers; prefix hits: of the prompt tokens of its sessions, those its prefix cache held:")
     print(f"{'worker':<22} {'kind':<6} {'address':<22} {'node':<12} {'sessions':>8} {'prefix hits':>11} models")
