@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.draft_length import DraftLength
 from specserve.workers.drafting import DraftTokens
-from specserve.workers.proposing import AUX_HIDDEN, NO_EXTRAS, Proposer, ProposerGone, StepRecorder
+from specserve.workers.proposing import AUX_HIDDEN, NO_EXTRAS, Proposer, ProposerGone, StepRecorder, VerifyNeeds
 from specserve.workers.wire import join_hidden, proposal_from
 
 from .context import RequestContext
@@ -53,8 +53,7 @@ class RemoteDraft(Proposer):
     def __init__(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder,
                  aux_layers: tuple[int, ...] = ()) -> None:
         self.name = name
-        self.aux_layers = aux_layers
-        self.needs = frozenset({AUX_HIDDEN}) if aux_layers else frozenset()
+        self.needs = VerifyNeeds(aux_layers)
         self.hidden: pb.HiddenStates | None = None  # the target's, for the worker's next step
         self.context = context
         self.length = length  # the request's k schedule: the lookahead's k, and the confidence stop
@@ -63,7 +62,7 @@ class RemoteDraft(Proposer):
         self.stream: WorkerStream | None = None
         self.mirror = DraftMirror(len(context.history.prompt_ids))  # the draft's tokens, as the router knows them
         self.ahead: asyncio.Task | None = None  # the next proposal, drafted while the target verifies
-        self.reopens = 0  # draft workers replaced mid-request
+        self.reopens = 0  # draft workers replaced mid-request (the recorder hears of each)
         self.refused_by: set[str] = set()  # workers that refused this request's draft as full
         self.proposed: list[int] = []  # its last proposal
         self.verdicts = 0  # verdicts it has been told
@@ -111,13 +110,14 @@ class RemoteDraft(Proposer):
             return await self._draft(k, self._take_ahead())
         except WorkerFailed as exc:
             self._drop(exc)
-            if self.aux_layers:
+            if self.needs:
                 raise ProposerGone(f"an EAGLE-3 head's worker failed mid-request; its hidden states of the "
                                    f"committed positions are on no other: {exc}") from None
             if not exc.full:  # a full worker failed nothing: no reopen spent
                 if self.reopens >= MAX_DRAFT_REOPENS:
                     raise ProposerGone(f"failed mid-request, {self.reopens} times already: {exc}") from None
                 self.reopens += 1
+                self.recorder.reopened()
                 log.warning("request %s: draft %s failed mid-request; reopening it elsewhere: %s",
                             self.context.request_id, self.name, exc)
             await self.open()
@@ -165,7 +165,7 @@ class RemoteDraft(Proposer):
         ahead of it; otherwise the first token would wait for the draft's prefill and k tokens.
         """
         fork, self.fork = self.fork, None
-        if not self.verdicts and (self.context.lookahead or self.aux_layers):  # (a head has no hidden states yet)
+        if not self.verdicts and (self.context.lookahead or self.needs):  # (a head has no hidden states yet)
             return pb.Proposal()
         waited = time.perf_counter()
         branch_hit = fork is not None and self.rejected == fork
@@ -240,7 +240,7 @@ class RemoteDraft(Proposer):
         if not (self.context.lookahead and self.context.ahead and self.stream and (proposed or not self.verdicts)
                 and k >= 2):
             return
-        if self.aux_layers:  # a head drafts from the verify pass's hidden states: nothing to draft ahead from
+        if self.needs:  # a head drafts from the verify pass's hidden states: nothing to draft ahead from
             return
         self.recorder.looked_ahead()
         step = self.mirror.ahead(proposed, k, self.length.min_confidence)

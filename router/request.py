@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 from specserve.workers.decoding import Decoding
 from specserve.workers.draft_length import DraftLength
 from specserve.workers.loop import SpeculativeLoop
-from specserve.workers.proposing import Proposer, ProposerGone
+from specserve.workers.proposing import NEEDS_NOTHING, Proposer, ProposerGone
 from specserve.workers.request import GenerationParams
 from specserve.workers.stopping import Chunk
 
@@ -88,7 +88,7 @@ class Request:
                                  ahead=routing.lookahead, branch_odds=workers.branch_odds,
                                  decode_group=workers.decode_group)
         self.proposed_by = self._proposer(workers.proposers, context, routing.length)  # for its counts, once gone
-        self.target = TargetLink(context, self.recorder, self.proposed_by.aux_layers if self.proposed_by else ())
+        self.target = TargetLink(context, self.recorder, self.proposed_by.needs if self.proposed_by else NEEDS_NOTHING)
         self.loop = SpeculativeLoop(self.decoding, self.target, self.proposed_by, routing.length, self.recorder,
                                     lost=self._lose_draft)
         self.started = time.perf_counter()
@@ -150,13 +150,13 @@ class Request:
     @property
     def draft_reopens(self) -> int:
         """Draft workers replaced mid-request."""
-        return self.proposed_by.reopens if self.proposed_by else 0
+        return self.recorder.reopens
 
     def observation(self) -> Observation:
         """What this request tells the routing policy."""
         s, t = self.decoding.stats, self.times
         return Observation(accepted=s.accepted, rejections=s.rejections,
-                           misses=self.proposed_by.misses if self.proposed_by else 0, draft_tokens=s.proposed,
+                           misses=self.recorder.misses, draft_tokens=s.proposed,
                            draft_seconds=sum(t.draft_steps), verify_passes=len(t.verify_steps),
                            verify_seconds=sum(t.verify_steps), verify_device_seconds=t.verify_device,
                            plain_passes=len(t.plain_steps), plain_seconds=sum(t.plain_steps),

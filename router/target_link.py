@@ -16,7 +16,7 @@ import time
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.acceptance import Outcome
 from specserve.workers.drafting import DraftTokens
-from specserve.workers.proposing import AUX_HIDDEN, Verified
+from specserve.workers.proposing import AUX_HIDDEN, NEEDS_NOTHING, Verified, VerifyNeeds
 from specserve.workers.logprobs import TokenLogprobs
 from specserve.workers.wire import logprobs_from, proposal_message
 
@@ -45,10 +45,10 @@ class TargetsFull(Exception):
 
 
 class TargetLink:
-    def __init__(self, context: RequestContext, recorder: RequestRecorder, aux_layers: tuple[int, ...] = ()) -> None:
+    def __init__(self, context: RequestContext, recorder: RequestRecorder, needs: VerifyNeeds = NEEDS_NOTHING) -> None:
         self.context = context
         self.recorder = recorder
-        self.aux_layers = aux_layers  # the hidden states its replica sends with each verdict (an EAGLE-3 head's)
+        self.needs = needs  # the proposer's: the hidden states its replica sends with each verdict (a head's)
         self.stream: WorkerStream | None = None
         self.owed = 0  # target-only tokens granted to the replica and not yet received
         self.verdicts = 0  # answered so far (the first is the prefill's: no decode step's price)
@@ -70,7 +70,7 @@ class TargetLink:
         give_up = context.before_deadline(time.monotonic() + context.timeouts.target_wait_seconds)
         while True:
             try:
-                opening = context.opening(replaced=self.resumes, aux_layers=self.aux_layers)
+                opening = context.opening(replaced=self.resumes, aux_layers=self.needs.hidden_layers)
                 target, self.pick = await directory.pick_for("target", avoid=self.refused_by,
                                                              prompt=opening.prompt_ids)
                 self.replica = target.worker_id
@@ -90,7 +90,7 @@ class TargetLink:
                 await asyncio.sleep(TARGET_POLL_SECONDS)
                 await directory.refresh(force=True)  # a restarted replica registers anew
 
-    async def verify(self, proposal: DraftTokens, alone: bool, needs: frozenset[str]) -> Verified:
+    async def verify(self, proposal: DraftTokens, alone: bool, needs: VerifyNeeds) -> Verified:
         """The target's verdict on the proposal. If its replica fails, the request moves to another
         (or the restarted one), re-prefilled from the committed tokens, and the step is asked again."""
         runs = alone and not proposal.ids and self.context.decode_run > 1
@@ -118,7 +118,7 @@ class TargetLink:
         self.verdicts += 1
         verdict = reply.verdict
         outcome = Outcome(verdict.num_accepted, verdict.token, tuple(verdict.path))
-        if AUX_HIDDEN in needs and reply.HasField("aux"):  # forwarded as they came: the router never unpacks them
+        if needs.hidden_layers and reply.HasField("aux"):  # forwarded as they came: the router never unpacks them
             return Verified(outcome, reply.seconds, {AUX_HIDDEN: reply.aux}, self._logprobs(reply), reply.ended)
         return Verified(outcome, reply.seconds, logprobs=self._logprobs(reply), ended=reply.ended)
 

@@ -17,7 +17,7 @@ from specserve.workers.decoding import Decoding
 from specserve.workers.draft_length import DraftLength
 from specserve.workers.drafting import DraftTokens
 from specserve.workers.loop import SpeculativeLoop, run_now
-from specserve.workers.proposing import NO_EXTRAS, Proposer, ProposerGone, Verified
+from specserve.workers.proposing import AUX_HIDDEN, NEEDS_NOTHING, NO_EXTRAS, Proposer, ProposerGone, Verified, VerifyNeeds
 from specserve.workers.recording import StatsRecorder
 from specserve.workers.request import GenerationParams
 
@@ -39,14 +39,14 @@ class ScriptedVerifier:
 
     def __init__(self, extras: Mapping[str, object] = NO_EXTRAS) -> None:
         self.committed = 0
-        self.asked: list[tuple[list[int], bool, frozenset[str]]] = []
+        self.asked: list[tuple[list[int], bool, VerifyNeeds]] = []
         self.extras = extras
         self.opened = self.closed = self.abandoned = False
 
     async def open(self) -> None:
         self.opened = True
 
-    async def verify(self, proposal: DraftTokens, alone: bool, needs: frozenset[str]) -> Verified:
+    async def verify(self, proposal: DraftTokens, alone: bool, needs: VerifyNeeds) -> Verified:
         self.asked.append((list(proposal.ids), alone, needs))
         accepted = 0
         while accepted < len(proposal.ids) and proposal.ids[accepted] == TRUTH[self.committed + accepted]:
@@ -70,7 +70,7 @@ class Scripted(Proposer):
 
     name = "scripted"
 
-    def __init__(self, wrong_at: int = 99, gone_after: int = 99, needs: frozenset[str] = frozenset()) -> None:
+    def __init__(self, wrong_at: int = 99, gone_after: int = 99, needs: VerifyNeeds = NEEDS_NOTHING) -> None:
         self.wrong_at, self.gone_after, self.needs = wrong_at, gone_after, needs
         self.at = 0  # output tokens it has been told are committed
         self.told: list[tuple[int, int, Mapping[str, object]]] = []
@@ -136,11 +136,11 @@ def test_a_proposer_that_is_gone_leaves_the_request_target_only():
 
 
 def test_what_a_proposer_needs_is_asked_of_the_verifier_and_handed_back():
-    hidden = {"hidden_states": "the target's states of the committed positions"}
-    verifier, proposer = ScriptedVerifier(extras=hidden), Scripted(needs=frozenset({"hidden_states"}))
+    hidden = {AUX_HIDDEN: "the target's states of the committed positions"}
+    verifier, proposer = ScriptedVerifier(extras=hidden), Scripted(needs=VerifyNeeds((1, 2)))
     loop, _, _ = make_loop(proposer, verifier)
     drain(loop)
-    assert {needs for _, _, needs in verifier.asked} == {frozenset({"hidden_states"})}
+    assert {needs for _, _, needs in verifier.asked} == {VerifyNeeds((1, 2))}
     assert all(extras == hidden for _, _, extras in proposer.told)
 
 

@@ -24,7 +24,7 @@ from .kv_pool import KVPool
 from .local_draft import LocalDraft
 from .lookup import DRAFT_FREE, TREE, DraftFree, ProposerKind, kind_of
 from .loop import SpeculativeLoop, run_now
-from .proposing import AUX_HIDDEN, Proposer, Verified
+from .proposing import AUX_HIDDEN, Proposer, Verified, VerifyNeeds
 from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .prompt import encode_prompt
 from .request import GenerationParams
@@ -119,12 +119,12 @@ class LocalVerifier:
     async def open(self) -> None:
         pass  # the session holds the prompt from the start
 
-    async def verify(self, proposal: DraftTokens, alone: bool, needs: frozenset[str]) -> Verified:
+    async def verify(self, proposal: DraftTokens, alone: bool, needs: VerifyNeeds) -> Verified:
         started = time.perf_counter()
         verdict = run_alone(self.model, self.pool, self.session.step(proposal))
         seconds = time.perf_counter() - started
         logprobs, ended = self.session.take_logprobs(), self.session.ended
-        if AUX_HIDDEN in needs:
+        if needs.hidden_layers:
             return Verified(verdict, seconds, {AUX_HIDDEN: self.session.take_aux()}, logprobs, ended)
         return Verified(verdict, seconds, logprobs=logprobs, ended=ended)
 
@@ -155,7 +155,7 @@ class Generation:
         proposer = self._proposer(draft, tree, length) if draft else None
         pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
         session = TargetSession(sequence, params.sampling, self.verify_generator,
-                                proposer.aux_layers if proposer else (), params.logprobs, params.processing,
+                                proposer.needs.hidden_layers if proposer else (), params.logprobs, params.processing,
                                 grammar=self._grammar())
         self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer, length,
                                     self.recorder)

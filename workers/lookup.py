@@ -57,7 +57,8 @@ class LookupProposer(Proposer):
         started = time.perf_counter()
         self.proposed = self.source.propose(k) if k >= 1 else []
         seconds = time.perf_counter() - started  # its c: microseconds a token
-        self.misses += k >= 1 and not self.proposed
+        if k >= 1 and not self.proposed:
+            self.recorder.missed()
         self.recorder.waited(seconds)
         self.recorder.drafted(len(self.proposed), seconds)
         return DraftTokens.of_ids(self.proposed)

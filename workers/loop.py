@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 from .decoding import Decoding
 from .draft_length import DraftLength
 from .drafting import DraftTokens
-from .proposing import Proposer, ProposerGone, StepRecorder, Verified, accepted_ids, proposal_depth
+from .proposing import NEEDS_NOTHING, Proposer, ProposerGone, StepRecorder, Verified, accepted_ids, proposal_depth
 from .stopping import Chunk
 from .verifying import NO_PROPOSAL
 
@@ -92,7 +92,7 @@ class SpeculativeLoop:
             return NO_PROPOSAL
 
     async def verify(self, proposal: DraftTokens) -> Verified:
-        needs = self.proposer.needs if self.proposer is not None else frozenset()
+        needs = self.proposer.needs if self.proposer is not None else NEEDS_NOTHING
         verified = await self.verifier.verify(proposal, self.proposer is None, needs)
         # A token tree counts as a proposal of its depth: what its accepted path could have reached.
         self.recorder.verified(proposal_depth(proposal), verified.verdict.num_accepted, verified.seconds)

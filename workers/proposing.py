@@ -12,11 +12,14 @@ loop and the routing policy treat every proposer alike; what differs is where it
     RemoteDraft     a draft model on a draft worker, over a stream (router/remote_draft.py)
 
 A proposer that needs more than the verdict from the verify pass (an EAGLE-3 head needs the
-target's hidden states of the positions it commits) names it in ``needs``; the verifier returns
-what it can of it in ``Verified.extras``, and the loop hands that to ``commit`` without knowing
-which proposer it drives.
+target's hidden states of the positions it commits) declares it in ``needs`` (``VerifyNeeds``), and
+nowhere else: the target's session is opened for it from there, the verifier returns it in
+``Verified.extras``, and the loop hands that to ``commit`` without knowing which proposer it drives.
 
-Proposers report what their proposals cost to a ``StepRecorder``, never to the request itself.
+The interface: ``propose`` and ``commit`` (``follow`` for a tree's members), which every proposer
+implements; ``open``, ``close`` and ``abandon`` around a request; ``draft_ahead`` where a proposer can
+work while the target verifies. Proposers report what their proposals cost, the steps they had
+nothing for and the workers they lost to a ``StepRecorder``, never to the request itself.
 A proposer that can no longer propose (its draft worker lost, none left to reopen on) raises
 ``ProposerGone``; the request goes on target-only, its output unchanged.
 """
@@ -36,10 +39,31 @@ from .drafting import DraftTokens
 from .logprobs import TokenLogprobs
 
 NO_EXTRAS: Mapping[str, object] = MappingProxyType({})
-# What an EAGLE-3 head needs of each verify pass: the target's hidden states of its aux layers at the
-# positions the pass committed (workers/heads/): ``HiddenRows`` in process; through the service, the
-# ``pb.HiddenStates`` its replica sent, forwarded to the draft worker as they came.
+# The key of ``Verified.extras`` under which a verify pass returns the hidden states ``VerifyNeeds``
+# asks for: ``HiddenRows`` in process; through the service, the ``pb.HiddenStates`` its replica sent,
+# forwarded to the draft worker as they came.
 AUX_HIDDEN = "aux_hidden"
+
+
+@dataclass(frozen=True)
+class VerifyNeeds:
+    """What a proposer needs of each verify pass besides the verdict: the target's hidden states of
+    ``hidden_layers`` at the positions the pass committed (an EAGLE-3 head's aux layers; workers/heads/)."""
+
+    hidden_layers: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.hidden_layers)
+
+    def with_(self, other: VerifyNeeds) -> VerifyNeeds:
+        """Both proposers' needs (a token tree's members): one target pass serves one set of layers."""
+        if self and other and self.hidden_layers != other.hidden_layers:
+            raise ValueError(f"a tree's heads must read the same target layers, got {self.hidden_layers} "
+                             f"and {other.hidden_layers}")
+        return self or other
+
+
+NEEDS_NOTHING = VerifyNeeds()
 
 
 @dataclass(frozen=True)
@@ -99,16 +123,20 @@ class StepRecorder(Protocol):
     def verified(self, proposed: int, accepted: int, seconds: float) -> None:
         """A verify pass kept ``accepted`` of a proposal of ``proposed`` (its depth, for a tree)."""
 
+    def missed(self) -> None:
+        """The proposer had nothing to propose for a step (a draft-free one without a match): what its
+        coverage is measured by."""
+
+    def reopened(self) -> None:
+        """The proposer's worker failed mid-request and it reopened on another (a remote draft)."""
+
 
 class Proposer(ABC):
     """One request's source of draft tokens."""
 
     name: str
-    needs: frozenset[str] = frozenset()  # what it needs from the verify pass besides the verdict
-    aux_layers: tuple[int, ...] = ()  # with AUX_HIDDEN: the target layers whose hidden states it reads
+    needs: VerifyNeeds = NEEDS_NOTHING  # what it needs from the verify pass besides the verdict
     deterministic = True  # one-hot proposals (no draw): a token tree may merge them with others'
-    reopens = 0  # its worker replaced mid-request (a remote draft's)
-    misses = 0  # steps it had nothing to propose for (a draft-free one without a match): its coverage
 
     async def open(self, committed: Sequence[int]) -> None:
         """Be ready to propose after ``committed`` (the prompt, or more on a late open)."""

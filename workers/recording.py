@@ -19,6 +19,8 @@ class StatsRecorder:
         # No measure of what speculation costs, so left out of what the policy learns (its step
         # costs, and the request's realized speed).
         self.recovery_seconds = 0.0
+        self.misses = 0  # steps its proposer had nothing for: the proposer's coverage (router/policy.py)
+        self.reopens = 0  # draft workers replaced mid-request
 
     def drafted(self, tokens: int, seconds: float, batch: object = None) -> None:
         self.stats.drafted += tokens
@@ -48,3 +50,9 @@ class StatsRecorder:
     def verified(self, proposed: int, accepted: int, seconds: float) -> None:
         self.stats.verify_seconds += seconds
         self.stats.record_step(proposed, accepted)
+
+    def missed(self) -> None:
+        self.misses += 1
+
+    def reopened(self) -> None:
+        self.reopens += 1

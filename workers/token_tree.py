@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .acceptance import SparseDist, Outcome
 from .drafting import DraftTokens, stack_rows
 from .lookup import TREE
-from .proposing import NO_EXTRAS, Proposer, ProposerGone, accepted_ids
+from .proposing import NEEDS_NOTHING, NO_EXTRAS, Proposer, ProposerGone, VerifyNeeds, accepted_ids
 
 TREE_MAX_TOKENS = 24  # nodes per tree by default: a verify pass of ~k + 1 tokens per member
 
@@ -74,23 +74,11 @@ class TreeProposer(Proposer):
         self.proposing: list[Proposer] = []  # the members of the last tree, in its order
 
     @property
-    def reopens(self) -> int:
-        return sum(member.reopens for member in self.members)
-
-    @property
-    def misses(self) -> int:
-        return sum(member.misses for member in self.members)
-
-    @property
-    def needs(self) -> frozenset[str]:
-        return frozenset().union(*(member.needs for member in self.members))
-
-    @property
-    def aux_layers(self) -> tuple[int, ...]:
-        layers = {member.aux_layers for member in self.members if member.aux_layers}
-        if len(layers) > 1:
-            raise ValueError(f"a tree's heads must read the same target layers, got {sorted(layers)}")
-        return next(iter(layers), ())
+    def needs(self) -> VerifyNeeds:
+        needs = NEEDS_NOTHING
+        for member in self.members:
+            needs = needs.with_(member.needs)
+        return needs
 
     async def open(self, committed: Sequence[int]) -> None:
         for member in list(self.members):

@@ -23,7 +23,7 @@ from ..batching import Scheduler, advance_all
 from ..config import BatchingConfig
 from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
 from ..grpc_host import Device
-from ..proposing import AUX_HIDDEN, NO_EXTRAS, HiddenRows, Proposer, ProposerGone, StepRecorder
+from ..proposing import AUX_HIDDEN, NO_EXTRAS, HiddenRows, Proposer, ProposerGone, StepRecorder, VerifyNeeds
 from ..seeds import DraftDraws
 from .eagle3 import Eagle3Head, HeadCache
 
@@ -192,14 +192,12 @@ class HeadScheduler(Scheduler):
 class HeadDraft(Proposer):
     """A head in this process drafting for one request, alone (a batch of one)."""
 
-    needs = frozenset({AUX_HIDDEN})
-
     def __init__(self, name: str, state: HeadState, recorder: StepRecorder) -> None:
         self.name = name
         self.state = state
         self.recorder = recorder
         self.deterministic = state.sampling.greedy
-        self.aux_layers = state.head.config.aux_layers
+        self.needs = VerifyNeeds(state.head.config.aux_layers)  # the target's hidden states it drafts from
         self.proposed = DraftTokens.empty()
 
     async def open(self, committed: Sequence[int]) -> None:
