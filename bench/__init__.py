@@ -13,5 +13,5 @@
     figures.py   everything the report says, derived from the samples alone (pure; load_figures.py: load's)
     report.py    report.md and the printed summary; plots.py: the PNGs
 
-The scripts beside them (routing.py, router_front.py, kv_rollback.py) are narrower studies.
+Narrower studies, each a question and its answer, are in experiments/ (its README).
 """

@@ -117,7 +117,7 @@ class RouterConfig(FrozenConfig):
     node_resource: str | None = ROUTER_NODE
     # Router processes (Serve replicas of the ingress) on the router's node, sharing its client ports
     # (SO_REUSEPORT: the kernel spreads connections over them, each connection staying with one).
-    # Where one process's CPU caps the service (bench/router_ceiling.py says how many tokens a
+    # Where one process's CPU caps the service (bench/experiments/router_ceiling.py says how many tokens a
     # second one sustains). Each admits, learns and reports on its own requests: the limits below
     # and GetStats's task rows are per process.
     replicas: int = Field(1, ge=1, le=32)
@@ -149,7 +149,7 @@ class RouterConfig(FrozenConfig):
     decode_run_tokens: int = Field(8, ge=1, le=256)
     # A client's stream gets a message for every this many committed tokens (at least; the first
     # token's chunk and the last go at once), as vLLM's and SGLang's --stream-interval: a message on
-    # a stream costs the router ~25-50 us of CPU whatever it holds (bench/stream_floor.py), more than
+    # a stream costs the router ~25-50 us of CPU whatever it holds (bench/experiments/stream_floor.py), more than
     # the rest of a target-only token's work. Target-only, the replica sends a decode run's tokens
     # in groups of as many (at most half of decode_run_tokens), so the router also wakes and reads
     # once a group. 1: every step's tokens as they are committed.

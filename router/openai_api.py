@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
 
 It runs in the router process, on the router's event loop beside the gRPC server (measured against
-Serve's HTTP proxy in ``bench/http_front.py``: docs/pages/api.md), and is a second
+Serve's HTTP proxy in ``bench/http_front.py`` (removed; in git history): docs/pages/api.md), and is a second
 front on the same service: a body becomes the ``GenerateRequest`` a gRPC client would send, and
 ``SpecServeService.admit``/``run`` validate, admit, route and decode it as they do for gRPC. So the
 limits, the messages that say what to fix and the greedy output are the gRPC API's.

@@ -2,7 +2,7 @@
 
 On a CUDA device: greedy identity of speculation against the target alone in float32, bfloat16 and
 float16 over the zoo's held-out prompts (every divergence is reported with its logit margin, and
-must be one rounding explains: bench/divergence.py), the same for sessions batched in shared passes,
+must be one rounding explains: tests/divergence.py), the same for sessions batched in shared passes,
 the lossless sampling test on CUDA, and the KV pool on device memory.
 
 The zoo is ``SPECSERVE_GPU_ZOO`` when set (a built zoo's directory: the demo or bench zoo), else
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specserve.bench.divergence import first_divergence, summary
+from divergence import first_divergence, summary
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.engine import SpecEngine
 from specserve.workers.kv_pool import Budget, KVPool, KVShape, PoolFull

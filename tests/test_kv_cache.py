@@ -4,9 +4,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specserve.workers.kv_cache import STEP_ROOM, CachedLM, session_capacity
+from specserve.workers.kv_cache import STEP_ROOM, session_capacity
 from specserve.workers.kv_pool import KVShape
 from specserve.workers.ragged_pass import use_pooled_attention
+
+from cached_lm import CachedLM
 
 
 def model():

@@ -12,11 +12,12 @@ import torch
 
 from specserve.workers.acceptance import SamplingParams, one_hot
 from specserve.workers.drafting import DraftTokens
-from specserve.workers.kv_cache import CachedLM
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass, tree_depths
 from specserve.workers.steps import private_sequence, run_alone
 from specserve.workers.verifying import TargetSession
+
+from cached_lm import CachedLM
 
 PROMPT = list(range(5, 30))
 GREEDY = SamplingParams()

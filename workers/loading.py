@@ -71,7 +71,7 @@ def gemv_layout(model: torch.nn.Module) -> torch.nn.Module:
     one row per session through every weight, read from memory: on the 2-core host (one thread,
     float32, MKL), SmolLM2-135M's 49,152 x 576 output head took 10.1 ms as loaded and 5.3 ms so
     stored, its 30 layers' products 36.4 against 30.4 ms, and a step with 5 or 64 rows the same
-    either way (bench/single_stream.py measures the whole step). The layers become
+    either way (bench/experiments/single_stream.py measures the whole step). The layers become
     ``RowInvariantLinear``: a row's product never depends on the rows beside it. Tied weights stay
     tied. A model served so must not be saved as it is (safetensors wants contiguous tensors); no
     server saves one."""

@@ -294,7 +294,7 @@ def use_pooled_attention(model: PreTrainedModel, gathered: bool | None = None) -
 
     ``gathered``: attend each pass's sessions in a few batched calls over gathered keys rather
     than one call per session (None: on CUDA, where a small operation costs a kernel launch; on a
-    CPU the loop is faster, bench/batched_pass.py)."""
+    CPU the loop is faster, bench/experiments/batched_pass.py)."""
     model.set_attn_implementation(ATTENTION)
     setattr(model, GATHERED, model.device.type == "cuda" if gathered is None else gathered)
     if model.device.type == "cuda":

@@ -101,7 +101,7 @@ class OutputAssembler:
     # text for an unfinished character, which the stop-string search and a final text that ends
     # mid-character need, and it raises (InvalidPrefix) once a byte-fallback decoder turns a byte it
     # already decoded into U+FFFD; so this re-decode would have to stay behind it. In front of it, it
-    # saved 6-11 us of 12-17 a token, most of it in transformers' decode wrapper (bench/detokenize.py),
+    # saved 6-11 us of 12-17 a token, most of it in transformers' decode wrapper (bench/detokenize.py, removed; in git history),
     # which ``_decode`` now skips.
     def _decode_tail(self) -> str:
         """Text of the tokens after ``_read``, decoded in the context of the window before them."""

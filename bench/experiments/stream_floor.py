@@ -14,7 +14,7 @@ It prints the server's CPU microseconds per message and per token (user + system
 process over the run) and messages per second. Nothing else runs in the server: no
 model, no bookkeeping, no detokenizing.
 
-    .venv/bin/python -m specserve.bench.stream_floor [--streams 1,16,64] [--chunks 256]
+    python -m specserve.bench.experiments.stream_floor [--streams 1,16,64] [--chunks 256]
 """
 
 from __future__ import annotations
@@ -99,11 +99,12 @@ async def clients(address: str, streams: int, chunks: int, mode: str) -> int:
         return sum(await asyncio.gather(*(one() for _ in range(streams))))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specserve.bench.experiments.stream_floor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", default="1,16,64", help="concurrent client streams per level")
     parser.add_argument("--chunks", type=int, default=256, help="messages per stream")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cores = sorted(os.sched_getaffinity(0))
     port, ready = multiprocessing.Value("i", 0), multiprocessing.Event()
     server = multiprocessing.Process(target=serve, args=(port, ready, cores[-1] if len(cores) > 1 else None),

@@ -21,9 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
-from transformers import PreTrainedModel
-
-from specserve.workers.kv_cache import CachedLM
+from transformers import DynamicCache, PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -52,8 +50,14 @@ def reference_logits(model: PreTrainedModel, prompt_ids: Sequence[int], tokens: 
     [len(tokens), V] float32 on the CPU."""
     ids = list(prompt_ids) + list(tokens[:-1])
     wide = model(input_ids=torch.tensor([ids], device=model.device)).logits[0, len(prompt_ids) - 1:].float().cpu()
-    lm = CachedLM(model, len(ids) + 1)
-    steps = [lm.extend(list(prompt_ids))] + [lm.extend([token]) for token in tokens[:-1]]
+    cache = DynamicCache(config=model.config)
+
+    def step(chunk: list[int]) -> torch.Tensor:  # [1, V]: the logits after ``chunk``
+        out = model(input_ids=torch.tensor([chunk], device=model.device), past_key_values=cache, use_cache=True,
+                    logits_to_keep=1)
+        return out.logits[0].float().cpu()
+
+    steps = [step(list(prompt_ids))] + [step([token]) for token in tokens[:-1]]
     return wide, torch.cat(steps)
 
 

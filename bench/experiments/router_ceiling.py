@@ -6,15 +6,16 @@ CPU) sets the pace, so its router never falls behind and every token is its own 
 replica is a stand-in process (the real multiplexed wire, ``VerifyMany``, with the real worker side,
 ``serve_multiplexed``) that runs a "pass" every ``--pass-ms`` milliseconds: each session with tokens
 granted gets one token a pass, all of a pass's replies in one message, as a replica answers a decode
-run (in groups, as a replica sends them, when the router's stream interval asks for them). The router is the real one (``SpecServeService`` on a ``BackgroundServer``), its registry a
-fixed table naming the stand-in. Clients (this process, on the other core) stream target-only
+run (in groups, as a replica sends them, when the router's stream interval asks for them). The
+router is the real one (``SpecServeService`` on a ``BackgroundServer``), its registry a fixed table
+naming the stand-in. Clients (this process, on the other core) stream target-only
 requests (speculation OFF) back to back at each level of concurrent sessions.
 
 It prints per level: tokens/s, the router's CPU microseconds per token (user + system), the
 tokens per client chunk (above 1: the router found a decode run's tokens waiting and sent them in
 one write), and 1e6 / (router us per token), the tokens/s a saturated router core gives at that cost.
 
-    .venv/bin/python -m specserve.bench.router_ceiling [--sessions 1,16,64,256] [--pass-ms 1] [--stream-interval 1]
+    python -m specserve.bench.experiments.router_ceiling [--sessions 1,16,64,256] [--pass-ms 1] [--stream-interval 1]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import grpc
 
-from specserve.bench.stream_floor import cpu_seconds
+from .stream_floor import cpu_seconds
 
 TOKEN = 65  # what the stand-in replica decodes: a plain token, never EOS
 
@@ -182,17 +183,18 @@ def start(target, *args) -> tuple[multiprocessing.Process, int]:
     return process, port.value
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from specserve.cluster.local import zoo_location
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m specserve.bench.experiments.router_ceiling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", default="1,16,64,256", help="concurrent client streams per level")
     parser.add_argument("--pass-ms", type=float, default=1.0, help="the stand-in replica's pass time")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--min-tokens", type=int, default=8192, help="tokens per level, at least")
     parser.add_argument("--zoo", default="demo", help="whose tokenizer the router detokenizes with")
     parser.add_argument("--stream-interval", type=int, default=1, help="router.stream_interval_tokens")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     levels = [int(s) for s in args.sessions.split(",")]
     cores = sorted(os.sched_getaffinity(0))
     router_core = cores[-1] if len(cores) > 1 else None
@@ -214,8 +216,8 @@ def main() -> None:
             tokens, chunks = asyncio.run(clients(address, sessions, per_session, args.max_tokens))
             seconds, cpu = time.perf_counter() - begun, cpu_seconds(served.pid) - before
             us = 1e6 * cpu / tokens
-            print(f"| {sessions} | {tokens / seconds:,.0f} | {us:,.0f} | {tokens / chunks:.2f} | {1e6 / us:,.0f} |",
-                  flush=True)
+            ceiling = f"{1e6 / us:,.0f}" if us else "-"  # no CPU tick counted: too few tokens to tell
+            print(f"| {sessions} | {tokens / seconds:,.0f} | {us:,.0f} | {tokens / chunks:.2f} | {ceiling} |", flush=True)
     finally:
         served.kill()
         replica.kill()

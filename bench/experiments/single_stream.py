@@ -14,7 +14,7 @@ Rounds alternate the three so that machine noise hits them alike; the report giv
 median tokens/s and the ratios. ``--profile`` adds the operators one step spends its time in,
 eager and compiled (torch.profiler, self CPU time): where the gap to llama.cpp is.
 
-    python -m specserve.bench.single_stream --target SmolLM2-135M-Instruct.Q4_1.gguf \\
+    python -m specserve.bench.experiments.single_stream --target SmolLM2-135M-Instruct.Q4_1.gguf \\
         --llama-bench llama.cpp/build/bin/llama-bench --llama-quantize llama.cpp/build/bin/llama-quantize
 """
 
@@ -32,17 +32,17 @@ from pathlib import Path
 
 import torch
 
+from specserve.bench.settings import REPLICA_CORE
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
+from specserve.workers.graphs import WARM_UP_BUCKETS
 from specserve.workers.grpc_host import Device
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass, use_pooled_attention
 from specserve.workers.verifying import TargetSession
-
-from .settings import REPLICA_CORE
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a test."
 GOAL = 0.8  # of llama.cpp's tokens/s (issue 30)
@@ -53,7 +53,9 @@ class Stream:
 
     def __init__(self, model, prompt: list[int], tokens: int, compiled: bool) -> None:
         shape = KVShape.of(model)
-        self.pool = KVPool(shape, Budget(4 * (len(prompt) + tokens + 2) * shape.bytes_per_position))
+        # Room for the stream and for the compiled passes' warm-up (else they compile in a timed round).
+        room = max(len(prompt) + tokens + 2, max(keys for _, _, keys in WARM_UP_BUCKETS))
+        self.pool = KVPool(shape, Budget(4 * room * shape.bytes_per_position))
         self.scheduler = Scheduler(model, self.pool, Device(1, (REPLICA_CORE,)), BatchingConfig(compiled=compiled))
         self.prompt, self.tokens = prompt, tokens
         self.compile_seconds = self.scheduler.graphs.warm_up() if compiled else 0.0
@@ -113,7 +115,7 @@ def profile(stream: Stream, steps: int = 16) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.single_stream", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m specserve.bench.experiments.single_stream", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True, help="the model: a GGUF file or a transformers directory")
     parser.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default: %(default)s)")
