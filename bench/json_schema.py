@@ -27,10 +27,11 @@ from transformers import AutoTokenizer
 
 from specserve.cluster.bringup import start_service
 from specserve.cluster.demo import ensure_zoo
-from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.cluster.zoo.zoo import Zoo
+from specserve.proto.v1 import specserve_pb2 as pb
 
 from .cli import known_paths, module_main, workload_arguments
+from .prompts import JSON_ASK
 from .settings import RESULTS_DIR, provenance
 from .shared_prefix import Throughput, run_level, summary_lines
 
@@ -43,7 +44,6 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["task", 
                          "answer": {"type": "string", "maxLength": 48},
                          "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
                          "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 12}}}}
-ASK = "\nAnswer in JSON: "
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def measure(zoo: Zoo, settings: JsonSchemaSettings, progress) -> tuple[list[Leve
         for clients in settings.clients:
             for mode in MODES:
                 for path in settings.paths:
-                    requests = [pb.GenerateRequest(prompt=q + ASK, task=task, max_tokens=settings.max_tokens,
+                    requests = [pb.GenerateRequest(prompt=q + JSON_ASK, task=task, max_tokens=settings.max_tokens,
                                                    speculation=PATHS[path],
                                                    structured_output=structured if mode == "json" else None)
                                 for task, q in (asked[n % len(asked)] for n in range(settings.requests))]

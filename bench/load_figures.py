@@ -2,16 +2,16 @@
 
 Per level (concurrent clients, or a peer's batch size) and path: throughput is the tokens of all its
 requests over the level's wall time (first start to last finish); latency is per request, request
-to last token. The ratios the goals need are taken between paths at the same level.
+to last token; its p50 and p99 are ``workers/stats.py``'s percentile, which the capacity planner
+reads its simulated requests with too. The ratios the goals need are taken between paths at the
+same level.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
-
-from specserve.workers.stats import time_per_output_token
+from specserve.workers.stats import percentile, time_per_output_token
 
 from .samples import AUTO, LOAD_PATHS, OFF, OFF_UNBATCHED, PEER_BATCH, PEER_STATIC, Sample
 
@@ -55,12 +55,12 @@ def path_figures(group: list[Sample]) -> dict:
     return {
         "requests": len(group),
         "tokens_per_second": sum(s.tokens for s in group) / wall if wall > 0 else None,
-        "p50": float(np.percentile(latencies, 50)),
-        "p99": float(np.percentile(latencies, 99)),
-        "ttft_p50": float(np.percentile(first, 50)) if first else None,
-        "ttft_p99": float(np.percentile(first, 99)) if first else None,
-        "tpot_p50": float(np.percentile(tpot, 50)) if tpot else None,
-        "tpot_p99": float(np.percentile(tpot, 99)) if tpot else None,
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+        "ttft_p50": percentile(first, 50),  # None where no request streamed its first token
+        "ttft_p99": percentile(first, 99),
+        "tpot_p50": percentile(tpot, 50),
+        "tpot_p99": percentile(tpot, 99),
         "identical": sum(s.identical is True for s in group),
         "compared": sum(s.identical is not None for s in group),  # requests whose prompt has a reference output
     }

@@ -10,6 +10,7 @@ from pathlib import Path
 from specserve.cluster.zoo.zoo import Zoo
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
+JSON_ASK = "\nAnswer in JSON: "  # what the JSON-schema bench appends to each prompt (bench/json_schema.py)
 log = logging.getLogger(__name__)
 
 

@@ -16,8 +16,9 @@ draft drafts the next proposal while the target verifies (the router's lookahead
 that takes the whole proposal and the draft's guess of the target's next token, that proposal is
 ready; after any other, the draft drafts afresh. A step of the router's draft-free proposers
 (n-gram, suffix) waits for the round trip alone. Target-only decoding runs on the replica (a run of
-tokens, no round trip). As the policy's load pricing does, a step speculates only where that is
-expected to give more tokens a second than a target-only token at the replica's load.
+tokens, no round trip). A step speculates only where ``router/cost_model.py`` prices it above a
+target-only token at the replica's load, as the policy does (``speedup_at`` with a ``Load``: the
+replica's sessions, its pass curve, the round trip as r, a drafted token's time as c).
 
 Requests are spread evenly over replicas, so each replica sees an equal share of the arrivals
 (open loop: Poisson at ``rate`` / replicas) or of the clients (closed loop: each client sends its
@@ -27,12 +28,16 @@ simulates ``sample_replicas`` of them, whatever the fleet's size: 1,000 replicas
 Everything here is arithmetic on given numbers: the costs come from a bench report or a running
 service's stats (``specserve plan --costs``; ``bench/plan_check.py`` measures them from a bench
 run), the workload from the operator.
+
+What it has been shown to predict (``bench/plan_check.py``: costs calibrated on one bench run,
+scored on runs it was not fitted on): throughput within 15% up to ``VALIDATED_SESSIONS`` sessions a
+replica, on the load shape it was calibrated on. Past that, on other shapes, and for the p99 time
+per output token, it has not been (docs/pages/deployment.md has the held-out table).
 """
 
 from __future__ import annotations
 
 import bisect
-import collections
 import functools
 import heapq
 import math
@@ -40,8 +45,15 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specserve.router.cost_model import expected_tokens_per_pass
+from specserve.router.cost_model import Load, PassCurve, PassTime, speedup_at
 from specserve.workers.lookup import DRAFT_FREE  # the router's proposers: no draft worker
+from specserve.workers.stats import percentile
+
+# Sessions a replica (requests in flight on it) up to which runs the costs were not fitted on put
+# the predicted throughput within 15% of the measured (bench/plan_check.py: calibrated on
+# 20261127-094901, scored on three other bench runs: OFF 12 of 12 rows, AUTO 10 of 12). At 16-64
+# sessions, 6 of 18 rows were (19% off on average): not validated there.
+VALIDATED_SESSIONS = 8
 
 
 @dataclass(frozen=True)
@@ -94,8 +106,6 @@ class Workload:
 
 
 Curve = tuple[tuple[int, float], ...]
-HOST_WINDOW = 0.1  # seconds over which a shared host's router demand is averaged
-MIN_SHARE = 0.1  # of a core, that a device keeps however busy the router is
 
 
 @functools.lru_cache(maxsize=65536)
@@ -143,15 +153,10 @@ class Costs:
     draft_devices: int = 0
     # A speculating step's round trip through the router (the verdict to the router, the next
     # proposal to the replica), during which its session is in no pass. Target-only decoding runs
-    # on the replica (a run of tokens a request), with no round trip per token.
+    # on the replica (a run of tokens a request), with no round trip per token. The router's CPU is
+    # not modelled: it runs on machines of its own (a fit of it on one embedded run, where it shares
+    # the host, gave 7.6 ms a step on 20261127-094901 and 0.9 ms on 20261127-052559: bench/plan_check.py).
     step_hop_ms: float = 0.0
-    # The router's own CPU time for a speculating step (the verdict read, the next proposal asked for,
-    # the tokens streamed to the client) ...
-    router_step_ms: float = 0.0
-    # ... and where it runs: 0, on machines of its own (production); N, on one host of N cores with the
-    # target and draft devices (the embedded cluster), so that its CPU comes out of theirs: a pass
-    # takes its time over the share of a core the router leaves (its demand over the last HOST_WINDOW).
-    host_cores: int = 0
     # The draft drafts the next proposal while the target verifies (router.lookahead, on by default):
     # after a verdict that accepts the whole proposal and the draft's guess of the target's next
     # token, the next proposal is (or soon will be) ready.
@@ -162,12 +167,20 @@ class Costs:
         if self.draft_pass_ms:
             _check_curve("draft_pass_ms", self.draft_pass_ms)
         if min(self.draft_devices, self.step_hop_ms, self.draft_token_ms, self.pass_overhead_ms,
-               self.session_overhead_ms, self.router_step_ms, self.host_cores) < 0:
+               self.session_overhead_ms) < 0:
             raise ValueError("draft_devices, step_hop_ms, draft_token_ms and the overheads must be at least 0")
 
     def pass_seconds(self, tokens: int, sessions: int = 1) -> float:
         """A target pass of ``tokens`` over ``sessions`` on the serving replica (its overheads included)."""
         return (_interpolate(self.pass_ms, tokens) + self.pass_overhead_ms + self.session_overhead_ms * sessions) / 1000
+
+    def pass_curve(self, sessions: int) -> PassCurve:
+        """s(t) of a pass of ``sessions`` sessions as router/cost_model.py reads one: the measured widths
+        with the replica's overheads, and the line through the last two past them (as pass_seconds)."""
+        points = tuple((w, self.pass_seconds(w, sessions)) for w, _ in self.pass_ms)
+        (t0, s0), (t1, s1) = points[-2] if len(points) > 1 else points[-1], points[-1]
+        slope = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+        return PassCurve(PassTime(s1 - slope * t1, slope), points)
 
     def draft_pass_seconds(self, sessions: int) -> float:
         if not self.draft_pass_ms:
@@ -202,6 +215,7 @@ class ReplicaRun:
     ttft: list[float] = field(default_factory=list)
     latency: list[float] = field(default_factory=list)
     draft_seconds: float = 0.0  # draft device time the replica's sessions needed
+    session_seconds: float = 0.0  # sessions in flight (joined or waiting to) integrated over time
     passes: int = 0
     backlog: int = 0  # requests still waiting for a place in the passes at the end
     decode_steps: int = 0  # steps after the prompt's
@@ -234,8 +248,7 @@ class _Replica:
         self.passing = False  # a target pass is running
         self.devices: dict[int, list[_Session]] = {}  # device -> its sessions with tokens to draft
         self.device_busy: set[int] = set()
-        self.priced: dict[tuple[int, int, int], int] = {}  # (id(task), k, sessions) -> the k the policy takes
-        self.router_work: collections.deque[tuple[float, float]] = collections.deque()  # (when, CPU seconds)
+        self.priced: dict[tuple[int, int, int], int] = {}  # (id(task), k, sessions in flight) -> the k taken
         arrivals: list[tuple[float, int]] = []
         if workload.rate is not None:
             rate, t = workload.rate / replicas, 0.0
@@ -256,6 +269,7 @@ class _Replica:
     def simulate(self) -> ReplicaRun:
         now = 0.0
         while self.events and self.events[0][0] < self.seconds:
+            self.run.session_seconds += (self.events[0][0] - now) * (len(self.active) + len(self.waiting))
             now = self.events[0][0]
             while self.events and self.events[0][0] == now:  # everything due now, before any pass starts
                 _, _, kind, what = heapq.heappop(self.events)
@@ -298,7 +312,7 @@ class _Replica:
                     self.ready.remove(session)
             if members:
                 width = sum(n for _, n in members)
-                step = self.costs.pass_seconds(width, len(members)) / self._share(now)
+                step = self.costs.pass_seconds(width, len(members))
                 self.run.passes += 1
                 for session, _ in members:
                     if session.k and self.costs.lookahead and not session.task.draft_free:
@@ -383,7 +397,7 @@ class _Replica:
         if not session.k:  # target-only: the replica's decode run, no round trip
             self.ready.append(session)
             return
-        hop = self._route(now)
+        hop = self.costs.step_hop_ms / 1000
         if session.task.draft_free:
             self._at(now + hop, "ready", session)
             return
@@ -394,47 +408,18 @@ class _Replica:
         else:
             self._at(now + hop, "ready", session)
 
-    def _route(self, now: float) -> float:
-        """A speculating step through the router: its round trip, in seconds. Its CPU (the router's,
-        and the client's reading the tokens) is demand on a shared host, not latency: the round trip
-        measured unloaded holds the part a step waits for."""
-        if self.costs.router_step_ms and self.costs.host_cores:
-            self.router_work.append((now, self.costs.router_step_ms / 1000))
-        return self.costs.step_hop_ms / 1000
-
-    def _share(self, now: float) -> float:
-        """The share of a core a device keeps on a shared host: what the router's recent demand leaves.
-        A session's router work runs while its own step is out of the passes, so it competes with the
-        passes of the others only: of n sessions, (n - 1) / n of it (none with one session)."""
-        if not (self.costs.host_cores and self.costs.router_step_ms):
-            return 1.0
-        while self.router_work and self.router_work[0][0] < now - HOST_WINDOW:
-            self.router_work.popleft()
-        sessions = max(len(self.active), 1)
-        demand = sum(seconds for _, seconds in self.router_work) / HOST_WINDOW * (sessions - 1) / sessions  # cores
-        return max(MIN_SHARE, 1 - demand / self.costs.host_cores)
-
     def _k(self, session: _Session) -> int:
-        """The policy's k for a session's next step: its task's, where a step of it is expected to
-        give more tokens a second than a target-only token at the replica's load (its load pricing)."""
+        """The policy's k for a session's next step: its task's, where router/cost_model.py expects a
+        step of it to beat a target-only token at the replica's load (``speedup``), else 0."""
         task = session.task
         k = min(task.k, session.output_left - 1)
         if k < 1:
             return 0
-        sessions = len(self.active)
-        key = (id(task), k, sessions)
+        in_flight = len(self.active) + len(self.waiting)
+        key = (id(task), k, in_flight)
         if key not in self.priced:
-            self.priced[key] = self._priced_k(task, k, sessions)
+            self.priced[key] = k if speedup(task, k, in_flight, self.costs) > 1 else 0
         return self.priced[key]
-
-    def _priced_k(self, task: TaskLoad, k: int, sessions: int) -> int:
-        alone = self.costs.pass_seconds(sessions, sessions)
-        draft = 0.0 if task.draft_free else k * self.costs.draft_pass_seconds(
-            max(1, sessions // max(self.costs.draft_devices, 1)) if self.costs.draft_devices else 1)
-        hidden = task.alpha ** (k + 1) if self.costs.lookahead else 0.0  # a lookahead hit hides the draft
-        step = (self.costs.pass_seconds(sessions * (k + 1), sessions) + self.costs.step_hop_ms / 1000
-                + (1 - hidden) * draft)
-        return k if expected_tokens_per_pass(task.alpha, k) / step > 1 / alone else 0
 
     def _finish(self, now: float, session: _Session) -> None:
         self.active.remove(session)
@@ -451,6 +436,21 @@ class _Replica:
         if session.client >= 0 and self.left != 0:  # the client sends its next request at once: the next pass has it
             self._arrive(now, session.client)
             self.left = None if self.left is None else self.left - 1
+
+
+def speedup(task: TaskLoad, k: int, in_flight: int, costs: Costs) -> float:
+    """A step of k's expected speedup over a target-only token with ``in_flight`` sessions on the
+    replica, priced as the policy prices it (``router/policy.py`` ``load``, ``router/cost_model.py``):
+    N the sessions, up to what a pass holds; the verify pass of N (k + 1) tokens against the
+    target-only pass of N on the replica's curve; r the round trip and c a drafted token's time, over
+    that target-only pass; the draft's time hidden (saturated) once more sessions wait than a pass holds."""
+    sessions = max(1, min(in_flight, costs.max_sessions_per_pass))
+    plain = costs.pass_seconds(sessions, sessions)
+    per_device = max(1, sessions // costs.draft_devices) if costs.draft_devices else 1
+    drafted = 0.0 if task.draft_free else costs.draft_pass_seconds(per_device)
+    load = Load(sessions, costs.pass_curve(sessions), r=costs.step_hop_ms / 1000 / plain,
+                saturated=in_flight > costs.max_sessions_per_pass)
+    return speedup_at(task.alpha, drafted / plain, k, load)
 
 
 def simulate_replica(workload: Workload, costs: Costs, replicas: int, seconds: float, seed: int = 0,
@@ -483,17 +483,19 @@ class Fleet:
     keeps_up: bool  # no replica's queue of requests waiting to join its passes grew past one pass's worth
     speculated: float  # share of decode steps that speculated (the rest: AUTO found target-only faster)
     draft_workers: float  # draft device time needed, in workers (each busy all the time)
+    sessions_per_replica: float  # mean sessions in flight on a replica (VALIDATED_SESSIONS: how far it was checked)
+
+    @property
+    def validated(self) -> bool:
+        """Within the load its throughput was checked at against runs it was not fitted on."""
+        return self.sessions_per_replica <= VALIDATED_SESSIONS
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Straight lines between the ordered values, as the bench's figures (numpy's default) read them."""
-    if not values:
-        return math.inf
-    ordered = sorted(values)
-    at = q * (len(ordered) - 1)
-    low = math.floor(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+def tail(values: Sequence[float], q: float) -> float:
+    """The q-th percentile as the bench reads it (``workers/stats.py``); inf where no request
+    finished, so that no budget is met."""
+    found = percentile(values, q)
+    return math.inf if found is None else found
 
 
 # Requests each simulated replica should see at least, for its tails to mean something: a replica's
@@ -518,11 +520,12 @@ def simulate_fleet(workload: Workload, costs: Costs, replicas: int, seconds: flo
     tpot = [x for r in runs for x in r.tpot]
     tokens_per_second = scale * sum(r.tokens for r in runs) / elapsed
     return Fleet(replicas, tokens_per_second, tokens_per_second / workload.output_tokens,
-                 percentile(tpot, 0.5), percentile(tpot, 0.99), percentile([x for r in runs for x in r.latency], 0.99),
-                 percentile([x for r in runs for x in r.ttft], 0.99),
+                 tail(tpot, 50), tail(tpot, 99), tail([x for r in runs for x in r.latency], 99),
+                 tail([x for r in runs for x in r.ttft], 99),
                  all(r.backlog <= costs.max_sessions_per_pass for r in runs),
                  sum(r.speculated for r in runs) / max(sum(r.decode_steps for r in runs), 1),
-                 scale * sum(r.draft_seconds for r in runs) / elapsed)
+                 scale * sum(r.draft_seconds for r in runs) / elapsed,
+                 sum(r.session_seconds for r in runs) / max(sum(r.seconds for r in runs), 1e-9))
 
 
 @dataclass(frozen=True)

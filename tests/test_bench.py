@@ -217,19 +217,20 @@ def test_derived_figures_on_known_samples():
     def run(path: str, prompt: int, seconds: float, **kw) -> Sample:
         return Sample("greedy", "sql", path, prompt, tokens=100, seconds=seconds, **kw)
 
-    drafted = dict(proposed=40, accepted=30, rejections=10, target_passes=25)
+    # 25 passes of k = 4 commit 100 tokens: 75 accepted and the target's own 25 (alpha 75 / (75 + 25)).
+    drafted = dict(proposed=100, accepted=75, rejections=25, target_passes=25)
     # Through the service each run also drafted 20 tokens ahead that no proposal used.
-    served = drafted | dict(drafted=60, wasted=20, draft_seconds=0.24)
+    served = drafted | dict(drafted=120, wasted=20, draft_seconds=0.24)
     samples = [run(OFF, 0, 2.0, target_passes=100, verify_seconds=1.0), run(OFF, 1, 3.0, target_passes=100, verify_seconds=1.0),
                run(TASK, 0, 1.0, verify_seconds=0.375, **served), run(TASK, 1, 1.0, verify_seconds=0.375, **served),
                run(ENGINE_OFF, 0, 1.0, target_passes=100, verify_seconds=1.0),
-               run(ENGINE_TASK, 0, 1.0, draft_seconds=0.2, verify_seconds=0.4, drafted=40, **drafted)]
+               run(ENGINE_TASK, 0, 1.0, draft_seconds=0.5, verify_seconds=0.4, drafted=100, **drafted)]
     row = F.derive({"tasks": ["sql"], "k": 4}, samples, [])["tasks"]["sql"]
     assert row["alpha"] == 0.75 and row["tokens_per_pass"] == 4.0
-    assert row["c"] == pytest.approx((0.2 / 40) / (1.0 / 100))  # 0.5, from the engine's paths
-    # Per drafted token through the service, the wasted ones included: (0.48 s / 120) / (2.0 s / 200) = 0.4,
-    # not the 0.6 a charge per proposed token (80) would give; a third of the draft's work was wasted.
-    assert row["c_service"] == pytest.approx(0.4) and row["wasted"] == pytest.approx(1 / 3)
+    assert row["c"] == pytest.approx((0.5 / 100) / (1.0 / 100))  # 0.5, from the engine's paths
+    # Per drafted token through the service, the wasted ones included: (0.48 s / 240) / (2.0 s / 200) = 0.2,
+    # not the 0.24 a charge per proposed token (200) would give; a sixth of the draft's work was wasted.
+    assert row["c_service"] == pytest.approx(0.2) and row["wasted"] == pytest.approx(40 / 240)
     assert row["w"] == pytest.approx((0.015 / 0.01 - 1) / 4)  # a 5-token verify pass costs 1.5 target-only passes
     assert row["speedup"]["median"] == 2.5 and row["speedup"]["min"] == 2.0 and row["speedup"]["max"] == 3.0
     expected = (1 - 0.75 ** 5) / 0.25

@@ -113,20 +113,48 @@ def test_the_command_prints_a_plan_and_writes_it(tmp_path, capsys):
     assert bad.value.code == 2 and "workload" in capsys.readouterr().err
 
 
-def test_the_check_against_a_bench_run_counts_the_predicted_rows_within_the_bar():
-    from specserve.bench.plan_check import format_report
+def check_row(run, clients, path, predicted, measured, shape="bench", held_out=True, fit=False):
+    return {"run": run, "shape": shape, "clients": clients, "path": path, "requests": 16, "fit": fit,
+            "held_out": held_out, "tokens_per_second": {"predicted": predicted, "measured": measured},
+            "tpot_p99": {"predicted": 0.010, "measured": 0.0125 if shape == "bench" else None}}
 
-    def row(clients, predicted, measured):
-        return {"clients": clients, "path": "auto", "requests": 16, "calibration": clients == 1,
-                "tokens_per_second": {"predicted": predicted, "measured": measured},
-                "tpot_p99": {"predicted": 0.010, "measured": 0.0105}}
-    text = format_report({"run": "r", "pass_ms": [[1, 5.0]], "prompt_tokens": 30, "output_tokens": 96,
+
+def test_the_check_scores_only_held_out_rows_by_slice():
+    from specserve.bench.plan_check import slices
+
+    rows = [check_row("calib", 1, "off", 100, 100, held_out=False, fit=True),  # a fit: no prediction
+            check_row("calib", 2, "off", 200, 100, held_out=False),  # the calibration run's: apart
+            check_row("a", 1, "off", 110, 100), check_row("a", 8, "off", 80, 100),
+            check_row("a", 16, "off", 130, 100), check_row("a", 4, "auto", 95, 100),
+            check_row("b", 16, "off", 100, 125, shape="json-schema free")]
+    found = {s["slice"]: s for s in slices(rows)}
+    low = found["OFF, <= 8 clients"]  # errors +10% and -20%: one within 15%
+    assert (low["rows"], low["within"]) == (2, 1) and low["mean_error"] == pytest.approx(0.15)
+    assert low["max_error"] == pytest.approx(0.2) and low["tpot_p99_mean_error"] == pytest.approx(0.2)  # 10 / 12.5 ms
+    assert (found["OFF, > 8 clients"]["rows"], found["OFF, > 8 clients"]["within"]) == (1, 0)
+    other = found["other shape: json-schema free, OFF"]  # 100 / 125 - 1: -20%, no p99 measured
+    assert other["mean_error"] == pytest.approx(0.2) and other["tpot_p99_mean_error"] is None
+    assert found["all held-out"]["rows"] == 5
+    assert found["calibration run's own predicted rows (not held out)"]["rows"] == 1
+
+
+def test_the_checks_report_shows_held_out_rows_apart_from_the_calibration_runs():
+    from specserve.bench.plan_check import format_report, slices
+
+    rows = [check_row("bench/results/calib", 1, "off", 100, 100, held_out=False, fit=True),
+            check_row("bench/results/a", 2, "auto", 110, 100),
+            check_row("bench/results/b", 1, "auto", 90, 100, shape="shared-prefix cache off")]
+    text = format_report({"run": "bench/results/calib", "pass_ms": [[1, 5.0]], "pass_ms_from": "recorded",
+                          "prompt_tokens": 30, "output_tokens": 96,
                           "costs": {"pass_overhead_ms": 1.0, "step_hop_ms": 0.5, "draft_pass_ms": [[1, 2.0]],
                                     "draft_devices": 2},
                           "tasks": [{"name": "code/code", "share": 4, "alpha": 0.8, "k": 4}],
-                          "rows": [row(1, 100, 100), row(2, 110, 100), row(4, 150, 100)]})
-    assert "| 2 | auto | 16 | 110 | 100 | 1.10 |" in text and "| 1 (fit) | auto |" in text
-    assert "1 of 2 predicted rows within 15% on throughput and p99 TPOT" in text  # the calibration row is not counted
+                          "rows": rows, "slices": slices(rows)})
+    held, own = text.split("## Held out")[1].split("itself (the calibration run")
+    assert "| a | bench | auto | 2 | 16 | 100 | 110 | +10% | 12.5 | 10.0 | -20% |" in held
+    assert "| b | shared-prefix cache off | auto* | 1 | 16 | 100 | 90 | -10% | - | - | - |" in held  # CALIB's proposers
+    assert "| calib | bench | off | 1 (fit) |" in own and "calib |" not in held
+    assert "| AUTO, <= 8 clients | 1 | 1 | 10% | 10% | 20% |" in text
 
 
 def test_the_check_takes_each_proposers_k_and_alpha_from_the_runs_requests():
@@ -233,19 +261,68 @@ def test_the_command_plans_from_a_running_service(client, service, tmp_path, cap
     assert f"costs from {service.address}: a pass of 1:" in printed and "target replicas" in printed
 
 
-def test_on_a_shared_host_the_routers_work_slows_the_passes_of_the_other_sessions():
-    # draft-free steps of k = 2 (alpha 1) and 5 ms of router CPU each; on a 1-core host shared with the
-    # target, what the router does for one session comes out of the others' passes
-    separate = Costs(((1, 10.0),), router_step_ms=5.0)
-    shared = replace(separate, host_cores=1)
-    def served(costs, clients):
-        workload = Workload((TaskLoad("t", 1.0, alpha=1.0, k=2, draft_free=True),), prompt_tokens=1,
-                            output_tokens=7, clients=clients)
-        return simulate_fleet(workload, costs, replicas=1, seconds=2.0, sample_replicas=1).tokens_per_second
-    assert served(shared, 1) == pytest.approx(served(separate, 1))  # alone, its router work is between its passes
-    assert served(shared, 4) < 0.9 * served(separate, 4)  # the others' router work takes the target's core
-    from specserve.cluster.plan import percentile
-    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5 and percentile([1.0, 2.0], 0.99) == pytest.approx(1.99)
+def test_a_step_is_priced_through_the_cost_model_as_the_policy_prices_it():
+    from specserve.cluster.plan import speedup
+
+    costs = Costs(((1, 10.0), (16, 20.0)), draft_pass_ms=((1, 2.0),), step_hop_ms=1.0)
+    task = TaskLoad("t", 1.0, alpha=0.6, k=3)
+    # one session: a verify pass of 4 tokens 12 ms (straight between 1 and 16) over a 10 ms target-only
+    # pass, the 1 ms round trip 0.1 of it, each drafted token 2 ms (c = 0.2): 1.2 + 0.1 + 3 x 0.2 = 1.9
+    assert speedup(task, 3, 1, costs) == pytest.approx(expected_tokens(0.6, 3) / 1.9)  # 1.15: it speculates
+    # 40 in flight, 32 a pass: N = 32 (30.67 ms) and a pass of 128 (94.67 ms, past the curve); the
+    # target saturated, so the draft's time drops out: 3.087 + 1 / 30.67, and 2.18 tokens for it (0.70)
+    plain, verify = 10 + 10 * 31 / 15, 10 + 10 * 127 / 15
+    assert speedup(task, 3, 40, costs) == pytest.approx(expected_tokens(0.6, 3) / (verify / plain + 1 / plain))
+    workload = Workload((task,), prompt_tokens=1, output_tokens=20, clients=40)
+    run = simulate_replica(workload, costs, replicas=1, seconds=2.0, warmup=0)
+    assert run.speculated == 0 and run.tokens > 0  # nor do steps of k 1 or 2 pay at that load: all target-only
+    one = simulate_replica(replace(workload, clients=1), costs, replicas=1, seconds=2.0, warmup=0)
+    assert one.speculated > 0.5 * one.decode_steps
+
+
+def test_the_planners_percentiles_are_the_benchs():
+    import numpy as np
+
+    from specserve.cluster.plan import tail
+    from specserve.workers.stats import percentile
+
+    values = [float(v) for v in np.random.default_rng(0).exponential(size=37)]
+    for q in (0, 50, 90, 99, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-12)
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and percentile([1.0, 2.0], 99) == pytest.approx(1.99)
+    assert percentile([], 99) is None and tail([], 99) == float("inf")  # no request finished: no budget is met
+    with pytest.raises(ValueError):
+        percentile(values, 0.99 * 200)
+
+
+def test_a_fleet_says_how_many_sessions_a_replica_holds_and_whether_that_was_checked():
+    from specserve.cluster.plan import VALIDATED_SESSIONS
+
+    costs = Costs(((1, 10.0), (64, 20.0)))
+    workload = Workload((TaskLoad("t", 1.0),), prompt_tokens=1, output_tokens=11, clients=32)
+    spread = simulate_fleet(workload, costs, replicas=8, seconds=2.0)
+    assert spread.sessions_per_replica == pytest.approx(4, rel=0.02) and spread.validated
+    crowded = simulate_fleet(workload, costs, replicas=1, seconds=2.0)
+    assert crowded.sessions_per_replica == pytest.approx(32, rel=0.02) and 32 > VALIDATED_SESSIONS
+    assert not crowded.validated
+
+
+def test_the_command_warns_where_a_plan_goes_past_what_was_checked(tmp_path, capsys):
+    from specserve.cluster.cli import main
+
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps({"clients": 32, "prompt_tokens": 8, "output_tokens": 16,
+                                    "tasks": {"chat": {"share": 1}}}))
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"pass_ms": [[1, 5.0], [64, 68.0]]}))  # 1 ms more a token in the pass
+    # a budget that one replica of 32 sessions keeps (passes of 36 ms): past the 8 a replica checked
+    main(["plan", "--workload", str(workload), "--costs", str(costs), "--budget-tpot-ms", "50", "--seconds", "2"])
+    printed = capsys.readouterr().out
+    assert "not checked: the p99 time per output token" in printed
+    assert "warning: the target-only plan puts 32 sessions on a replica, past the 8" in printed
+    main(["plan", "--workload", str(workload), "--costs", str(costs), "--budget-tpot-ms", "9", "--seconds", "2",
+          "--max-replicas", "64"])  # passes within 9 ms: 4 sessions a replica at most
+    assert "warning" not in capsys.readouterr().out
 
 
 def test_a_plan_checks_results_are_costs_the_command_reads(tmp_path):
@@ -254,7 +331,16 @@ def test_a_plan_checks_results_are_costs_the_command_reads(tmp_path):
     from specserve.cluster.commands.plan import read_costs
 
     costs = Costs(((1, 5.0), (16, 9.0)), pass_overhead_ms=1.0, session_overhead_ms=0.5, draft_pass_ms=((1, 2.0),),
-                  draft_devices=2, step_hop_ms=0.3, router_step_ms=7.0, host_cores=2, lookahead=False)
+                  draft_devices=2, step_hop_ms=0.3, lookahead=False)
     report = tmp_path / "results.json"
     report.write_text(json.dumps({"rows": [], "costs": asdict(costs)}))
     assert read_costs(report) == costs  # every field, as the check wrote it
+
+
+def test_an_older_checks_router_cpu_is_read_past_and_said_so(tmp_path, capsys):
+    from specserve.cluster.commands.plan import read_costs
+
+    report = tmp_path / "results.json"  # bench/results/20261127-094901's check fitted the router's CPU
+    report.write_text(json.dumps({"costs": {"pass_ms": [[1, 5.0]], "router_step_ms": 7.6, "host_cores": 2}}))
+    assert read_costs(report) == Costs(((1, 5.0),))
+    assert "router_step_ms and host_cores are ignored" in capsys.readouterr().err

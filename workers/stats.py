@@ -12,6 +12,8 @@ every figure derived from them, defined once here.
                      per drafted token, round trips included, over a target-only step
     wasted_share     the share of drafted tokens that no proposal used (lookaheads that missed)
     time_per_output_token  after a request's first chunk, its seconds per further token (TPOT)
+    percentile       a figure's p50 or p99 over requests: numpy's default (straight lines between the
+                     ordered values); the bench's load figures and the capacity planner both read it
     expected tokens per pass and expected speedup: router/cost_model.py (they need the load)
 
 The CLI, the demo, validate, the bench and the policy use these; router/metrics.py's PromQL
@@ -20,6 +22,8 @@ defines the same figures under the same names for Prometheus.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 def alpha(accepted: float, rejections: float) -> float:
@@ -58,6 +62,20 @@ def time_per_output_token(seconds: float, first_token_seconds: float, tokens: in
     """TPOT: the time after the first chunk over the tokens that came after it (None: none did)."""
     later = tokens - first_chunk_tokens
     return (seconds - first_token_seconds) / later if later > 0 else None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (q in 0..100) as ``numpy.percentile`` reads it by default: the ordered
+    values at rank q / 100 (n - 1), straight between the two around it. None: no values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in 0..100 (a percentile), got {q}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = q / 100 * (len(ordered) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 NOT_SUMMED = frozenset({"accepted_per_position", "tested_per_position", "seed"})  # merged by position / per request
