@@ -61,7 +61,9 @@ def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
     with _timed(seconds, "distill_data"):
         data = {task: _distill_data(out, preset, tokenizer, target, corpora[task]) for task in TASKS}
     with _timed(seconds, "drafts"):
-        drafts = {name: _draft(out, preset, tokenizer, data, name) for name in preset.draft_names}
+        built = {name: _draft(out, preset, tokenizer, data, name)  # the general one first: the others start from it
+                 for name in sorted(preset.draft_names, key=lambda name: name != GENERAL_DRAFT)}
+        drafts = {name: built[name] for name in preset.draft_names}
     with _timed(seconds, "evaluation"):
         evaluation = _evaluate(preset, tokenizer, target, drafts, corpora)
     with _timed(seconds, "head"):
@@ -76,7 +78,8 @@ def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
         "target": {"path": "target", "parameters": parameter_count(target), "perplexity": evaluation["perplexity"]},
         "drafts": {
             name: {"path": f"drafts/{name}", "parameters": parameter_count(model),
-                   "trained_on": list(TASKS) if name == GENERAL_DRAFT else [name]}
+                   "trained_on": list(TASKS) if name == GENERAL_DRAFT else [name],
+                   **({"started_from": GENERAL_DRAFT} if name != GENERAL_DRAFT and preset.specialize_general else {})}
             for name, model in drafts.items()
         },
         "task_drafts": {task: [task, GENERAL_DRAFT] for task in TASKS},  # allowed drafts, preferred first
@@ -163,10 +166,15 @@ def _distill_data(out: Path, preset: ZooPreset, tokenizer, target, corpus: Corpu
 
 
 def _draft(out: Path, preset: ZooPreset, tokenizer, data: dict[str, DistillSet], name: str):
+    """A draft distilled from the target: the general one on every task's data, a task's on its own,
+    from the general draft's weights (``specialize_general``: built first) or from scratch."""
     path = out / "drafts" / name
     if not path.exists():
         train_set = DistillSet.concat(list(data.values())) if name == GENERAL_DRAFT else data[name]
-        model = new_model(preset.draft, tokenizer, preset.context_window, stage_seed(preset.seed, f"draft:{name}"))
+        if name != GENERAL_DRAFT and preset.specialize_general:
+            model = AutoModelForCausalLM.from_pretrained(out / "drafts" / GENERAL_DRAFT).train()
+        else:
+            model = new_model(preset.draft, tokenizer, preset.context_window, stage_seed(preset.seed, f"draft:{name}"))
         loss = distill_draft(model, train_set, preset.draft_budget, stage_seed(preset.seed, f"draft-data:{name}"),
                              desc=f"draft {name}")
         log.info("draft %s: %.2fM parameters, distillation loss %.3f", name, parameter_count(model) / 1e6, loss)
