@@ -97,7 +97,7 @@ def _per_pass(counts: dict) -> dict:
     passes = counts["passes"]
     return {"passes": passes,
             "sessions_per_pass": counts["pass_sessions"] / passes if passes else None,
-            "tokens_per_pass": counts["pass_tokens"] / passes if passes else None,
+            "pass_width": counts["pass_tokens"] / passes if passes else None,  # tokens a pass ran, all its sessions
             "max_pass_sessions": counts["max_pass_sessions"] or None,
             "kv_pool_of_budget": counts["kv_pool_of_budget"] or None}
 

@@ -278,7 +278,8 @@ def _batch_sizes(passes: dict | None) -> list[str]:
     if not passes:
         return [DASH] * 3
     target, draft = passes["target"], passes["draft"]
-    return [num(target["sessions_per_pass"]), num(target["tokens_per_pass"], 1), num(draft["sessions_per_pass"])]
+    width = target.get("pass_width", target.get("tokens_per_pass"))  # runs saved before 2026-11-28 named it so
+    return [num(target["sessions_per_pass"]), num(width, 1), num(draft["sessions_per_pass"])]
 
 
 def _load_memory(rss: dict | None) -> list[str]:

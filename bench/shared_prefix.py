@@ -27,10 +27,11 @@ import grpc
 
 from specserve.cluster.bringup import start_service
 from specserve.cluster.demo import ensure_zoo
-from specserve.proto.v1 import specserve_pb2 as pb
-from specserve.proto.v1 import specserve_pb2_grpc as rpc
 from specserve.cluster.zoo.head import HEAD
 from specserve.cluster.zoo.zoo import Zoo
+from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.proto.v1 import specserve_pb2_grpc as rpc
+from specserve.workers import stats
 
 from .cli import known_paths, module_main, workload_arguments
 from .faults import inspect
@@ -61,6 +62,7 @@ class Throughput:
 
     ttft: list[float] = field(default_factory=list)
     tokens: int = 0
+    accepted: int = 0  # draft tokens the target kept over the level's requests
     passes: int = 0  # target passes (verify steps) over the level's requests
     seconds: float = 0.0
 
@@ -70,7 +72,7 @@ class Throughput:
 
     @property
     def tokens_per_pass(self) -> float:
-        return self.tokens / self.passes if self.passes else 0.0
+        return stats.tokens_per_pass(self.accepted, self.passes)
 
 
 @dataclass
@@ -134,6 +136,7 @@ async def run_level(address: str, requests: list[pb.GenerateRequest], clients: i
                     outputs[n].extend(chunk.token_ids)
                     if chunk.finish_reason:
                         level.passes += chunk.stats.target_passes
+                        level.accepted += chunk.stats.accepted_tokens
                 level.tokens += len(outputs[n])
 
         start = time.perf_counter()

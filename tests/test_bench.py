@@ -200,7 +200,7 @@ def test_every_section_was_measured_and_every_output_is_the_targets(results, tin
             assert 0 < paths[mode]["tpot_p50"] <= paths[mode]["tpot_p99"] < paths[mode]["p99"]
         for mode in (OFF, AUTO, OFF_UNBATCHED) if level == 1 else (OFF, AUTO):
             passes = load["passes"][str(level)][mode]["target"]
-            assert passes["passes"] > 0 and passes["sessions_per_pass"] >= 1 and passes["tokens_per_pass"] >= 1
+            assert passes["passes"] > 0 and passes["sessions_per_pass"] >= 1 and passes["pass_width"] >= 1
     assert load["passes"]["1"][OFF_UNBATCHED]["target"]["sessions_per_pass"] == 1  # batching off: one per pass
     assert load["ratios"]["1"]["off_p50_over_unbatched"] > 0 and load["ratios"]["2"]["off_over_peer_static"] > 0
     assert load["peer_errors"] == {}  # generate_batch runs on CPU in transformers 5.23
@@ -311,7 +311,7 @@ def test_pass_counts_are_the_workers_growth_over_a_run():
                                 "kv_pool_of_budget": 0.6}
     assert record["draft"]["passes"] == 8 and record["draft"]["pass_sessions"] == 16
     figures = derive_load([], {"passes": [record]})["passes"]["8"][OFF]
-    assert figures["target"]["sessions_per_pass"] == 3 and figures["target"]["tokens_per_pass"] == 10
+    assert figures["target"]["sessions_per_pass"] == 3 and figures["target"]["pass_width"] == 10
     assert figures["draft"]["sessions_per_pass"] == 2
 
 

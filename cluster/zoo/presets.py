@@ -84,6 +84,9 @@ PRESETS: dict[str, ZooPreset] = {
         on_policy_tokens=32,
         eval_prompts=3,
         eval_tokens=16,
+        # Task drafts from scratch: 15 steps leave them near-useless (alpha ~0 on their tasks), so the
+        # service's routing tests have drafts of clearly different quality to route between.
+        specialize_general=False,
     ),
     # ~5 minutes: what `make demo` builds on a fresh machine.
     "demo": ZooPreset(
