@@ -387,7 +387,7 @@ def _concurrency_table(rows: list[dict]) -> list[str]:
     for r in rows:
         compiled = r.get("static_batch_compiled_tok_s")  # reports written before it was measured lack it
         lines.append(f"{r['sessions']:>8} {r['scheduler_tok_s']:>10.0f} "
-                     f"{compiled if compiled is None else round(compiled):>15} "
+                     f"{'-' if compiled is None else round(compiled):>15} "
                      f"{r['scheduler_tok_s'] / compiled if compiled else float('nan'):>5.2f}x "
                      f"{r['scheduler_eager_tok_s']:>8.0f} {r['static_batch_tok_s']:>12.0f} "
                      f"{r['scheduler_eager_tok_s'] / r['static_batch_tok_s']:>10.2f}x")

@@ -37,6 +37,7 @@ from specserve.cluster.bringup import start_service
 from specserve.cluster.client import SpecServeClient
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.grpc_host import Device
+from specserve.workers.heads.format import read_facts
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer, resolve_device, resolve_dtype
 from specserve.workers.stats import alpha, tokens_per_pass, wasted_share
 
@@ -337,8 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             "warm_up": args.warm_up, "global_suffix_tokens": args.global_suffix_tokens, "draft": args.draft,
             "head": args.head, "torch": torch.__version__}
     if args.head:
-        facts = Path(args.head) / "specserve_head.json"
-        facts = json.loads(facts.read_text()) if facts.exists() else {}
+        facts = read_facts(args.head)
         meta["head_facts"] = {key: facts[key] for key in HEAD_FACTS if key in facts}
         width = 3 * json.loads((Path(args.head) / "config.json").read_text())["transformer_layer_config"]["hidden_size"]
         meta["wire"] = wire_costs(width, resolve_dtype("auto", resolve_device("auto")))  # what the replica runs in

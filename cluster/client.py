@@ -68,13 +68,27 @@ class SpecServeClient:
                 if status == health_pb2.HealthCheckResponse.SERVING:
                     return
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
-                if say is not None and (waiting := self.stats().waiting_for) and waiting != said:
-                    say(f"specserve at {self.address} is starting; waiting for {waiting}")
-                    said = waiting
             except grpc.RpcError as exc:  # the details name a TLS problem (an address the certificate lacks)
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # a front without the health service: go on
+                    return
                 last = f"{exc.code().name}: {exc.details()}"
+            else:
+                said = self._say_waiting(say, said)
             time.sleep(0.5)
         raise TimeoutError(f"specserve at {self.address} not SERVING after {timeout:.0f} s (last: {last})")
+
+    def _say_waiting(self, say: Callable[[str], None] | None, said: str) -> str:
+        """Tell ``say`` what the service waits for, when that changed (GetStats, which needs the
+        token the health check does not: a refusal is left to the request that follows)."""
+        if say is None:
+            return said
+        try:
+            waiting = self.stats().waiting_for
+        except grpc.RpcError:
+            return said
+        if waiting and waiting != said:
+            say(f"specserve at {self.address} is starting; waiting for {waiting}")
+        return waiting or said
 
     def close(self) -> None:
         self.channel.close()

@@ -116,9 +116,19 @@ def ensure_zoo(zoo_name: str) -> Zoo:
     elif HEAD not in Zoo.open(location).draft_names:
         print(f"adding an EAGLE-3 head to the {zoo_name} zoo in {location} (once, minutes)", flush=True)
     else:
-        return Zoo.open(location)
+        zoo = Zoo.open(location)
+        if get_preset(zoo_name).specialize_general and not specialized(zoo):
+            print(f"note: the {zoo_name} zoo in {location} was built before task drafts started from the general "
+                  f"one; they were trained from scratch (delete it to rebuild with drafts that beat the general "
+                  f"draft on their tasks)", flush=True)
+        return zoo
     logging.getLogger("specserve").setLevel(logging.INFO)  # a build is long: say what each stage did
     return build_zoo(get_preset(zoo_name), location)
+
+
+def specialized(zoo: Zoo) -> bool:
+    """Whether the zoo's task drafts started from its general draft (the manifest says so)."""
+    return any(entry.get("started_from") for entry in zoo.manifest["drafts"].values())
 
 
 def _zoo_line(zoo: Zoo) -> str:

@@ -39,7 +39,7 @@ from .config import ModelsConfig, ServiceConfig
 from .control import find_registry
 from .local import open_zoo, zoo_location
 from .models import ModelSet, check_tokenizers, head_layers
-from .pool import initial_size
+from .pool import ready_size, served_drafts
 
 log = logging.getLogger("specserve.router")
 READY_POLL_SECONDS = 0.5
@@ -62,12 +62,13 @@ class Router:
         heads = head_layers(models)
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
         registry = find_registry(cfg.namespace)
-        self.pool_size = initial_size(cfg, models)
         self.router_id = f"router-{uuid.uuid4().hex[:6]}"
         limits = Limits(tasks=models.tasks, drafts=models.proposers, context_window=_context_window(models.target))
         self.directory = WorkerDirectory(registry, registration.ttl, security, cfg.router.prefix_affinity_sessions)
-        needed = {name for names in models.tasks.values() for name in names if name in models.drafts}
-        self.readiness = Readiness(frozenset(needed), self.pool_size)
+        # A draft of the task table that the pool does not serve is never waited for (no worker will
+        # come): its requests run target-only, route "unavailable".
+        needed = {name for names in models.tasks.values() for name in names} & set(served_drafts(cfg, models))
+        self.readiness = Readiness(frozenset(needed), ready_size(cfg, models))
         self.readiness.check(())  # what it waits for, before anything registered
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
                                         priors=models.priors, trees=models.trees, heads=heads, router_id=self.router_id,
@@ -89,8 +90,9 @@ class Router:
                      advertised_host(), port, self.http.model)
         self.heartbeat = Heartbeat(registration, lambda: Endpoint("router", self.router_id, self.address))
         asyncio.run_coroutine_threadsafe(self._mark_serving_when_ready(), self.server.loop)
-        # Requests are answered from here on, target-only (route "starting") until the health
-        # service says SERVING: clients that wait for it (SpecServeClient.wait_ready) get speculation.
+        # Requests are answered from here on; until the health service says SERVING, one whose draft
+        # no worker serves yet runs target-only (route "starting"). Clients that wait for SERVING
+        # (SpecServeClient.wait_ready) get speculation from their first request.
         log.info("%s listening on %s; target-only (NOT_SERVING) until ready, waiting for %s", self.router_id,
                  self.address, self.readiness.waiting_for)
 
@@ -107,7 +109,14 @@ class Router:
         missing draft worker only slows requests (they run on another worker, or target-only)."""
         await self._set_serving(False, f"starting: waiting for {self.readiness.waiting_for}")
         said = time.monotonic()
-        while not self.readiness.check(endpoints := await self.directory.refresh(force=True)):
+        while True:
+            try:
+                endpoints = await self.directory.refresh(force=True)
+            except Exception as exc:  # the registry itself unreachable: say so, keep waiting
+                log.warning("health: the registry did not answer (%s)", exc)
+                endpoints = None
+            if endpoints is not None and self.readiness.check(endpoints):
+                break
             if time.monotonic() - said >= WAITING_LOG_SECONDS:
                 log.info("not serving yet: waiting for %s", self.readiness.waiting_for)
                 said = time.monotonic()

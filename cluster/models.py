@@ -10,8 +10,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specserve.router.config import RouterConfig
 from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE
-from specserve.cluster.zoo.head_distill import read_facts
-from specserve.workers.heads.format import HeadFormatError, is_head, read_config
+from specserve.workers.heads.format import HeadFormatError, is_head, read_config, read_facts
 from specserve.workers.loading import ModelSpec, load_config, load_tokenizer
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 from specserve.cluster.zoo.presets import GENERAL_DRAFT

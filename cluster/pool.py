@@ -176,6 +176,20 @@ class DraftPool:
             ray.kill(worker)
 
 
+def ready_size(config: ServiceConfig, models: ModelSet) -> int:
+    """The draft workers a router waits for before it says SERVING: the pool's floor (an autoscaled
+    pool may drop to ``min_workers`` before its idle start-up workers register, and a router started
+    later finds it there), and never more than it starts with."""
+    size = initial_size(config, models)
+    autoscaling = config.draft_pool.autoscaling
+    return min(size, autoscaling.min_workers) if autoscaling is not None else size
+
+
+def served_drafts(config: ServiceConfig, models: ModelSet) -> tuple[str, ...]:
+    """The drafts the pool's workers serve (``draft_pool.drafts``; empty: every draft)."""
+    return config.draft_pool.drafts or tuple(models.drafts)
+
+
 def initial_size(config: ServiceConfig, models: ModelSet) -> int:
     """The workers the pool starts with: ``draft_pool.workers`` within the autoscaling bounds; none
     where no draft is served (the draft-free proposers alone)."""

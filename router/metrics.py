@@ -204,8 +204,9 @@ class RouterMetrics:
                                       "After the first chunk, seconds per further output token",
                                       boundaries=STEP_BOUNDARIES, tag_keys=("task",))
         self.routes = metrics.Counter("specserve_routing_decisions", "Draft choices: reason is requested, best, "
-                                      "explore, probe, fallback, off, or unavailable / lost (no draft "
-                                      "worker at the start / it failed mid-request: target-only)", tag_keys=(*ARM, "reason", "task_source"))
+                                      "explore, probe, fallback, off, or unavailable / starting / lost (no "
+                                      "draft worker at the start / none yet, the service starting / it "
+                                      "failed mid-request: target-only)", tag_keys=(*ARM, "reason", "task_source"))
         self.fallbacks = CounterFromZero("specserve_fallback_decisions", "Requests served target-only by the "
                                          "policy, by cause", tag_keys=("task", "reason"))
         self.speculating = RefreshedGauge("specserve_task_speculating", "1 while the policy speculates for a "

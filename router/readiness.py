@@ -1,15 +1,15 @@
 """Whether the configured capacity is up, and what is still missing: what the router's health service,
 its log and GetStats say, and why a request before it runs target-only.
 
-Ready means a target replica, the whole draft pool and so a worker for every draft a task may use
-have registered: the port opens (and the router answers, target-only) while draft workers are still
+Ready means a target replica, the draft pool (its floor: ``cluster/pool.ready_size``) and a worker
+for every draft a task may use have registered: the port opens (and the router answers, target-only) while draft workers are still
 loading and compiling their passes, which takes a minute on a cold 2-core machine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specserve.workers.registry import Endpoint
 
@@ -20,7 +20,7 @@ class Readiness:
     pool_size: int  # draft workers the pool starts with
     ready: bool = False  # once true, stays: a worker lost later is a request's "lost", not a start-up
     waiting_for: str = "the registry"  # what is missing, in words ("" once ready)
-    targets: int = field(default=0, compare=False)
+    targets: int = 0  # target replicas registered at the last check (health follows them once ready)
 
     def check(self, endpoints: Iterable[Endpoint]) -> bool:
         """Look at the registered endpoints; True once everything is up (and from then on)."""

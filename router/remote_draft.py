@@ -62,7 +62,7 @@ class RemoteDraft(Proposer):
         self.stream: WorkerStream | None = None
         self.mirror = DraftMirror(len(context.history.prompt_ids))  # the draft's tokens, as the router knows them
         self.ahead: asyncio.Task | None = None  # the next proposal, drafted while the target verifies
-        self.reopens = 0  # draft workers replaced mid-request (the recorder hears of each)
+        self.reopens = 0  # draft workers replaced mid-request: its own count bounds them (MAX_DRAFT_REOPENS); the recorder hears of each
         self.refused_by: set[str] = set()  # workers that refused this request's draft as full
         self.proposed: list[int] = []  # its last proposal
         self.verdicts = 0  # verdicts it has been told

@@ -11,7 +11,8 @@ from safetensors.torch import save_file
 
 from specserve.cluster.cli import main
 from specserve.workers.engine import SpecEngine
-from specserve.cluster.zoo.head_distill import FACTS, HeadEvaluation, distill_head
+from specserve.cluster.zoo.head_distill import HeadEvaluation, distill_head
+from specserve.workers.heads.format import FACTS
 from specserve.workers.heads.eagle3 import Eagle3Head, HeadCache, config_for
 from specserve.workers.heads.format import CONFIG, WEIGHTS, HeadFormatError, is_head, load_head_of, read_config
 from specserve.cluster.zoo.head_training import HeadTraining, target_features, ttt_loss

@@ -11,7 +11,9 @@ from specserve.bench.json_schema import JsonSchemaSettings, Level, follows_schem
 
 
 def level(mode: str, path: str, tokens_per_s: float, valid: int = 0) -> Level:
-    return Level(mode, path, 16, tokens=int(tokens_per_s), passes=int(tokens_per_s) // 2, seconds=1.0, valid=valid,
+    """A level whose passes each commit two tokens: an accepted draft token and the target's own."""
+    passes = int(tokens_per_s) // 2
+    return Level(mode, path, 16, tokens=int(tokens_per_s), accepted=passes, passes=passes, seconds=1.0, valid=valid,
                  outputs=8)
 
 

@@ -318,7 +318,7 @@ def test_the_command_warns_where_a_plan_goes_past_what_was_checked(tmp_path, cap
     # a budget that one replica of 32 sessions keeps (passes of 36 ms): past the 8 a replica checked
     main(["plan", "--workload", str(workload), "--costs", str(costs), "--budget-tpot-ms", "50", "--seconds", "2"])
     printed = capsys.readouterr().out
-    assert "not checked: the p99 time per output token" in printed
+    assert "not checked: GPU costs or a running service's (--address), the p99 time per output token" in printed
     assert "warning: the target-only plan puts 32 sessions on a replica, past the 8" in printed
     main(["plan", "--workload", str(workload), "--costs", str(costs), "--budget-tpot-ms", "9", "--seconds", "2",
           "--max-replicas", "64"])  # passes within 9 ms: 4 sessions a replica at most

@@ -65,3 +65,22 @@ def test_a_request_before_ready_runs_target_only_says_starting_and_keeps_its_tok
     assert route.draft == DRAFT and route.reason == "best"
     assert stats.ready and stats.waiting_for == ""
     assert later == early  # speculation or not, the target's tokens
+
+
+def test_the_router_waits_for_the_pools_floor_and_the_drafts_it_serves(tiny_zoo):
+    """An autoscaled pool may shrink to its floor before its idle start-up workers register, and a
+    router started later finds it there: the router waits for the floor. A draft of the task table
+    that the pool does not serve is not waited for: no worker of it will come."""
+    from specserve.cluster.config import ServiceConfig
+    from specserve.cluster.models import resolve_models
+    from specserve.cluster.pool import initial_size, ready_size, served_drafts
+
+    def config(pool: dict) -> ServiceConfig:
+        return ServiceConfig.model_validate({"models": {"zoo": str(tiny_zoo.root)}, "draft_pool": pool})
+
+    fixed, scaled = config({"workers": 2}), config({"workers": 3, "autoscaling": {"min_workers": 1, "max_workers": 4}})
+    models = resolve_models(fixed.models, fixed.router)
+    assert ready_size(fixed, models) == initial_size(fixed, models) == 2
+    assert (initial_size(scaled, models), ready_size(scaled, models)) == (3, 1)
+    assert served_drafts(config({"drafts": ["sql"]}), models) == ("sql",)
+    assert set(served_drafts(fixed, models)) == set(models.drafts)

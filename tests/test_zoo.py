@@ -4,6 +4,7 @@ is cached, resumes after an interruption, is deterministic, and its distillation
 import json
 import math
 
+import pytest
 import torch
 
 from specserve.workers.loading import load_tokenizer
@@ -117,3 +118,24 @@ def test_a_specialized_task_draft_starts_from_the_general_draft(tiny_zoo, tmp_pa
 
     assert torch.equal(start(True, tmp_path), general)
     assert not torch.equal(start(False, tmp_path / "scratch"), general)
+
+
+def test_a_zoo_built_before_a_setting_existed_is_used_as_built(tiny_zoo, tmp_path):
+    """A complete zoo whose build record lacks a setting added since (specialize_general) is what
+    that setting's old behaviour built: used as built, with a warning; a partial one is refused."""
+    import dataclasses
+    import shutil
+
+    from specserve.cluster.zoo.build import BUILD_CONFIG, MANIFEST, _claim
+
+    out = tmp_path / "zoo"
+    shutil.copytree(tiny_zoo.root, out)
+    record = json.loads((out / BUILD_CONFIG).read_text())
+    del record["specialize_general"]
+    (out / BUILD_CONFIG).write_text(json.dumps(record))
+    now = dataclasses.replace(get_preset("tiny"), specialize_general=True)
+    _claim(out, get_preset("tiny"))  # the old behaviour: the same zoo
+    _claim(out, now)  # complete: used as built
+    (out / MANIFEST).unlink()
+    with pytest.raises(ValueError, match="built with other settings"):
+        _claim(out, now)

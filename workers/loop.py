@@ -18,7 +18,8 @@ from typing import Protocol, TypeVar
 from .decoding import Decoding
 from .draft_length import DraftLength
 from .drafting import DraftTokens
-from .proposing import NEEDS_NOTHING, Proposer, ProposerGone, StepRecorder, Verified, accepted_ids, proposal_depth
+from .proposing import (NEEDS_NOTHING, Proposer, ProposerGone, StepRecorder, Verified, VerifyNeeds, accepted_ids,
+                        proposal_depth)
 from .stopping import Chunk
 from .verifying import NO_PROPOSAL
 
@@ -32,7 +33,7 @@ class Verifier(Protocol):
     async def open(self) -> None:
         """Hold the request's committed tokens, ready to verify after them."""
 
-    async def verify(self, proposal: DraftTokens, alone: bool, needs: frozenset[str]) -> Verified:
+    async def verify(self, proposal: DraftTokens, alone: bool, needs: VerifyNeeds) -> Verified:
         """The verdict on ``proposal`` (empty: a target-only step), committed on the target's side.
         ``alone``: no proposal will come again (the verifier may decode ahead); ``needs``: what the
         proposer wants from the pass besides the verdict."""

@@ -133,7 +133,8 @@ def service_costs(stats: pb.ServiceStats) -> Costs:
     costs = Costs(pass_ms)
     drafted = [(row.drafted_tokens, row.cost_ratio) for row in stats.tasks
                if row.draft and row.draft not in DRAFT_FREE and row.drafted_tokens and row.cost_ratio > 0]
-    if drafted:
+    if drafted:  # the policy's c_wall: what the router waits per drafted token, round trips included, so a
+        # step's hop is counted in it as well as in step_hop_ms (0 here): an upper bound on the draft's cost
         c = sum(tokens * ratio for tokens, ratio in drafted) / sum(tokens for tokens, _ in drafted)
         costs = replace(costs, draft_token_ms=c * 1000 * costs.pass_seconds(1))
     return costs
@@ -206,9 +207,10 @@ def run(args: argparse.Namespace) -> int:
 def caveats(speculating: Fleet | None, target_only: Fleet | None) -> list[str]:
     """What the plan rests on that was not checked: always the p99 time per output token and the
     load shape; a warning for each fleet past the sessions a replica its throughput was checked at."""
-    lines = [f"checked (bench/plan_check.py, runs its costs were not fitted on): throughput within 15% at up to "
-             f"{VALIDATED_SESSIONS} sessions a replica, on the load shape the costs were measured on; not checked: "
-             "the p99 time per output token the fleet is sized by, other prompt and output lengths"]
+    lines = [f"checked (bench/plan_check.py, on runs its costs were not fitted on: embedded CPU clusters, costs from "
+             f"one bench run): throughput within 15% at up to {VALIDATED_SESSIONS} sessions a replica, on the load "
+             "shape the costs were measured on; not checked: GPU costs or a running service's (--address), the p99 "
+             "time per output token the fleet is sized by, other prompt and output lengths"]
     for name, fleet in (("speculation", speculating), ("target-only", target_only)):
         if fleet is not None and not fleet.validated:
             lines.append(f"warning: the {name} plan puts {fleet.sessions_per_replica:.0f} sessions on a replica, past "

@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if stats.ready:
         print("ready: speculation on (a target replica, the whole draft pool and a worker for every draft registered)")
     else:
-        print(f"starting: requests run target-only (route 'starting'); waiting for {stats.waiting_for}")
+        print(f"starting: a request whose draft no worker serves yet runs target-only (route 'starting'); "
+              f"waiting for {stats.waiting_for}")
     print("Per task, its decision (draft '-': the task, and its target-only requests), then each allowed draft;")
     print("k at the current load (k1: with one session per pass), and what a step of k costs in target steps:")
     print("drafted: tokens the draft computed (proposed or not); wasted: of those, drafted ahead for a verdict that")

@@ -20,13 +20,13 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from specserve.workers.heads.format import FACTS as HEAD_FACTS
 from specserve.workers.heads.format import load_head_of, save_head
 
 from .corpora import TASKS, Corpus, build_corpus, prompt_of
 from .distill import DistillSet, build_distill_set, distill_draft
 from .evaluate import eval_prompts, greedy_acceptance, perplexity
 from .head import HEAD, HEAD_PATH, head_acceptance, head_entry, head_settings, with_head
-from .head_distill import FACTS as HEAD_FACTS
 from .head_distill import train_head_on
 from .presets import GENERAL_DRAFT, ZooPreset, stage_seed
 from .rollout import continue_all
@@ -94,6 +94,11 @@ def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
     return Zoo.open(out)
 
 
+# Settings added to the presets after zoos were built, with what a zoo built before them did: a
+# complete zoo that differs from its preset only there is used as built (with a warning).
+BUILT_BEFORE = {"specialize_general": False}
+
+
 def _claim(out: Path, preset: ZooPreset) -> None:
     """Record which preset this directory is built from, or refuse one built from another.
 
@@ -102,11 +107,16 @@ def _claim(out: Path, preset: ZooPreset) -> None:
     """
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory for the zoo")
-    wanted = asdict(preset)
+    wanted = json.loads(json.dumps(asdict(preset)))  # compared as JSON: tuples become lists
     claim = out / BUILD_CONFIG
     if claim.exists():
-        found = json.loads(claim.read_text())
-        if found != json.loads(json.dumps(wanted)):  # compare as JSON: tuples become lists
+        found = {**BUILT_BEFORE, **json.loads(claim.read_text())}
+        later = {key for key in BUILT_BEFORE if found[key] != wanted[key]}
+        if later and (out / MANIFEST).exists() and {**found, **{key: wanted[key] for key in later}} == wanted:
+            log.warning("%s was built before %s: it is used as built; delete it (or build to another --out) "
+                        "for what the preset builds now", out, ", ".join(sorted(later)))
+            return
+        if found != wanted:
             raise ValueError(f"{out} holds (part of) zoo {found['name']!r} built with other settings; "
                              f"choose another --out for {preset.name!r}, or delete {out}")
         return

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specserve.workers.engine import SpecEngine
 from specserve.workers.heads.eagle3 import Eagle3Head, config_for
-from specserve.workers.heads.format import save_head
+from specserve.workers.heads.format import FACTS, save_head
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
@@ -29,17 +29,6 @@ from .distill import documents_from_files, held_out_split
 from .head_training import HeadTraining, head_from_target, target_features, train_head, training_sequences
 
 log = logging.getLogger("specserve.heads")
-FACTS = "specserve_head.json"  # what distill measured, beside the head (read by the zoo and the policy's priors)
-
-
-def read_facts(directory: str) -> dict:
-    """What distill measured of the head in ``directory`` ({} for a head it did not write)."""
-    try:
-        return json.loads((Path(directory) / FACTS).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 @dataclass(frozen=True)
 class HeadEvaluation:
     prompts: int = 8  # held-out prompts, each decoded greedily with and without the head

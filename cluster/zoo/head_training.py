@@ -26,7 +26,6 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specserve.workers.heads.eagle3 import Eagle3Head, HeadConfig
-from specserve.workers.vocabulary import choose_vocabulary
 
 from .presets import TrainBudget
 from .rollout import continue_all

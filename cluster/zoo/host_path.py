@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from specserve.workers.heads.format import FACTS as HEAD_FACTS
 from specserve.workers.heads.format import load_head_of, save_head
 
 from .head import HEAD, HEAD_PATH, head_entry
-from .head_distill import FACTS as HEAD_FACTS
 from .head_distill import train_head_on
 from .head_training import HeadTraining
 from .presets import GENERAL_DRAFT, ModelShape, TrainBudget

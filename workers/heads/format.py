@@ -48,6 +48,17 @@ class HeadFormatError(ValueError):
     """A directory that is not an EAGLE-3 head specserve can run, or a head for another target."""
 
 
+FACTS = "specserve_head.json"  # what distill measured, beside the head (read by the zoo and the policy's priors)
+
+
+def read_facts(directory: str | Path) -> dict:
+    """What distill measured of the head in ``directory`` ({} for a head it did not write)."""
+    try:
+        return json.loads((Path(directory) / FACTS).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def is_head(directory: str | Path) -> bool:
     """Whether ``directory`` holds a speculators EAGLE-3 head (and not a causal LM)."""
     path = Path(directory) / CONFIG
