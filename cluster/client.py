@@ -20,6 +20,7 @@ from specserve.workers.security import TARGET_NAME_OVERRIDE, BearerToken, Securi
 from specserve.workers.stats import SpecStats
 
 READY_TIMEOUT_SECONDS = 600.0  # model loading on a cold machine; a GPU node pulling weights takes longer
+WAITING_ASK_SECONDS = 5.0  # while a service starts: how often wait_ready asks what it waits for
 FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
                 pb.FINISH_REASON_GRAMMAR: "grammar", pb.FINISH_REASON_UNSPECIFIED: ""}
 
@@ -61,7 +62,7 @@ class SpecServeClient:
         ``say`` hears what the service still waits for (GetStats' waiting_for) whenever it changes.
         TimeoutError names the last state seen."""
         deadline = time.monotonic() + timeout
-        last, said = "no answer", ""
+        last, said, asked = "no answer", "", 0.0
         while time.monotonic() < deadline:
             try:
                 status = self.health()
@@ -72,16 +73,15 @@ class SpecServeClient:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # a front without the health service: go on
                     return
                 last = f"{exc.code().name}: {exc.details()}"
-            else:
-                said = self._say_waiting(say, said)
+            else:  # what it waits for, now and then: GetStats is work for a router that is starting
+                if say is not None and time.monotonic() - asked >= WAITING_ASK_SECONDS:
+                    said, asked = self._say_waiting(say, said), time.monotonic()
             time.sleep(0.5)
         raise TimeoutError(f"specserve at {self.address} not SERVING after {timeout:.0f} s (last: {last})")
 
-    def _say_waiting(self, say: Callable[[str], None] | None, said: str) -> str:
+    def _say_waiting(self, say: Callable[[str], None], said: str) -> str:
         """Tell ``say`` what the service waits for, when that changed (GetStats, which needs the
         token the health check does not: a refusal is left to the request that follows)."""
-        if say is None:
-            return said
         try:
             waiting = self.stats().waiting_for
         except grpc.RpcError:
