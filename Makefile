@@ -25,6 +25,19 @@ $(INSTALLED): pyproject.toml deploy/constraints.txt
 	$(PIP) -e '.[test,dev,bench]'
 	touch $@
 
+# Prometheus and promtool for the tests that need a real one (the dashboard's queries in the slow
+# suite): Debian's prometheus package, unpacked into .venv/prometheus; nothing is installed on the
+# system and no service started. Needs apt (a Debian or Ubuntu machine); elsewhere those tests skip,
+# saying so. apt's package lists are fetched first where they are missing (as root).
+PROMETHEUS_BIN := $(VENV)/prometheus/usr/bin
+$(PROMETHEUS_BIN)/prometheus:
+	@mkdir -p $(VENV)/prometheus/deb
+	@if ! command -v apt-get >/dev/null; then echo "no apt-get here: the tests that need Prometheus will skip"; exit 0; fi; \
+	  cd $(VENV)/prometheus/deb && { apt-get download -qq prometheus 2>/dev/null \
+	    || { apt-get update -qq && apt-get download -qq prometheus; } \
+	    || { echo "could not fetch Debian's prometheus package: the tests that need it will skip"; exit 0; }; } \
+	  && dpkg-deb -x prometheus_*.deb .. && rm -f prometheus_*.deb && echo "Prometheus: $$(../usr/bin/prometheus --version 2>&1 | head -1)"
+
 demo: $(INSTALLED)
 	$(BIN)/specserve demo
 
@@ -67,8 +80,8 @@ soak: $(INSTALLED)
 	$(BIN)/python -m specserve.bench.soak $(if $(MINUTES),--minutes $(MINUTES))
 
 # Long suites (more sampling settings, bigger budgets): see docs/pages/tests.md.
-test-slow: $(INSTALLED)
-	$(BIN)/python -m pytest -m slow
+test-slow: $(INSTALLED) $(PROMETHEUS_BIN)/prometheus
+	PATH="$(abspath $(PROMETHEUS_BIN)):$$PATH" $(BIN)/python -m pytest -m slow
 
 # The benchmark report (bench/results/<timestamp>/): builds the bench zoo first (over an hour on 2 CPU cores, once).
 bench: $(INSTALLED)

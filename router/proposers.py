@@ -1,15 +1,17 @@
-"""How a request gets the proposer its route names, in the router: a draft model on a draft worker
-(router/remote_draft.py), a draft-free one (workers/lookup.py), or the tree of a task's proposers
-(workers/token_tree.py). Every one of them speaks the workers' proposer interface (workers/proposing.py)."""
+"""How a request gets the proposer its route names, in the router: what workers/proposers.py builds
+(a draft-free proposer, or the tree of a task's proposers), with a draft model on a draft worker
+(router/remote_draft.py) where the name is a model's. Every one of them speaks the workers' proposer
+interface (workers/proposing.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from specserve.workers.draft_length import DraftLength
-from specserve.workers.lookup import DraftFree, ProposerKind, kind_of
-from specserve.workers.proposing import Proposer, ProposerGone, StepRecorder
-from specserve.workers.token_tree import TREE_MAX_TOKENS, TreeProposer
+from specserve.workers.lookup import DraftFree, ProposerKind
+from specserve.workers.proposers import Proposers
+from specserve.workers.proposing import Proposer, StepRecorder
+from specserve.workers.token_tree import TREE_MAX_TOKENS
 
 from .context import RequestContext
 from .remote_draft import RemoteDraft
@@ -25,15 +27,11 @@ class ProposerFactory:
     tree_max_tokens: int = TREE_MAX_TOKENS
     heads: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.proposers = Proposers(self.draft_free, self.heads, self.tree_max_tokens)
+
     def make(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> Proposer:
-        kind = kind_of(name, self.heads)
-        if kind is ProposerKind.DRAFT_FREE:
-            return self.draft_free.proposer(name, context.task, recorder)
-        if kind is ProposerKind.TREE:
-            # Each member once: two of one draft would draw the same tokens (a draft's draws are keyed
-            # by its name and position, workers/seeds.py), and a tree's siblings must be independent.
-            members = tuple(dict.fromkeys(self.trees.get(context.task) or ()))
-            if len(members) < 2:
-                raise ProposerGone(f"task {context.task!r} has no tree of proposers (its members: {members})")
-            return TreeProposer([self.make(m, context, length, recorder) for m in members], self.tree_max_tokens)
-        return RemoteDraft(name, context, length, recorder, self.heads.get(name, ()))
+        def on_a_draft_worker(draft: str, kind: ProposerKind, in_tree: bool) -> Proposer:
+            return RemoteDraft(draft, context, length, recorder, self.heads.get(draft, ()), branch=not in_tree)
+        return self.proposers.build(name, context.task, context.history.committed_ids(), recorder, on_a_draft_worker,
+                                    self.trees.get(context.task, ()))

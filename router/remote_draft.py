@@ -26,12 +26,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
 
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.draft_length import DraftLength
 from specserve.workers.drafting import DraftTokens
-from specserve.workers.proposing import AUX_HIDDEN, NO_EXTRAS, Proposer, ProposerGone, StepRecorder, VerifyNeeds
+from specserve.workers.proposing import AUX_HIDDEN, Committed, Proposer, ProposerGone, StepRecorder, VerifyNeeds
 from specserve.workers.wire import join_hidden, proposal_from
 
 from .context import RequestContext
@@ -51,8 +50,11 @@ class RemoteDraft(Proposer):
     does not keep them): the request goes on target-only."""
 
     def __init__(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder,
-                 aux_layers: tuple[int, ...] = ()) -> None:
+                 aux_layers: tuple[int, ...] = (), branch: bool = True) -> None:
+        """``branch``: its lookaheads may draft a branch (where the service does: ``context.branch_odds``);
+        off for a tree's member (workers/proposers.py)."""
         self.name = name
+        self.branch = branch
         self.needs = VerifyNeeds(aux_layers)
         self.hidden: pb.HiddenStates | None = None  # the target's, for the worker's next step
         self.context = context
@@ -60,6 +62,7 @@ class RemoteDraft(Proposer):
         self.recorder = recorder
         self.deterministic = context.params.sampling.greedy
         self.stream: WorkerStream | None = None
+        self.opened = False  # its first session was asked for (on the first ``propose``)
         self.mirror = DraftMirror(len(context.history.prompt_ids))  # the draft's tokens, as the router knows them
         self.ahead: asyncio.Task | None = None  # the next proposal, drafted while the target verifies
         self.reopens = 0  # draft workers replaced mid-request: its own count bounds them (MAX_DRAFT_REOPENS); the recorder hears of each
@@ -73,9 +76,9 @@ class RemoteDraft(Proposer):
         self.rejected: tuple[int, int] | None = None
         self.fork: tuple[int, int] | None = None  # the pending lookahead's branch: (at, token), as rejected reads
 
-    async def open(self, committed: Sequence[int] = ()) -> None:
+    async def _open(self) -> None:
         """A draft session on a worker serving this draft (a second worker if the first fails),
-        holding every committed token."""
+        holding every committed token: on the first ``propose``, and after a worker failed."""
         directory, timeouts = self.context.directory, self.context.timeouts
         why = ""
         for _ in range(OPEN_ATTEMPTS):
@@ -99,10 +102,16 @@ class RemoteDraft(Proposer):
         raise ProposerGone(why)
 
     async def propose(self, k: int) -> DraftTokens:
-        """The next proposal; after the worker fails, from another one opened where the request stands."""
+        """The next proposal; after the worker fails, from another one opened where the request
+        stands. Returning it, the draft starts on the one after while the target verifies this one."""
+        if self.stream is None and not self.opened:
+            self.opened = True
+            await self._open()
         message = await self._propose(k)
         self.proposed = list(message.ids)
-        return proposal_from(message)
+        proposal = proposal_from(message)
+        self._draft_ahead(proposal)
+        return proposal
 
     async def _propose(self, k: int) -> pb.Proposal:
         started = time.perf_counter()
@@ -120,7 +129,7 @@ class RemoteDraft(Proposer):
                 self.recorder.reopened()
                 log.warning("request %s: draft %s failed mid-request; reopening it elsewhere: %s",
                             self.context.request_id, self.name, exc)
-            await self.open()
+            await self._open()
         try:
             # The reopened session's first step prefills every committed token: no draft step's cost.
             return await self._draft(k, None, timed=False)
@@ -130,9 +139,10 @@ class RemoteDraft(Proposer):
         finally:
             self.recorder.recovered(started)
 
-    def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
+    def commit(self, step: Committed) -> None:
+        accepted, appended = step.accepted, step.appended
         self.mirror.verdict(accepted, appended)  # the worker learns it with its next step
-        if (hidden := extras.get(AUX_HIDDEN)) is not None:  # and a head, the target's hidden states
+        if (hidden := step.extras.get(AUX_HIDDEN)) is not None:  # and a head, the target's hidden states
             self.hidden = join_hidden(self.hidden, hidden)
         whole = accepted == len(self.proposed) and len(appended) == 1
         self.after_all = appended[0] if whole else None
@@ -231,7 +241,7 @@ class RemoteDraft(Proposer):
             return drafted.branch
         return None
 
-    def draft_ahead(self, proposal: DraftTokens, branch: bool = True) -> None:
+    def _draft_ahead(self, proposal: DraftTokens) -> None:
         """Ask the draft for the proposal after this one, assuming all of this one is accepted (and,
         with ``branch``, the one after its likeliest rejection)."""
         proposed = len(proposal.ids)
@@ -244,7 +254,7 @@ class RemoteDraft(Proposer):
             return
         self.recorder.looked_ahead()
         step = self.mirror.ahead(proposed, k, self.length.min_confidence)
-        odds = self.context.branch_odds if branch else None
+        odds = self.context.branch_odds if self.branch else None
         if odds is not None and (fork := fork_for(proposal.wire, proposed, odds)) is not None:
             # The k the request will ask for after that verdict (the schedule moves k by it, and a
             # branch shorter than that is no fresh draft), and its first token.

@@ -95,10 +95,10 @@ def test_a_replacement_session_draws_from_a_seed_of_its_own():
     assert len(seeds) == 6 and 7 not in seeds and all(0 <= s < 2**63 for s in seeds)
 
 
-@pytest.mark.parametrize("proposer,tree", [("ngram", ()), ("suffix", ()), ("tree", ("sql", "ngram", "suffix")),
-                                           ("tree", ("ngram", "suffix"))])
+@pytest.mark.parametrize("proposer,tree", [("sql", ()), ("prose", ()), ("ngram", ()), ("suffix", ()),
+                                           ("tree", ("sql", "ngram", "suffix")), ("tree", ("ngram", "suffix"))])
 def test_every_proposer_runs_in_process_and_keeps_greedy_output(tiny_engine, prompt, proposer, tree):
-    """The engine drives the service's loop: draft-free proposers and token trees run here too."""
+    """The engine drives the service's loop: the zoo's drafts, draft-free proposers and token trees."""
     alone = tiny_engine.generate(prompt, GenerationParams(max_tokens=32, speculation=False)).complete()
     repeated = prompt + alone.text + prompt  # something for prompt lookup to find
     alone = tiny_engine.generate(repeated, GenerationParams(max_tokens=32, speculation=False)).complete()

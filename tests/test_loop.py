@@ -17,7 +17,8 @@ from specserve.workers.decoding import Decoding
 from specserve.workers.draft_length import DraftLength
 from specserve.workers.drafting import DraftTokens
 from specserve.workers.loop import SpeculativeLoop, run_now
-from specserve.workers.proposing import AUX_HIDDEN, NEEDS_NOTHING, NO_EXTRAS, Proposer, ProposerGone, Verified, VerifyNeeds
+from specserve.workers.proposing import (AUX_HIDDEN, NEEDS_NOTHING, NO_EXTRAS, Committed, Proposer, ProposerGone, Verified,
+                                        VerifyNeeds)
 from specserve.workers.recording import StatsRecorder
 from specserve.workers.request import GenerationParams
 
@@ -73,18 +74,20 @@ class Scripted(Proposer):
     def __init__(self, wrong_at: int = 99, gone_after: int = 99, needs: VerifyNeeds = NEEDS_NOTHING) -> None:
         self.wrong_at, self.gone_after, self.needs = wrong_at, gone_after, needs
         self.at = 0  # output tokens it has been told are committed
-        self.told: list[tuple[int, int, Mapping[str, object]]] = []
+        self.told: list[tuple[int, int, Mapping[str, object]]] = []  # (proposed, accepted, extras) per step
+        self.proposed = 0  # its last proposal's length
         self.abandoned = False
 
     async def propose(self, k: int) -> DraftTokens:
         if len(self.told) >= self.gone_after:
             raise ProposerGone("scripted to go")
         ids = [t if i < self.wrong_at else 0 for i, t in enumerate(TRUTH[self.at : self.at + k])]
+        self.proposed = len(ids)
         return DraftTokens.of_ids(ids)
 
-    def commit(self, proposal: DraftTokens, verdict: Outcome, extras: Mapping[str, object] = NO_EXTRAS) -> None:
-        self.told.append((len(proposal.ids), verdict.num_accepted, extras))
-        self.at += verdict.num_accepted + 1
+    def commit(self, step: Committed) -> None:
+        self.told.append((self.proposed, step.accepted, step.extras))
+        self.at += step.accepted + len(step.appended)
 
     def abandon(self) -> None:
         self.abandoned = True
@@ -187,3 +190,54 @@ def test_merge_shares_deterministic_nodes_and_keeps_sampled_ones_apart():
     assert len(cut.proposal.ids) == 4 and cut.nodes[1] == [3]
     one = merge([(a, True), (a, True)], max_tokens=24)
     assert one.proposal.parents is None and one.proposal.ids == [5, 6, 7]  # one chain: no tree
+
+
+class Told(Proposer):
+    """Proposes a fixed chain and keeps what it is told."""
+
+    def __init__(self, name: str, chain: list[int], deterministic: bool = True) -> None:
+        self.name, self.chain, self.deterministic = name, chain, deterministic
+        self.told: list[Committed] = []
+
+    async def propose(self, k: int) -> DraftTokens:
+        return DraftTokens.of_ids(self.chain[:k])
+
+    def commit(self, step: Committed) -> None:
+        self.told.append(step)
+
+
+def test_each_member_of_a_tree_is_told_its_own_part_of_the_path_then_the_rest():
+    from specserve.workers.token_tree import TreeProposer
+
+    a, b = Told("a", [5, 6, 7]), Told("b", [5, 8])
+    tree = TreeProposer([a, b], max_tokens=24)
+    proposal = run_now(tree.propose(3))
+    assert proposal.ids == [5, 6, 7, 8] and proposal.parents == [-1, 0, 1, 0]
+    tree.commit(Committed((0, 3), (4,), {"x": 1}))  # the path 5, 8, then the target's 4
+    assert (a.told[-1].kept, a.told[-1].appended) == ((0,), (8, 4))  # its 5, then b's 8 and the 4
+    assert (b.told[-1].kept, b.told[-1].appended) == ((0, 1), (4,))
+    assert a.told[-1].extras == {"x": 1} == b.told[-1].extras
+
+
+def test_a_name_is_built_into_its_proposer_in_one_place():
+    from specserve.workers.lookup import DraftFree, LookupProposer, ProposerKind
+    from specserve.workers.proposers import Proposers
+    from specserve.workers.token_tree import TreeProposer
+
+    built: list[tuple[str, ProposerKind, bool]] = []
+
+    def model_draft(name: str, kind: ProposerKind, in_tree: bool) -> Proposer:
+        built.append((name, kind, in_tree))
+        return Told(name, [1, 2])
+
+    proposers = Proposers(DraftFree(), heads={"h"})
+    recorder = StatsRecorder(Decoding(Tokens(), PROMPT, GenerationParams(), seed=0).stats)
+    lookup = proposers.build("ngram", "t", PROMPT + [9], recorder, model_draft)
+    assert isinstance(lookup, LookupProposer) and list(lookup.source.tokens) == PROMPT + [9]
+    assert proposers.build("h", "t", PROMPT, recorder, model_draft).name == "h"
+    assert built == [("h", ProposerKind.HEAD, False)]
+    tree = proposers.build("tree", "t", PROMPT, recorder, model_draft, tree=("d", "ngram", "d"))
+    assert isinstance(tree, TreeProposer) and [m.name for m in tree.members] == ["d", "ngram"]  # each once
+    assert built[-1] == ("d", ProposerKind.DRAFT, True)  # a member: its lookahead drafts no branch
+    with pytest.raises(ProposerGone, match="no tree of two or more"):
+        proposers.build("tree", "t", PROMPT, recorder, model_draft, tree=("d", "d"))

@@ -214,6 +214,9 @@ def test_sampling_through_an_eagle3_head_matches_target_distribution(tokenizer):
     assert_same_distribution(exact, counts, SAMPLES // 2)
 
 
+# With the slow suite (25-35 s): the default run samples a reduced vocabulary through the EAGLE-3
+# head above (5 of the 7 tokens, as here), and tests/test_vocabulary.py checks the pruned head's logits.
+@pytest.mark.slow
 def test_sampling_through_a_draft_with_a_reduced_vocabulary_matches_target_distribution(tokenizer):
     """A draft whose output head keeps 5 of the 7 tokens (workers/vocabulary.py): its logits are -inf
     off them, so q, warped and cut to its support, is zero there; the output is the target's."""
@@ -253,12 +256,14 @@ NEIGHBOURS = 64  # sessions in flight at once: each step shares its passes with 
 
 
 def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tree: bool = False,
-                                fail: str | None = None):
+                                fail: str | None = None, fail_every: int = 1):
     """As ``sample_distribution``, through the router's request loop (``Session``) against workers
     that batch: every draft and verify step runs in passes shared with other requests' steps. With
     ``tree``, each step proposes a token tree of the draft, prompt lookup and suffix decoding. With
-    ``fail`` ("draft" or "target"), each request starts on a worker of that kind of its own that
-    fails (UNAVAILABLE) at its first or second step, drawn at random, and goes on on a spare."""
+    ``fail`` ("draft" or "target"), every ``fail_every``-th request (by seed) starts on a worker of
+    that kind of its own that fails (UNAVAILABLE) at its first or second step, drawn at random, and
+    goes on on a spare. Returns the counts of all requests, the passes, and the counts of those
+    that started on a failing worker (chosen before they ran: the split does not depend on outputs)."""
     from fake_workers import DRAFT, FakeDirectory, FakeWorker
 
     from specserve.router.config import TimeoutsConfig
@@ -275,6 +280,7 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
     from specserve.workers.kv_pool import Budget, KVPool, KVShape
 
     counts: dict[tuple, int] = {}
+    failing_counts: dict[tuple, int] = {}  # of the requests that started on a failing worker
     passes = {}
     failovers = []  # the workers that failed a request
 
@@ -294,8 +300,11 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
                   for kind, m in (("target", target), ("draft", draft))}
         failing = random.Random(fail)
 
+        def fails(seed: int) -> bool:
+            return fail is not None and seed % fail_every == 0
+
         def directory_of(seed: int) -> FakeDirectory:
-            if fail is None:
+            if not fails(seed):
                 return directory
             model = target if fail == "target" else draft
             own = FakeWorker(fail, f"{fail}-{seed}", model, fail_at_step=failing.choice((1, 2)),
@@ -317,6 +326,8 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
             if session.decoding.output.finish_reason == "eos" and len(tokens) < LENGTH:
                 outcome += (tokenizer.eos_token_id,)
             counts[outcome] = counts.get(outcome, 0) + 1
+            if fails(seed):
+                failing_counts[outcome] = failing_counts.get(outcome, 0) + 1
 
         await asyncio.gather(*(one(seed) for seed in range(n)))
         passes.update({name: s.counts for name, s in schedulers.items()})
@@ -324,39 +335,44 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
         passes["failed"] = sum(w.dead for w in failovers)
 
     asyncio.run(scenario())
-    return counts, passes
+    return counts, passes, failing_counts
 
 
-def test_sampling_through_batching_workers_matches_target_distribution(tokenizer):
-    """The default setting again, each request's steps batched with up to 63 neighbours'."""
-    sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
-    target, draft = tiny_model(0), tiny_model(1)
-    engine = SpecEngine(target, tokenizer, {"d": draft})  # switches both to the pooled attention
-    exact = exact_distribution(engine.target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
-    counts, passes = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer,
-                                                 params_for(sampling, k), SAMPLES)
+def test_sampling_through_batching_workers_and_a_failover_matches_target_distribution(tokenizer):
+    """The default setting again, each request's steps batched with up to 63 neighbours'; every
+    other request starts on a target replica of its own that fails at its first or second step and
+    goes on on a spare, reopened with a seed of its own (``replacement_seed``) and re-prefilled from
+    the committed tokens. All 20,000 outputs have the target's distribution, and so have the 10,000
+    that failed over, alone: one run holds both tests (a draft worker's failover, in the slow suite,
+    takes the same re-opening)."""
+    exact, counts, passes, failing = sample_the_default_setting_batched(tokenizer, SAMPLES, fail="target",
+                                                                          fail_every=2)
     assert passes["target"].max_sessions > NEIGHBOURS // 2 and passes["draft"].max_sessions > NEIGHBOURS // 2
+    assert passes["failed"] > SAMPLES // 4, passes["failed"]  # most of the failing half lost a worker mid-request
+    assert sum(failing.values()) == SAMPLES // 2
     assert_same_distribution(exact, counts, SAMPLES)
+    assert_same_distribution(exact, failing, SAMPLES // 2)
 
 
 def sample_the_default_setting_batched(tokenizer, samples: int, **how):
     """The default setting (temperature 1, top_p 0.9, k 2) through batching workers, ``how`` as
-    ``sample_distribution_batched`` takes it: (the target's exact distribution, counts, passes)."""
+    ``sample_distribution_batched`` takes it: (the target's exact distribution, counts, passes,
+    counts of the requests that started on a failing worker)."""
     sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
     engine = SpecEngine(tiny_model(0), tokenizer, {"d": tiny_model(1)})  # switches both to the pooled attention
     exact = exact_distribution(engine.target, [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
-    counts, passes = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer, params_for(sampling, k),
-                                                 samples, **how)
-    return exact, counts, passes
+    counts, passes, failing = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer,
+                                                          params_for(sampling, k), samples, **how)
+    return exact, counts, passes, failing
 
 
-@pytest.mark.parametrize("fail", [pytest.param("draft", marks=pytest.mark.slow), "target"])  # the same re-opening
-def test_sampling_across_a_failover_matches_target_distribution(tokenizer, fail):
-    """Each request's draft worker (or target replica) fails at its first or second step, and the
-    request goes on on another, reopened with a seed of its own (``replacement_seed``) and
-    re-prefilled from the committed tokens: the output is still the target's distribution."""
+@pytest.mark.slow  # the same re-opening as a target replica's, which the default run samples above
+def test_sampling_across_a_draft_workers_failover_matches_target_distribution(tokenizer):
+    """Each request's draft worker fails at its first or second step, and the request goes on on
+    another, reopened with a seed of its own (``replacement_seed``) and re-prefilled from the
+    committed tokens: the output is still the target's distribution."""
     samples = SAMPLES // 2
-    exact, counts, passes = sample_the_default_setting_batched(tokenizer, samples, fail=fail)
+    exact, counts, passes, _ = sample_the_default_setting_batched(tokenizer, samples, fail="draft")
     assert passes["failed"] > samples // 2, passes["failed"]  # most requests lost a worker mid-request
     assert_same_distribution(exact, counts, samples)
 
@@ -367,6 +383,6 @@ def test_sampling_through_a_token_tree_matches_target_distribution(tokenizer):
     (deterministic, learning from the other requests' outputs as they finish), verified by recursive
     rejection in batched passes. Fewer samples than the chain's test (its TV bound is looser)."""
     samples = SAMPLES // 2
-    exact, counts, passes = sample_the_default_setting_batched(tokenizer, samples, tree=True)
+    exact, counts, passes, _ = sample_the_default_setting_batched(tokenizer, samples, tree=True)
     assert passes["trees"] > samples // 10, passes["trees"]  # trees were verified, not just chains
     assert_same_distribution(exact, counts, samples)

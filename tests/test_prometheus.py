@@ -1,8 +1,8 @@
 """The dashboard's queries against a real Prometheus scraping the test cluster: after greedy, sampled
 and refused requests on every task, every panel's PromQL, its Grafana variables filled in, returns
 series with a value, and still does once the service has been idle for longer than Ray keeps a
-gauge it was not sent again. Installs nothing: it runs where Debian's prometheus package is
-installed."""
+gauge it was not sent again. `make test-slow` fetches Debian's prometheus package into
+.venv/prometheus and puts it on PATH for this test; it skips, saying so, where there is none."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from conftest import dashboard_queries, free_port
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("prometheus") is None,
-                       reason="Debian's prometheus package is not installed; apt-get install prometheus to run this"),
+                       reason="no prometheus on PATH: `make test-slow` fetches Debian's package into .venv/prometheus"),
 ]
 
 SCRAPE_SECONDS = 1

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 import ray
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -27,7 +28,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from specserve.cluster.bringup import serve_config
 from specserve.cluster.client import SpecServeClient
+from specserve.cluster.config import DEFAULT_CONFIG_FILE
 from specserve.workers.security import (API_TOKEN_ENV, API_TOKEN_FILE_ENV, INTERNAL_SERVER_NAME, INTERNAL_TOKEN_ENV,
                                         INTERNAL_TOKEN_FILE_ENV, TLS_DIR_ENV, BearerToken, SecuritySettings,
                                         TlsFiles, internal_aio_channel, internal_channel)
@@ -428,9 +431,14 @@ def test_a_secured_cluster_refuses_strangers_and_no_secret_reaches_logs_stats_or
     metrics_port = free_port()
     log = tmp_path / "serve.log"
     request = pb.GenerateRequest(prompt="SELECT name FROM", max_tokens=8)
+    # The default config with eager drafts, as the session's service runs them: compiling their
+    # passes (tests/test_graphs.py) would add ~15 s before the ready line and test nothing of security.
+    config = tmp_path / "eager-drafts.yaml"
+    config.write_text(yaml.safe_dump(serve_config(DEFAULT_CONFIG_FILE,
+                                                  overrides={"draft_pool": {"batching": {"compiled": False}}})))
     try:
-        with serve_in_subprocess(["--zoo", str(tiny_zoo.root), "--port", "0", "--metrics-port", str(metrics_port)],
-                                 env, log) as (client, _):
+        with serve_in_subprocess(["--config", str(config), "--zoo", str(tiny_zoo.root), "--port", "0",
+                                  "--metrics-port", str(metrics_port)], env, log) as (client, _):
             # Token and TLS from the environment; the router's Draft and Verify streams over mTLS with its token.
             on = client.generate(pb.GenerateRequest(prompt="SELECT name FROM", max_tokens=8, task="sql", draft="sql",
                                                     speculation=pb.SPECULATION_ON), timeout=60)

@@ -44,32 +44,29 @@ def draft_table(seed: int) -> tuple[SparseDist, SparseDist]:
     return first, second
 
 
-def draw_tree(g: torch.Generator, q_first: SparseDist, q_second: SparseDist):
+def draw_tree(g: torch.Generator, q_first: SparseDist, q_second: SparseDist, built: dict | None = None):
     """Candidates at depth 1: tokens 0 and 1 (deterministic), then one sampled from q_first (its own
     node even when it repeats a deterministic token); below each, one deterministic child and below
-    the sampled one also a sampled child."""
-    tokens, parents, rows = [], [], []
-
-    def add(token: int, parent: int, q: SparseDist) -> int:
-        tokens.append(token)
-        parents.append(parent)
-        rows.append(q)
-        return len(tokens) - 1
-
-    for det in (0, 1):
-        node = add(det, -1, one_hot(torch.tensor([det])))
-        add((det + 2) % V, node, one_hot(torch.tensor([(det + 2) % V])))
+    the sampled one also a sampled child. ``built``: the q rows of each tree already built, by its
+    sampled first token (they depend on nothing else), to build each once over many draws."""
     sampled = int(q_first.ids[0, sample(q_first.probs[0], torch.rand((), generator=g, dtype=torch.float64))])
-    node = add(sampled, -1, q_first)
-    add(3, node, one_hot(torch.tensor([3])))
     row = SparseDist(q_second.ids[sampled : sampled + 1], q_second.probs[sampled : sampled + 1])
-    add(int(row.ids[0, sample(row.probs[0], torch.rand((), generator=g, dtype=torch.float64))]), node, row)
+    below = int(row.ids[0, sample(row.probs[0], torch.rand((), generator=g, dtype=torch.float64))])
+    # Nodes: 0, its child 2, 1, its child 3, the sampled one, its child 3 and its sampled child.
+    tokens = [0, 2, 1, 3, sampled, 3, below]
+    parents = [-1, 0, -1, 2, -1, 4, 4]
+    if built is not None and sampled in built:
+        return tokens, parents, built[sampled]
+    rows = [one_hot(torch.tensor([t])) for t in tokens[:4]] + [q_first, one_hot(torch.tensor([3])), row]
     width = max(r.ids.shape[1] for r in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     probs = torch.zeros(len(rows), width)
     for i, r in enumerate(rows):
         ids[i, : r.ids.shape[1]], probs[i, : r.probs.shape[1]] = r.ids[0], r.probs[0]
-    return tokens, parents, SparseDist(ids, probs)
+    q = SparseDist(ids, probs)
+    if built is not None:
+        built[sampled] = q
+    return tokens, parents, q
 
 
 def target_rows(first: torch.Tensor, second: torch.Tensor, tokens: list[int], parents: list[int]) -> torch.Tensor:
@@ -86,10 +83,13 @@ def two_token_counts(seed: int, rule=verify_tree) -> tuple[torch.Tensor, torch.T
     q_first, q_second = draft_table(seed)
     g = torch.Generator().manual_seed(seed + 7)
     counts = torch.zeros(V * V)
+    built: dict[int, SparseDist] = {}
+    rows: dict[tuple[int, ...], torch.Tensor] = {}  # p of each tree, by its tokens (its parents are fixed)
     for _ in range(DRAWS):
-        tokens, parents, q = draw_tree(g, q_first, q_second)
-        verdict = rule(target_rows(first, second, tokens, parents), tokens, parents, q,
-                       torch.rand(len(tokens) + 1, generator=g))
+        tokens, parents, q = draw_tree(g, q_first, q_second, built)
+        if tuple(tokens) not in rows:
+            rows[tuple(tokens)] = target_rows(first, second, tokens, parents)
+        verdict = rule(rows[tuple(tokens)], tokens, parents, q, torch.rand(len(tokens) + 1, generator=g))
         committed = [tokens[i] for i in verdict.path] + [verdict.token]
         if len(committed) == 1:  # what the next step would draw, target-only
             committed.append(int(sample(second[committed[0]], torch.rand((), generator=g))))

@@ -22,8 +22,9 @@ from .heads.proposer import HeadDraft, HeadState
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
 from .local_draft import LocalDraft
-from .lookup import DRAFT_FREE, TREE, DraftFree, ProposerKind, kind_of
+from .lookup import DRAFT_FREE, TREE, DraftFree, ProposerKind
 from .loop import SpeculativeLoop, run_now
+from .proposers import Proposers
 from .proposing import AUX_HIDDEN, Proposer, Verified, VerifyNeeds
 from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .prompt import encode_prompt
@@ -34,7 +35,6 @@ from .recording import StatsRecorder
 from .stats import SpecStats
 from .steps import private_sequence, run_alone
 from .stopping import Chunk, OutputAssembler
-from .token_tree import TREE_MAX_TOKENS, TreeProposer
 from .tokenizer_check import check_compatible
 from .verifying import TargetSession
 
@@ -56,9 +56,10 @@ class SpecEngine:
         self.heads = dict(heads or {})  # EAGLE-3 heads of this target, drafting from its hidden states
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.context_window = int(target.config.max_position_embeddings)
-        self.draft_free = DraftFree()  # prompt lookup and suffix decoding (over the prompt alone: no task's outputs)
-        self.task = ""  # whose outputs suffix decoding reads, if a caller teaches draft_free some
-        self.tree_max_tokens = TREE_MAX_TOKENS
+        # Prompt lookup and suffix decoding (over the prompt alone: no task's outputs), the heads'
+        # names and a tree's size: what each request's proposer is built from.
+        self.proposers = Proposers(DraftFree(), self.heads.keys())
+        self.task = ""  # whose outputs suffix decoding reads, if a caller teaches proposers.draft_free some
         self._grammars: GrammarCompiler | None = None
 
     @property
@@ -151,31 +152,31 @@ class Generation:
         self.recorder = StatsRecorder(self.decoding.stats)
         self.verify_generator = verifier_generator(self.decoding.stats.seed)
         self.capacity = session_capacity(len(prompt_ids), params.max_tokens, engine.context_window)
-        length = DraftLength("fixed", params.k if draft else 0, params.k)
-        proposer = self._proposer(draft, tree, length) if draft else None
+        self.length = DraftLength("fixed", params.k if draft else 0, params.k)
+        proposer = self._proposer(draft, tree) if draft else None
         pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
         session = TargetSession(sequence, params.sampling, self.verify_generator,
                                 proposer.needs.hidden_layers if proposer else (), params.logprobs, params.processing,
                                 grammar=self._grammar())
-        self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer, length,
-                                    self.recorder)
+        self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer,
+                                    self.length, self.recorder)
 
-    def _proposer(self, name: str, tree: Sequence[str], length: DraftLength) -> Proposer:
-        kind = kind_of(name, self.engine.heads)
-        if kind is ProposerKind.DRAFT_FREE:
-            return self.engine.draft_free.proposer(name, self.engine.task, self.recorder)
-        if kind is ProposerKind.TREE:
-            return TreeProposer([self._proposer(member, (), length) for member in tree], self.engine.tree_max_tokens)
+    def _proposer(self, name: str, tree: Sequence[str]) -> Proposer:
+        return self.engine.proposers.build(name, self.engine.task, self.decoding.committed_ids(), self.recorder,
+                                           self._model_draft, tree)
+
+    def _model_draft(self, name: str, kind: ProposerKind, in_tree: bool) -> Proposer:
+        """A draft model or a head in this process, for this request (no lookahead: it runs alone)."""
         if kind is ProposerKind.HEAD:
             state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling,
                               DraftDraws(self.decoding.stats.seed, name), self.engine.draft_max_support)
-            return HeadDraft(name, state, self.recorder)
+            return HeadDraft(name, state, self.recorder, self.decoding.committed_ids())
         model = self.engine.drafts[name]
         pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
         session = DraftSession(sequence, self.params.sampling, DraftDraws(self.decoding.stats.seed, name),
                                self.engine.draft_max_support, grammar=self._grammar(),
                                output_start=len(self.decoding.prompt_ids))
-        return LocalDraft(name, model, pool, session, length, self.recorder, self.first_alone)
+        return LocalDraft(name, model, pool, session, self.length, self.recorder, self.first_alone)
 
     def _grammar(self) -> GrammarState | None:
         """A state of the request's grammar of its own, for the target's session or a draft's."""

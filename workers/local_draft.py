@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
 
 from transformers import PreTrainedModel
 
 from .drafting import DraftSession, DraftTokens
 from .draft_length import DraftLength
 from .kv_pool import KVPool
-from .proposing import NO_EXTRAS, Proposer, StepRecorder
+from .proposing import Committed, Proposer, StepRecorder
 from .steps import run_alone
 
 
@@ -43,8 +42,8 @@ class LocalDraft(Proposer):
         self.recorder.drafted(len(self.proposed.ids), seconds)
         return self.proposed
 
-    def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
+    def commit(self, step: Committed) -> None:
         self.first_alone = False
-        keep = len(self.session.sequence.committed) + accepted
-        self.session.resync(self.proposed, keep, list(appended))
+        keep = len(self.session.sequence.committed) + step.accepted
+        self.session.resync(self.proposed, keep, list(step.appended))
         self.proposed = DraftTokens.empty()

@@ -8,13 +8,13 @@ in-process engine). Their proposals are deterministic, so q is one-hot and trave
 from __future__ import annotations
 
 import time
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 from .drafting import DraftTokens
 from .ngram import NgramConfig, NgramIndex
-from .proposing import NO_EXTRAS, Proposer, StepRecorder
+from .proposing import Committed, Proposer, StepRecorder
 from .suffix_tree import SuffixConfig, SuffixProposer, TaskOutputs
 
 NGRAM, SUFFIX = "ngram", "suffix"
@@ -44,14 +44,13 @@ def kind_of(name: str, heads: Container[str] = ()) -> ProposerKind:
 class LookupProposer(Proposer):
     """Prompt lookup or suffix decoding over the request's committed tokens."""
 
-    def __init__(self, name: str, source: NgramIndex | SuffixProposer, recorder: StepRecorder) -> None:
+    def __init__(self, name: str, source: NgramIndex | SuffixProposer, recorder: StepRecorder,
+                 committed: Sequence[int]) -> None:
         self.name = name
         self.source = source  # .tokens, .extend(ids), .propose(k)
+        self.source.extend(committed)
         self.recorder = recorder
         self.proposed: list[int] = []  # its last proposal
-
-    async def open(self, committed: Sequence[int]) -> None:
-        self.source.extend(committed[len(self.source.tokens) :])
 
     async def propose(self, k: int) -> DraftTokens:
         started = time.perf_counter()
@@ -63,8 +62,8 @@ class LookupProposer(Proposer):
         self.recorder.drafted(len(self.proposed), seconds)
         return DraftTokens.of_ids(self.proposed)
 
-    def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
-        self.source.extend(self.proposed[:accepted] + list(appended))
+    def commit(self, step: Committed) -> None:
+        self.source.extend(self.proposed[: step.accepted] + list(step.appended))
         self.proposed = []
 
 
@@ -77,8 +76,9 @@ class DraftFree:
     suffix: SuffixConfig = field(default_factory=SuffixConfig)
     outputs: dict[str, TaskOutputs] = field(default_factory=dict)
 
-    def proposer(self, name: str, task: str, recorder: StepRecorder) -> LookupProposer:
-        return LookupProposer(name, self._source(name, task), recorder)
+    def proposer(self, name: str, task: str, recorder: StepRecorder, committed: Sequence[int]) -> LookupProposer:
+        """``name``'s proposer for a request of ``task`` that has ``committed`` these tokens so far."""
+        return LookupProposer(name, self._source(name, task), recorder, committed)
 
     def score(self, name: str, task: str, prompt_ids: Sequence[int],
               output_ids: Sequence[int]) -> tuple[int, int, int]:

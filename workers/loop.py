@@ -18,8 +18,8 @@ from typing import Protocol, TypeVar
 from .decoding import Decoding
 from .draft_length import DraftLength
 from .drafting import DraftTokens
-from .proposing import (NEEDS_NOTHING, Proposer, ProposerGone, StepRecorder, Verified, VerifyNeeds, accepted_ids,
-                        proposal_depth)
+from .proposing import (NEEDS_NOTHING, Committed, Proposer, ProposerGone, StepRecorder, Verified, VerifyNeeds,
+                        accepted_ids, proposal_depth)
 from .stopping import Chunk
 from .verifying import NO_PROPOSAL
 
@@ -65,12 +65,8 @@ class SpeculativeLoop:
         finished = False
         try:
             await self.verifier.open()
-            if self.proposer is not None:
-                await self._open_proposer()
             while not self.decoding.finished:
                 proposal = await self.propose()
-                if self.proposer is not None:  # on the draft's device, while the target verifies
-                    self.proposer.draft_ahead(proposal)
                 verified = await self.verify(proposal)
                 yield self.arrivals(self.commit(proposal, verified))  # emit
             if self.proposer is not None:
@@ -117,7 +113,7 @@ class SpeculativeLoop:
         verdict = verified.verdict
         self.length.update(proposal_depth(proposal), verdict.num_accepted)
         if self.proposer is not None:
-            self.proposer.commit(proposal, verdict, verified.extras)
+            self.proposer.commit(Committed.of(verified))
         return self.decoding.commit(accepted_ids(proposal, verdict), verdict.num_accepted, verdict.token,
                                     verified.logprobs, verified.ended)
 
@@ -126,12 +122,6 @@ class SpeculativeLoop:
         self.verifier.abandon()
         if self.proposer is not None:
             self.proposer.abandon()
-
-    async def _open_proposer(self) -> None:
-        try:
-            await self.proposer.open(self.decoding.committed_ids())
-        except ProposerGone as exc:
-            self._lose_proposer(str(exc))
 
     def _lose_proposer(self, why: str) -> None:
         self.proposer.abandon()

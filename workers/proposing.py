@@ -2,32 +2,38 @@
 
 In the spirit of transformers' ``CandidateGenerator`` (two verbs): a proposer ``propose``s up to k
 tokens after the request's committed ones, each with the exact distribution q it was drawn from
-(sparse, or one-hot), and is told the verdict when the loop ``commit``s it (workers/loop.py). The
-loop and the routing policy treat every proposer alike; what differs is where its tokens come from:
+(sparse, or one-hot), and is told what the verify pass kept when the loop ``commit``s it
+(``Committed``; workers/loop.py). ``close`` and ``abandon`` free what it holds when the request ends,
+as the verifier's do. That is all the loop calls, on every proposer alike; what differs is where
+the tokens come from:
 
     LocalDraft      a draft model in this process (workers/local_draft.py)
+    HeadDraft       an EAGLE-3 head in this process (workers/heads/proposer.py)
     LookupProposer  draft-free: prompt lookup or suffix decoding over the request's tokens and its
                     task's recent outputs (workers/lookup.py); one-hot q, ids alone on the wire
     TreeProposer    several of these at once, merged into one token tree (workers/token_tree.py)
     RemoteDraft     a draft model on a draft worker, over a stream (router/remote_draft.py)
+
+A proposer is built holding the request's committed tokens (workers/proposers.py builds the one a
+name stands for, for the engine and the router alike); one that holds state elsewhere (a draft
+worker's session) opens it on its first ``propose``, and one that can work while the target
+verifies (a draft worker's lookahead) starts on its next proposal as ``propose`` returns this one.
 
 A proposer that needs more than the verdict from the verify pass (an EAGLE-3 head needs the
 target's hidden states of the positions it commits) declares it in ``needs`` (``VerifyNeeds``), and
 nowhere else: the target's session is opened for it from there, the verifier returns it in
 ``Verified.extras``, and the loop hands that to ``commit`` without knowing which proposer it drives.
 
-The interface: ``propose`` and ``commit`` (``follow`` for a tree's members), which every proposer
-implements; ``open``, ``close`` and ``abandon`` around a request; ``draft_ahead`` where a proposer can
-work while the target verifies. Proposers report what their proposals cost, the steps they had
-nothing for and the workers they lost to a ``StepRecorder``, never to the request itself.
-A proposer that can no longer propose (its draft worker lost, none left to reopen on) raises
-``ProposerGone``; the request goes on target-only, its output unchanged.
+Proposers report what their proposals cost, the steps they had nothing for and the workers they
+lost to a ``StepRecorder``, never to the request itself. A proposer that can no longer propose (its
+draft worker lost, none left to reopen on) raises ``ProposerGone``; the request goes on target-only,
+its output unchanged.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -93,6 +99,33 @@ class Verified:
     ended: str = ""  # the target ends the text after these tokens, and why ("grammar"; "": it goes on)
 
 
+@dataclass(frozen=True)
+class Committed:
+    """One verify pass's verdict as a proposer sees it: of its last proposal, the nodes ``kept``, in
+    order (a chain's first n, or a tree's accepted path), then the tokens ``appended`` after them
+    (the target's own; for a tree's member, first the tokens of the path that are not its own);
+    ``extras``: what the proposer ``needs`` of the pass, as far as given."""
+
+    kept: tuple[int, ...]
+    appended: tuple[int, ...]
+    extras: Mapping[str, object] = field(default_factory=lambda: NO_EXTRAS)
+
+    @classmethod
+    def of(cls, verified: Verified) -> Committed:
+        verdict = verified.verdict
+        kept = tuple(verdict.path) if verdict.path else tuple(range(verdict.num_accepted))
+        return cls(kept, (verdict.token,), verified.extras)
+
+    @property
+    def accepted(self) -> int:
+        """How many of the last proposal's tokens stand."""
+        return len(self.kept)
+
+    def ids(self, proposal: DraftTokens) -> list[int]:
+        """The tokens the pass committed after ``proposal``: its kept ones, then the appended."""
+        return [proposal.ids[node] for node in self.kept] + list(self.appended)
+
+
 class StepRecorder(Protocol):
     """Where the loop and its proposer report what a request's steps cost (workers/recording.py)."""
 
@@ -132,32 +165,19 @@ class StepRecorder(Protocol):
 
 
 class Proposer(ABC):
-    """One request's source of draft tokens."""
+    """One request's source of draft tokens: built holding the request's committed tokens."""
 
     name: str
     needs: VerifyNeeds = NEEDS_NOTHING  # what it needs from the verify pass besides the verdict
     deterministic = True  # one-hot proposals (no draw): a token tree may merge them with others'
 
-    async def open(self, committed: Sequence[int]) -> None:
-        """Be ready to propose after ``committed`` (the prompt, or more on a late open)."""
-
     @abstractmethod
     async def propose(self, k: int) -> DraftTokens:
         """Up to ``k`` tokens after the committed ones, with their q (no ids: none this step)."""
 
-    def draft_ahead(self, proposal: DraftTokens, branch: bool = True) -> None:
-        """The target is verifying ``proposal``: start on the next one meanwhile, if this proposer can
-        (``branch``: and on the one for its likeliest rejection, where it can)."""
-
-    def commit(self, proposal: DraftTokens, verdict: Outcome, extras: Mapping[str, object] = NO_EXTRAS) -> None:
-        """The request committed ``verdict`` on ``proposal``, this proposer's last one; ``extras``
-        holds what it ``needs`` of the verify pass."""
-        self.follow(verdict.num_accepted, [verdict.token], extras)
-
-    def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
-        """Of this proposer's last proposal, the first ``accepted`` tokens were committed, then
-        ``appended`` (the target's token; in a token tree, first another branch's accepted tokens);
-        ``extras``: what it ``needs`` of the verify pass."""
+    @abstractmethod
+    def commit(self, step: Committed) -> None:
+        """The request committed ``step`` after this proposer's last proposal."""
 
     async def close(self) -> None:
         """The request is done: free whatever the proposer holds."""

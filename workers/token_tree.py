@@ -15,13 +15,13 @@ repeats a token).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .acceptance import SparseDist, Outcome
+from .acceptance import SparseDist
 from .drafting import DraftTokens, stack_rows
 from .lookup import TREE
-from .proposing import NEEDS_NOTHING, NO_EXTRAS, Proposer, ProposerGone, VerifyNeeds, accepted_ids
+from .proposing import NEEDS_NOTHING, Committed, Proposer, ProposerGone, VerifyNeeds
 
 TREE_MAX_TOKENS = 24  # nodes per tree by default: a verify pass of ~k + 1 tokens per member
 
@@ -69,7 +69,6 @@ class TreeProposer(Proposer):
     def __init__(self, members: list[Proposer], max_tokens: int) -> None:
         self.members = members
         self.max_tokens = max_tokens
-        self.chains: dict[int, DraftTokens] = {}  # id(member) -> its last chain
         self.tree: MergedTree | None = None
         self.proposing: list[Proposer] = []  # the members of the last tree, in its order
 
@@ -80,13 +79,6 @@ class TreeProposer(Proposer):
             needs = needs.with_(member.needs)
         return needs
 
-    async def open(self, committed: Sequence[int]) -> None:
-        for member in list(self.members):
-            try:
-                await member.open(committed)
-            except ProposerGone as exc:
-                self._drop(member, exc)
-
     async def propose(self, k: int) -> DraftTokens:
         chains = []
         for member in list(self.members):
@@ -95,26 +87,17 @@ class TreeProposer(Proposer):
             except ProposerGone as exc:
                 self._drop(member, exc)
         self.proposing = [member for member, _ in chains]
-        self.chains = {id(member): chain for member, chain in chains}
         self.tree = merge([(chain, member.deterministic) for member, chain in chains], self.max_tokens)
         return self.tree.proposal
 
-    def draft_ahead(self, proposal: DraftTokens, branch: bool = True) -> None:
-        """Each member ahead of its own chain, without a branch: the k the loop asks after a verdict
-        follows the tree's depth and path, not a member's chain, so a member's branch would not be
-        the draft it drafts afresh."""
-        for member in self.members:
-            member.draft_ahead(self.chains.get(id(member), DraftTokens.empty()), branch=False)
-
-    def commit(self, proposal: DraftTokens, verdict: Outcome, extras: Mapping[str, object] = NO_EXTRAS) -> None:
+    def commit(self, step: Committed) -> None:
         """Each member: the part of the accepted path that is its own chain, then the rest."""
-        path = list(verdict.path) if verdict.path else list(range(verdict.num_accepted))
-        committed = accepted_ids(proposal, verdict) + [verdict.token]
+        committed = step.ids(self.tree.proposal) if self.tree else list(step.appended)
         for member, nodes in zip(self.proposing, self.tree.nodes if self.tree else [], strict=True):
             own = 0
-            while own < min(len(nodes), len(path)) and nodes[own] == path[own]:
+            while own < min(len(nodes), len(step.kept)) and nodes[own] == step.kept[own]:
                 own += 1
-            member.follow(own, committed[own:], extras)
+            member.commit(Committed(tuple(range(own)), tuple(committed[own:]), step.extras))
 
     async def close(self) -> None:
         for member in self.members:

@@ -13,7 +13,7 @@ target-only pass that prefills the prompt also returns them), as vLLM's EAGLE dr
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +23,7 @@ from ..batching import Scheduler, advance_all
 from ..config import BatchingConfig
 from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
 from ..grpc_host import Device
-from ..proposing import AUX_HIDDEN, NO_EXTRAS, HiddenRows, Proposer, ProposerGone, StepRecorder, VerifyNeeds
+from ..proposing import AUX_HIDDEN, Committed, HiddenRows, Proposer, ProposerGone, StepRecorder, VerifyNeeds
 from ..seeds import DraftDraws
 from .eagle3 import Eagle3Head, HeadCache
 
@@ -192,16 +192,14 @@ class HeadScheduler(Scheduler):
 class HeadDraft(Proposer):
     """A head in this process drafting for one request, alone (a batch of one)."""
 
-    def __init__(self, name: str, state: HeadState, recorder: StepRecorder) -> None:
+    def __init__(self, name: str, state: HeadState, recorder: StepRecorder, committed: Sequence[int]) -> None:
         self.name = name
         self.state = state
+        self.state.commit(committed)
         self.recorder = recorder
         self.deterministic = state.sampling.greedy
         self.needs = VerifyNeeds(state.head.config.aux_layers)  # the target's hidden states it drafts from
         self.proposed = DraftTokens.empty()
-
-    async def open(self, committed: Sequence[int]) -> None:
-        self.state.commit(committed)
 
     async def propose(self, k: int) -> DraftTokens:
         # Nothing to draft from (the target's first pass is still to come): a target-only step.
@@ -215,9 +213,9 @@ class HeadDraft(Proposer):
         self.recorder.drafted(len(self.proposed.ids), seconds)
         return self.proposed
 
-    def follow(self, accepted: int, appended: Sequence[int], extras: Mapping[str, object] = NO_EXTRAS) -> None:
-        self.state.commit(list(self.proposed.ids[:accepted]) + list(appended))
-        if (hidden := extras.get(AUX_HIDDEN)) is not None:
+    def commit(self, step: Committed) -> None:
+        self.state.commit(step.ids(self.proposed))
+        if (hidden := step.extras.get(AUX_HIDDEN)) is not None:
             self.state.add(hidden)
         self.proposed = DraftTokens.empty()
 
