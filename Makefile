@@ -25,10 +25,11 @@ $(INSTALLED): pyproject.toml deploy/constraints.txt
 	$(PIP) -e '.[test,dev,bench]'
 	touch $@
 
-# Prometheus and promtool for the tests that need a real one (the dashboard's queries in the slow
-# suite): Debian's prometheus package, unpacked into .venv/prometheus; nothing is installed on the
-# system and no service started. Needs apt (a Debian or Ubuntu machine); elsewhere those tests skip,
-# saying so. apt's package lists are fetched first where they are missing (as root).
+# Prometheus and promtool for the tests that need them (the alert rules' unit tests in `make test`,
+# the dashboard's queries in the slow suite): Debian's prometheus package, unpacked into
+# .venv/prometheus; nothing is installed on the system and no service started. Needs apt (a Debian
+# or Ubuntu machine); elsewhere those tests skip, saying so. apt's package lists are fetched first
+# where they are missing (as root).
 PROMETHEUS_BIN := $(VENV)/prometheus/usr/bin
 $(PROMETHEUS_BIN)/prometheus:
 	@mkdir -p $(VENV)/prometheus/deb
@@ -41,8 +42,8 @@ $(PROMETHEUS_BIN)/prometheus:
 demo: $(INSTALLED)
 	$(BIN)/specserve demo
 
-test: $(INSTALLED)
-	$(BIN)/python -m pytest
+test: $(INSTALLED) $(PROMETHEUS_BIN)/prometheus
+	PATH="$(abspath $(PROMETHEUS_BIN)):$$PATH" $(BIN)/python -m pytest
 
 # The service in the foreground on an embedded cluster (Ctrl-C stops it).
 serve: $(INSTALLED)
@@ -52,8 +53,9 @@ serve: $(INSTALLED)
 proto: $(INSTALLED)
 	$(BIN)/python -m specserve.proto.generate
 
-# Copy deploy/serve_config.yaml into the KubeRay RayService's serveConfigV2 (a test fails while they
-# differ). With CRD=path/to/ray.io_rayservices.yaml, also re-extract the schema the tests check it with.
+# Copy deploy/serve_config.yaml into the KubeRay RayService's serveConfigV2 and the alert rules
+# (deploy/alerts/specserve-rules.yaml) into their PrometheusRule (a test fails while either differs).
+# With CRD=path/to/ray.io_rayservices.yaml, also re-extract the schema the tests check it with.
 manifests: $(INSTALLED)
 	$(BIN)/python -m specserve.cluster.kuberay $(if $(CRD),--crd $(CRD))
 

@@ -4,7 +4,9 @@ deploy/kuberay/rayservice.yaml is written by hand except its serveConfigV2, whic
 deploy/serve_config.yaml (the file `specserve serve` deploys) copied in verbatim: one source of
 truth, and a test fails while the two differ. Given the RayService CRD (``--crd``), the same
 command extracts its v1 openAPIV3Schema into deploy/kuberay/rayservice.schema.json, which the tests
-validate the manifest against without anything outside the repository.
+validate the manifest against without anything outside the repository. It also writes
+deploy/kuberay/prometheusrule.yaml, the Prometheus Operator's form of the alert rules in
+deploy/alerts/specserve-rules.yaml (their groups copied in verbatim, comments and all).
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ DEPLOY = SERVE_CONFIG.parent
 RAYSERVICE = DEPLOY / "kuberay" / "rayservice.yaml"
 RAYSERVICE_SCHEMA = DEPLOY / "kuberay" / "rayservice.schema.json"
 SERVE_CONFIG_KEY = "serveConfigV2: |"
+ALERT_RULES = DEPLOY / "alerts" / "specserve-rules.yaml"
+PROMETHEUS_RULE = DEPLOY / "kuberay" / "prometheusrule.yaml"
+PROMETHEUS_RULE_HEAD = """\
+# Prometheus Operator: specserve's alert rules. Written by `make manifests` from
+# deploy/alerts/specserve-rules.yaml (edit that file, not this one; a test fails while they differ).
+# Label it as your Prometheus' ruleSelector wants.
+apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata:
+  name: specserve
+  labels:
+    app.kubernetes.io/name: specserve
+spec:
+"""
 CRD_VERSION = "v1"
 
 
@@ -42,6 +58,16 @@ def embed_serve_config(manifest: str, serve_config: str) -> str:
         end -= 1
     block = [indent + line if line.strip() else "\n" for line in serve_config.splitlines(keepends=True)]
     return "".join(lines[: key + 1] + block + lines[end:])
+
+
+def prometheus_rule(rules: str) -> str:
+    """The PrometheusRule of a plain rules file: its groups (from the line ``groups:`` on, its
+    comments kept) under ``spec``."""
+    lines = rules.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.rstrip() == "groups:"]
+    if len(starts) != 1:
+        raise ValueError(f"the rules file must have exactly one top-level line `groups:`, found {len(starts)}")
+    return PROMETHEUS_RULE_HEAD + "".join("  " + line if line.strip() else "\n" for line in lines[starts[0]:])
 
 
 def crd_schema(crd: dict, version: str = CRD_VERSION) -> dict:
@@ -86,13 +112,18 @@ def manifest_problems(manifest: dict, schema: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specserve.cluster.kuberay", description=(
         "Copy deploy/serve_config.yaml into the RayService manifest's serveConfigV2 and check the "
-        "manifest against the RayService CRD's schema; with --crd, first extract that schema from the CRD."))
+        "manifest against the RayService CRD's schema (with --crd, first extract that schema from the CRD); "
+        "write the alert rules' PrometheusRule from deploy/alerts/specserve-rules.yaml."))
     parser.add_argument("--crd", type=Path, help="the RayService CRD (ray.io_rayservices.yaml from KubeRay)")
     args = parser.parse_args(argv)
     manifest = RAYSERVICE.read_text()
     synced = embed_serve_config(manifest, SERVE_CONFIG.read_text())
     RAYSERVICE.write_text(synced)
     print(f"{RAYSERVICE}: serveConfigV2 {'updated' if synced != manifest else 'already in step'}")
+    rule = prometheus_rule(ALERT_RULES.read_text())
+    if not PROMETHEUS_RULE.exists() or PROMETHEUS_RULE.read_text() != rule:
+        PROMETHEUS_RULE.write_text(rule)
+        print(f"{PROMETHEUS_RULE}: updated from {ALERT_RULES}")
     import yaml
 
     if args.crd:
