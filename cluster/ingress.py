@@ -63,7 +63,8 @@ class Router:
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
         registry = find_registry(cfg.namespace)
         self.router_id = f"router-{uuid.uuid4().hex[:6]}"
-        limits = Limits(tasks=models.tasks, drafts=models.proposers, context_window=_context_window(models.target))
+        limits = Limits(tasks=models.tasks, drafts=models.proposers, context_window=_context_window(models.target),
+                        segments=frozenset(cfg.router.segments))
         self.directory = WorkerDirectory(registry, registration.ttl, security, cfg.router.prefix_affinity_sessions)
         # A draft of the task table that the pool does not serve is never waited for (no worker will
         # come): its requests run target-only, route "unavailable".

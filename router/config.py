@@ -14,6 +14,8 @@ from specserve.workers.suffix_tree import SuffixConfig
 
 from specserve.workers.lookup import DRAFT_FREE
 
+from .segments import MAX_SEGMENTS, OTHER_SEGMENT, SEGMENT_NAME
+
 ROUTER_NODE = "specserve_router_node"  # custom resource of the node the router runs on (clients reach it)
 DEFAULT_PORT = 50051  # the client API (gRPC's customary port)
 DEFAULT_HTTP_PORT = 8000  # the OpenAI-compatible API (vLLM's and SGLang's customary port)
@@ -179,6 +181,11 @@ class RouterConfig(FrozenConfig):
     trees: bool = False
     # Tokens a tree may hold: its width is verify work (about free on a GPU, not on a CPU).
     tree_max_tokens: int = Field(24, ge=2, le=256)
+    # Request segments (a user segment, a tenant, a product surface) counted under their own names
+    # in metrics and GetStats: a request's segment (GenerateRequest.segment; OpenAI's
+    # metadata.segment or user) is counted as itself where listed here, as "other" otherwise, so
+    # a label's values stay bounded whatever clients send. Empty: every named segment is "other".
+    segments: tuple[str, ...] = ()
     # How often workers re-register and how long an entry lives without that.
     heartbeat_seconds: float = Field(2.0, gt=0)
     timeouts: TimeoutsConfig = TimeoutsConfig()
@@ -189,4 +196,15 @@ class RouterConfig(FrozenConfig):
         unknown = [name for name in self.draft_free if name not in DRAFT_FREE]
         if unknown:
             raise ValueError(f"router.draft_free names {unknown}; the draft-free proposers are {', '.join(DRAFT_FREE)}")
+        return self
+
+    @model_validator(mode="after")
+    def _segment_names(self) -> RouterConfig:
+        bad = [name for name in self.segments if not SEGMENT_NAME.fullmatch(name) or name == OTHER_SEGMENT]
+        if bad:
+            raise ValueError(f"router.segments names {bad}: a segment is 1-64 letters, digits, '_', '.' or '-', "
+                             f"starting with a letter or digit, and not {OTHER_SEGMENT!r} (what the rest count as)")
+        if len(set(self.segments)) < len(self.segments) or len(self.segments) > MAX_SEGMENTS:
+            raise ValueError(f"router.segments must list at most {MAX_SEGMENTS} different names, got "
+                             f"{len(self.segments)} ({len(set(self.segments))} different)")
         return self

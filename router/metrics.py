@@ -36,6 +36,17 @@ acceptance_rate =
 tokens_per_pass =
     1 + sum by (task) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
     / sum by (task) (rate(ray_specserve_drafts_total{task=~"$task"}[$__rate_interval]))
+# Per-token acceptance (workers/stats.py alpha: accepted / (accepted + rejections)) by task, draft
+# and segment (router/segments.py: a name router.segments lists, "other" for the rest, "" for
+# requests that named none): how well each draft does for each segment's traffic.
+alpha_by_segment =
+    sum by (task, draft, segment) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
+    / (sum by (task, draft, segment) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
+      + sum by (task, draft, segment) (rate(ray_specserve_rejections_total{task=~"$task"}[$__rate_interval])))
+# Tokens per pass (as tokens_per_pass) by task, draft and segment.
+tokens_per_pass_by_segment =
+    1 + sum by (task, draft, segment) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
+    / sum by (task, draft, segment) (rate(ray_specserve_drafts_total{task=~"$task"}[$__rate_interval]))
 # Draft work no proposal used (drafted ahead of a verdict that did not come: lookaheads that missed),
 # as a share of the tokens the draft computed, by task and draft (workers/stats.py wasted_share).
 wasted_share =
@@ -116,6 +127,9 @@ def _figures(doc: str | None) -> dict[str, str]:
 DERIVED_PROMQL = _figures(__doc__)
 
 ARM = ("task", "draft")
+# The per-request counters alpha and tokens per pass are derived from also carry the request's
+# segment as counted (router/segments.py: a name router.segments lists, "other", or "" for none).
+ARM_SEGMENT = (*ARM, "segment")
 KIND = ("kind",)
 WORKER_KINDS = ("target", "draft")
 FALLBACK_CAUSES = (LOW_SPEEDUP, TARGET_SATURATED)
@@ -167,9 +181,12 @@ class RouterMetrics:
         self.requests = metrics.Counter("specserve_requests", "Finished requests by task and gRPC status (task "
                                         "empty: refused before it was resolved)",
                                         tag_keys=("task", "status"))
-        self.drafts = metrics.Counter("specserve_drafts", "Verify steps that checked a draft proposal", tag_keys=ARM)
+        self.drafts = metrics.Counter("specserve_drafts", "Verify steps that checked a draft proposal",
+                                      tag_keys=ARM_SEGMENT)
         self.draft_tokens = metrics.Counter("specserve_draft_tokens", "Draft tokens proposed for verification",
-                                            tag_keys=ARM)
+                                            tag_keys=ARM_SEGMENT)
+        self.rejections = metrics.Counter("specserve_rejections", "Verify steps that ended on a rejected draft "
+                                          "token (the others accepted their whole proposal)", tag_keys=ARM_SEGMENT)
         self.drafted_tokens = metrics.Counter("specserve_drafted_tokens", "Tokens the draft computed (proposed, "
                                               "guesses drafted ahead, and wasted)", tag_keys=ARM)
         self.wasted_draft_tokens = metrics.Counter("specserve_wasted_draft_tokens", "Drafted tokens no proposal "
@@ -181,11 +198,12 @@ class RouterMetrics:
         self.draft_seconds = metrics.Counter("specserve_draft_seconds", "The draft's device time for the tokens "
                                              "it computed", tag_keys=ARM)
         self.accepted_tokens = metrics.Counter("specserve_accepted_tokens", "Draft tokens the target accepted",
-                                               tag_keys=ARM)
+                                               tag_keys=ARM_SEGMENT)
         self.accepted_per_position = metrics.Counter(
             "specserve_accepted_tokens_per_position", "Accepted draft tokens by position in the proposal (0 first)",
             tag_keys=(*ARM, "position"))
-        self.output_tokens = metrics.Counter("specserve_output_tokens", "Tokens returned to clients", tag_keys=ARM)
+        self.output_tokens = metrics.Counter("specserve_output_tokens", "Tokens returned to clients",
+                                             tag_keys=ARM_SEGMENT)
         self.prompt_tokens = metrics.Counter("specserve_prompt_tokens", "Prompt tokens of finished requests: "
                                              "computed (cached: false), or taken from the target replica's prefix "
                                              "cache (cached: true)",
@@ -214,6 +232,10 @@ class RouterMetrics:
         self.expected_speedup = RefreshedGauge("specserve_expected_speedup", "The cost model's speedup for the "
                                                "arm at its best k", tag_keys=ARM)
         self.alpha = RefreshedGauge("specserve_acceptance_alpha", "Per-token acceptance estimate", tag_keys=ARM)
+        self.segment_speedup = RefreshedGauge(
+            "specserve_segment_expected_speedup", "The cost model's speedup for a segment's requests of a task "
+            "served by a draft: at the segment's measured alpha, with the draft's c and k as the policy prices "
+            "them (GetStats segments)", tag_keys=ARM_SEGMENT)
         self.in_flight = RefreshedGauge("specserve_requests_in_flight", "Requests the router is serving")
         self.queued = RefreshedGauge("specserve_requests_queued", "Requests waiting for a turn (beyond the "
                                      "router's concurrency limit)")
@@ -267,15 +289,17 @@ class RouterMetrics:
             self.load_decisions.inc(1, {"task": task, "reason": request.route.load})
         if status != "OK":
             return
-        _add(self.output_tokens, len(request.decoding.committed), arm)
+        counted = arm | {"segment": request.valid.segment}
+        _add(self.output_tokens, len(request.decoding.committed), counted)
         _add(self.prompt_tokens, len(request.valid.prompt_ids) - request.target.cached_tokens,
              {"task": task, "cached": "false"})
         _add(self.prompt_tokens, request.target.cached_tokens, {"task": task, "cached": "true"})
         if request.target.pick:
             self.target_picks.inc(1, {"reason": request.target.pick})
-        _add(self.drafts, len(t.verify_steps), arm)
-        _add(self.draft_tokens, s.proposed, arm)
-        _add(self.accepted_tokens, s.accepted, arm)
+        _add(self.drafts, len(t.verify_steps), counted)
+        _add(self.draft_tokens, s.proposed, counted)
+        _add(self.rejections, s.rejections, counted)
+        _add(self.accepted_tokens, s.accepted, counted)
         _add(self.drafted_tokens, s.drafted, arm)
         _add(self.wasted_draft_tokens, s.wasted, arm)
         sampling = "greedy" if request.params.sampling.greedy else "sampled"

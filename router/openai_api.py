@@ -55,10 +55,14 @@ MAX_BODY_BYTES = 4 * 1024 * 1024  # far above any context window's text (validat
 # value that means "off".
 UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1),
                "suffix": (None, ""), "functions": (None, [])}
-IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}  # no effect on the output
+IGNORED = {"store", "service_tier", "parallel_tool_calls"}  # no effect on the output
+# The request's segment (GenerateRequest.segment: counted per segment, router.segments): metadata's
+# "segment" where given, else user, OpenAI's end-user id.
+SEGMENT_FIELDS = ("user", "metadata")
+SEGMENT_KEY = "segment"
 SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
                    "top_k", "task", "speculation", "draft", "k", "logprobs", "presence_penalty", "frequency_penalty",
-                   "logit_bias", "response_format", "structured_outputs"}
+                   "logit_bias", "response_format", "structured_outputs", *SEGMENT_FIELDS}
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt"}  # logprobs: how many alternatives (0..20), as OpenAI's
 CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "top_logprobs",  # logprobs: true or false
                                  "tools", "tool_choice"}
@@ -197,7 +201,8 @@ def _request(fields: dict, prompt: str, model: str, chat: bool) -> OpenAIRequest
         raise invalid(f"speculation must be one of {', '.join(SPECULATION)}, got {speculation!r}", "speculation")
     request = pb.GenerateRequest(prompt=prompt, stop=stops, speculation=SPECULATION[speculation],
                                  temperature=_number(fields, "temperature", 1.0), top_p=_number(fields, "top_p", 1.0),
-                                 task=_typed(fields, "task", str, ""), draft=_typed(fields, "draft", str, ""))
+                                 task=_typed(fields, "task", str, ""), draft=_typed(fields, "draft", str, ""),
+                                 segment=_segment(fields))
     for name in ("presence_penalty", "frequency_penalty"):
         if fields.get(name) is not None:
             setattr(request, name, _number(fields, name, 0.0))
@@ -229,6 +234,14 @@ def _request(fields: dict, prompt: str, model: str, chat: bool) -> OpenAIRequest
             except ValueError:  # beyond the field's integer type: the range check would refuse it too
                 raise invalid(f"{name} {value} is out of range", name) from None
     return OpenAIRequest(request, stream, bool(options.get("include_usage")), chat, tools)
+
+
+def _segment(fields: dict) -> str:
+    """metadata.segment, else user, else none. OpenAI's metadata: string keys to string values."""
+    metadata = fields.get("metadata") or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise invalid("metadata must be an object of strings (its 'segment' names the request's segment)", "metadata")
+    return metadata.get(SEGMENT_KEY) or _typed(fields, "user", str, "")
 
 
 def _typed(fields: dict, name: str, kind: type, default):

@@ -372,6 +372,13 @@ class Policy:
         sessions = min(self.pressure, self.pass_cap) if self.pass_cap else self.pressure
         return Load(max(1.0, sessions), self.passes.curve(), w, self._saturated(), r)
 
+    def priced_at(self, task: str, draft: str, alpha: float) -> ArmView | None:
+        """A (task, draft) priced at another alpha (a segment's): its c, coverage and load as now, the
+        k best for that alpha. None where the task has no such arm."""
+        if task not in self._tasks or draft not in self._tasks[task].arms:
+            return None
+        return self._arm_view(task, draft, alpha)
+
     def _arm_view(self, task: str, draft: str, alpha: float | None = None) -> ArmView:
         arm = self._tasks[task].arms.get(draft) or Arm()  # no data: the prior
         alpha = arm.alpha if alpha is None else alpha

@@ -32,7 +32,7 @@ from .learning_budget import LearningBudget
 from .lookahead_budget import LookaheadBudget
 from .metrics import RouterMetrics
 from .passes import PassWindow
-from .policy import Policy
+from .policy import ArmView, Policy
 from .proposers import ProposerFactory
 from .readiness import Readiness
 from .scoring import ContinuationScorer
@@ -73,6 +73,35 @@ class TaskTotals:
                             acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass)
 
 
+class SegmentTotals:
+    """Counts per (task, draft served, segment as counted) of the requests that named a segment,
+    since the router started, for GetStats and the per-segment speedup gauge."""
+
+    def __init__(self) -> None:
+        self.requests: defaultdict[tuple[str, str, str], int] = defaultdict(int)
+        self.output_tokens: defaultdict[tuple[str, str, str], int] = defaultdict(int)
+        self.stats: defaultdict[tuple[str, str, str], SpecStats] = defaultdict(SpecStats)
+
+    def add(self, request: Request) -> tuple[str, str, str] | None:
+        """Count ``request`` if it named a segment; its key, or None."""
+        if not request.valid.segment:
+            return None
+        key = (request.task.task, request.route.draft or "", request.valid.segment)
+        self.requests[key] += 1
+        self.output_tokens[key] += len(request.decoding.committed)
+        self.stats[key].add(request.decoding.stats)
+        return key
+
+    def message(self, key: tuple[str, str, str], priced: ArmView | None) -> pb.SegmentStats:
+        s = self.stats[key]
+        task, draft, segment = key
+        return pb.SegmentStats(task=task, draft=draft, segment=segment, requests=self.requests[key],
+                               proposed_tokens=s.proposed, accepted_tokens=s.accepted, rejections=s.rejections,
+                               target_passes=s.target_passes, output_tokens=self.output_tokens[key], alpha=s.alpha,
+                               tokens_per_pass=s.tokens_per_pass,
+                               expected_speedup=priced.expected_speedup if priced else 0.0, k=priced.k if priced else 0)
+
+
 class SpecServeService:
     """The client API. Per request: validate, admit, resolve the task, route (policy), run the
     request, then teach the policy what happened and record metrics."""
@@ -108,6 +137,7 @@ class SpecServeService:
         self.metrics = RouterMetrics()
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
         self.totals = TaskTotals()
+        self.segments = SegmentTotals()
         self.passes = {"target": PassWindow(), "draft": PassWindow()}  # the latest steps' batches, for GetStats
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -205,6 +235,8 @@ class SpecServeService:
         draft-free ones within the learning budget, drafts sometimes); its output joins its task's
         suffix trie (within the budget too)."""
         self.totals.add(request)
+        if (segment := self.segments.add(request)) is not None and request.route.draft:
+            self._record_segment(segment)
         self.passes["target"].add(request.times.target_passes)
         self.passes["draft"].add(request.times.draft_passes)
         task = request.task.task
@@ -237,7 +269,19 @@ class SpecServeService:
         return pb.ServiceStats(tasks=self._task_rows(), workers=workers, requests_in_flight=self.admission.running,
                                requests_rejected=self.admission.refused, requests_queued=self.admission.waiting,
                                passes=self._pass_rows(), load=self._load_pricing(), router=self.router_id,
-                               ready=self.readiness.ready, waiting_for=self.readiness.waiting_for)
+                               ready=self.readiness.ready, waiting_for=self.readiness.waiting_for,
+                               segments=[self._segment_row(key) for key in sorted(self.segments.requests)])
+
+    def _segment_row(self, key: tuple[str, str, str]) -> pb.SegmentStats:
+        task, draft, _ = key
+        priced = self.policy.priced_at(task, draft, self.segments.stats[key].alpha) if draft else None
+        return self.segments.message(key, priced)
+
+    def _record_segment(self, key: tuple[str, str, str]) -> None:
+        """The segment's expected speedup with its draft, as GetStats prices it, into the gauge."""
+        row = self._segment_row(key)
+        task, draft, segment = key
+        self.metrics.segment_speedup.set(row.expected_speedup, {"task": task, "draft": draft, "segment": segment})
 
     def _pass_rows(self) -> list[pb.PassStats]:
         return [pb.PassStats(kind=kind, **asdict(window.summary())) for kind, window in self.passes.items()]
@@ -309,7 +353,8 @@ def stats_message(request: Request) -> pb.GenerateStats:
                             route=request.route.reason, k=request.route.k, target_resumes=request.target_resumes,
                             draft_reopens=request.draft_reopens, target_full_refusals=request.full_refusals,
                             cached_prompt_tokens=request.target.cached_tokens,
-                            target_replica=request.target.replica, target_pick=request.target.pick)
+                            target_replica=request.target.replica, target_pick=request.target.pick,
+                            segment=request.valid.segment)
 
 
 class Turn:

@@ -18,6 +18,8 @@ from specserve.workers.processors import LogitsProcessing
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, GenerationParams
 
+from .segments import MAX_SEGMENT_CHARS, counted_segment
+
 # Refuse absurd prompts before tokenizing them: no tokenizer makes a token of fewer than ~1 character,
 # and this bound is far above any window's worth of text.
 CHARS_PER_TOKEN_BOUND = 32
@@ -36,6 +38,7 @@ class ValidRequest:
     draft: str | None  # the client's choice; None: the policy's
     k: int | None  # the client's fixed k; None: the policy's, adapted per step
     mode: str  # auto, on or off
+    segment: str = ""  # as counted (router/segments.py): a listed name, "other", or "" for none
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Limits:
     tasks: dict[str, tuple[str, ...]]
     drafts: tuple[str, ...]
     context_window: int
+    segments: frozenset[str] = frozenset()  # counted under their own names (router.segments)
 
 
 def parse_request(data: bytes) -> pb.GenerateRequest:
@@ -69,9 +73,12 @@ def validate(request: pb.GenerateRequest, tokenizer: PreTrainedTokenizerBase, li
     if request.draft and request.draft not in limits.drafts:
         raise InvalidRequest(f"unknown draft {request.draft!r}; this deployment has: {', '.join(sorted(limits.drafts))} "
                              f"(or leave draft empty for the policy's choice)")
+    if len(request.segment) > MAX_SEGMENT_CHARS:
+        raise InvalidRequest(f"segment is {len(request.segment)} characters; at most {MAX_SEGMENT_CHARS} (it names "
+                             f"who the request is for, e.g. a tenant; leave it empty for none)")
     return ValidRequest(_prompt_ids(request.prompt, params, tokenizer, limits.context_window), params,
                         request.task or None, request.draft or None, request.k if request.HasField("k") else None,
-                        SPECULATION_NAMES[request.speculation])
+                        SPECULATION_NAMES[request.speculation], counted_segment(request.segment, limits.segments))
 
 
 def _params(request: pb.GenerateRequest) -> GenerationParams:

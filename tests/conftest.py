@@ -120,6 +120,7 @@ def service(tiny_zoo, metrics_port):
               # Their distributions are flat too (top probabilities ~0.02): every lookahead drafts a
               # branch beside it, so the service's tests run through the branches and their adoption.
               "lookahead_branch_min_odds": 0.0,
+              "segments": [LISTED_SEGMENT],
               "timeouts": SERVICE_TIMEOUTS}
     # Draft sessions outlast the target waits (a config that lets them not is refused). Drafts run
     # eagerly: compiling costs each draft worker a minute on a clean machine (every replacement the
@@ -148,6 +149,7 @@ SERVICE_TIMEOUTS = {"draft_step_seconds": 2.0, "target_step_seconds": 4.0, "targ
 # + a step 2 s), and short enough for the eviction test.
 SESSION_IDLE_SECONDS = 13.0
 POOR_TASK = "poor"
+LISTED_SEGMENT = "enterprise"  # router.segments of the session's service: counted under its own name
 
 
 def worst_draft(zoo: Zoo) -> str:

@@ -46,6 +46,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--speculation", choices=["auto", "on", "off"], default="auto",
                           help="auto: the service's policy decides, and serves target-only where drafting would not "
                                "pay; on: always draft; off: the target alone (default: %(default)s)")
+    generate.add_argument("--segment", default="", help="who the request is for (a tenant, a user segment), "
+                          "counted per segment in the service's metrics and stats (--address mode)")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     generate.set_defaults(run=run)
 
@@ -116,7 +118,7 @@ def _generate_remote(args: argparse.Namespace) -> int:
     speculation = {"auto": pb.SPECULATION_AUTO, "on": pb.SPECULATION_ON, "off": pb.SPECULATION_OFF}[args.speculation]
     request = pb.GenerateRequest(prompt=args.prompt, max_tokens=args.max_tokens, temperature=args.temperature,
                                  top_p=args.top_p, top_k=args.top_k, stop=args.stop, task=args.task or "",
-                                 draft=args.draft or "", speculation=speculation)
+                                 draft=args.draft or "", speculation=speculation, segment=args.segment)
     for name in ("seed", "k"):
         if getattr(args, name) is not None:
             setattr(request, name, getattr(args, name))

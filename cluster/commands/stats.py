@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{t.task:<8} {t.draft or '-':<8} {t.requests:>8} {t.drafted_tokens:>8} {wasted:>6} "
               f"{t.proposed_tokens:>9} {t.accepted_tokens:>9} {t.tokens_per_pass:>8.2f} {t.alpha:>6.2f} "
               f"{t.cost_ratio:>6.2f} {t.k:>2} {t.unloaded_k:>2} {t.step_cost:>5.2f} {t.expected_speedup:>7.2f} {t.scored_tokens:>7} {decision}")
+    _print_segments(stats)
     _print_batches(stats)
     print("Workers; prefix hits: of the prompt tokens of its sessions, those its prefix cache held:")
     print(f"{'worker':<22} {'kind':<6} {'address':<22} {'node':<12} {'sessions':>8} {'prefix hits':>11} models")
@@ -53,6 +54,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"{w.worker_id:<22} {w.kind:<6} {w.address:<22} {w.node_id[:12]:<12} {w.live_sessions:>8} {hits:>11} "
               f"{', '.join(w.models)}")
     return 0
+
+
+def _print_segments(stats) -> None:
+    """Per (task, draft, segment) of the requests that named a segment (router.segments)."""
+    if not stats.segments:
+        return
+    print("Per segment (a request's segment as counted: a name router.segments lists, or 'other'); speedup: the")
+    print("cost model's at the segment's alpha, with the draft's c and load as now, at the k best for it:")
+    print(f"{'task':<8} {'draft':<8} {'segment':<16} {'requests':>8} {'proposed':>9} {'accepted':>9} {'tok/pass':>8} "
+          f"{'alpha':>6} {'k':>2} {'speedup':>7}")
+    for s in stats.segments:
+        print(f"{s.task:<8} {s.draft or '-':<8} {s.segment:<16} {s.requests:>8} {s.proposed_tokens:>9} "
+              f"{s.accepted_tokens:>9} {s.tokens_per_pass:>8.2f} {s.alpha:>6.2f} {s.k:>2} {s.expected_speedup:>7.2f}")
 
 
 def _print_batches(stats) -> None:

@@ -30,7 +30,7 @@ FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_GRAMMAR: FinishReason
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "task", "speculation", "draft", "k", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "structured_output")
+    __slots__ = ("prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "task", "speculation", "draft", "k", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "structured_output", "segment")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class GenerateRequest(_message.Message):
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     max_tokens: int
     temperature: float
@@ -70,7 +71,8 @@ class GenerateRequest(_message.Message):
     presence_penalty: float
     frequency_penalty: float
     structured_output: StructuredOutput
-    def __init__(self, prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., task: _Optional[str] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., draft: _Optional[str] = ..., k: _Optional[int] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ...) -> None: ...
+    segment: str
+    def __init__(self, prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., task: _Optional[str] = ..., speculation: _Optional[_Union[Speculation, str]] = ..., draft: _Optional[str] = ..., k: _Optional[int] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., segment: _Optional[str] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "lark")
@@ -95,7 +97,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GenerateStats(_message.Message):
-    __slots__ = ("task", "draft", "proposed_tokens", "accepted_tokens", "target_passes", "seed", "draft_seconds", "verify_seconds", "total_seconds", "first_token_seconds", "rejections", "lookaheads", "lookahead_hits", "task_source", "task_confidence", "route", "k", "target_resumes", "draft_reopens", "target_full_refusals", "drafted_tokens", "wasted_draft_tokens", "branch_hits", "cached_prompt_tokens", "target_replica", "target_pick")
+    __slots__ = ("task", "draft", "proposed_tokens", "accepted_tokens", "target_passes", "seed", "draft_seconds", "verify_seconds", "total_seconds", "first_token_seconds", "rejections", "lookaheads", "lookahead_hits", "task_source", "task_confidence", "route", "k", "target_resumes", "draft_reopens", "target_full_refusals", "drafted_tokens", "wasted_draft_tokens", "branch_hits", "cached_prompt_tokens", "target_replica", "target_pick", "segment")
     TASK_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,7 @@ class GenerateStats(_message.Message):
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TARGET_REPLICA_FIELD_NUMBER: _ClassVar[int]
     TARGET_PICK_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
     task: str
     draft: str
     proposed_tokens: int
@@ -148,7 +151,8 @@ class GenerateStats(_message.Message):
     cached_prompt_tokens: int
     target_replica: str
     target_pick: str
-    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., seed: _Optional[int] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., first_token_seconds: _Optional[float] = ..., rejections: _Optional[int] = ..., lookaheads: _Optional[int] = ..., lookahead_hits: _Optional[int] = ..., task_source: _Optional[str] = ..., task_confidence: _Optional[float] = ..., route: _Optional[str] = ..., k: _Optional[int] = ..., target_resumes: _Optional[int] = ..., draft_reopens: _Optional[int] = ..., target_full_refusals: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ..., branch_hits: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., target_replica: _Optional[str] = ..., target_pick: _Optional[str] = ...) -> None: ...
+    segment: str
+    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., seed: _Optional[int] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., first_token_seconds: _Optional[float] = ..., rejections: _Optional[int] = ..., lookaheads: _Optional[int] = ..., lookahead_hits: _Optional[int] = ..., task_source: _Optional[str] = ..., task_confidence: _Optional[float] = ..., route: _Optional[str] = ..., k: _Optional[int] = ..., target_resumes: _Optional[int] = ..., draft_reopens: _Optional[int] = ..., target_full_refusals: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ..., branch_hits: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., target_replica: _Optional[str] = ..., target_pick: _Optional[str] = ..., segment: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats", "logprobs")
@@ -285,7 +289,7 @@ class LoadPricing(_message.Message):
     def __init__(self, sessions: _Optional[float] = ..., pass_fixed_seconds: _Optional[float] = ..., pass_seconds_per_token: _Optional[float] = ..., saturated: _Optional[bool] = ...) -> None: ...
 
 class ServiceStats(_message.Message):
-    __slots__ = ("tasks", "workers", "requests_in_flight", "requests_rejected", "requests_queued", "passes", "load", "router", "ready", "waiting_for")
+    __slots__ = ("tasks", "workers", "requests_in_flight", "requests_rejected", "requests_queued", "passes", "load", "router", "ready", "waiting_for", "segments")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +300,7 @@ class ServiceStats(_message.Message):
     ROUTER_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStats]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
     requests_in_flight: int
@@ -306,4 +311,35 @@ class ServiceStats(_message.Message):
     router: str
     ready: bool
     waiting_for: str
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_queued: _Optional[int] = ..., passes: _Optional[_Iterable[_Union[PassStats, _Mapping]]] = ..., load: _Optional[_Union[LoadPricing, _Mapping]] = ..., router: _Optional[str] = ..., ready: _Optional[bool] = ..., waiting_for: _Optional[str] = ...) -> None: ...
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentStats]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_queued: _Optional[int] = ..., passes: _Optional[_Iterable[_Union[PassStats, _Mapping]]] = ..., load: _Optional[_Union[LoadPricing, _Mapping]] = ..., router: _Optional[str] = ..., ready: _Optional[bool] = ..., waiting_for: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ...) -> None: ...
+
+class SegmentStats(_message.Message):
+    __slots__ = ("task", "draft", "segment", "requests", "proposed_tokens", "accepted_tokens", "rejections", "target_passes", "output_tokens", "alpha", "tokens_per_pass", "expected_speedup", "k")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PASSES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_PASS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    draft: str
+    segment: str
+    requests: int
+    proposed_tokens: int
+    accepted_tokens: int
+    rejections: int
+    target_passes: int
+    output_tokens: int
+    alpha: float
+    tokens_per_pass: float
+    expected_speedup: float
+    k: int
+    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., segment: _Optional[str] = ..., requests: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., rejections: _Optional[int] = ..., target_passes: _Optional[int] = ..., output_tokens: _Optional[int] = ..., alpha: _Optional[float] = ..., tokens_per_pass: _Optional[float] = ..., expected_speedup: _Optional[float] = ..., k: _Optional[int] = ...) -> None: ...
