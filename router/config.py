@@ -15,6 +15,7 @@ from specserve.workers.suffix_tree import SuffixConfig
 from specserve.workers.lookup import DRAFT_FREE
 
 from .segments import MAX_SEGMENTS, OTHER_SEGMENT, SEGMENT_NAME
+from .traffic_sample import TrafficSampleConfig
 
 ROUTER_NODE = "specserve_router_node"  # custom resource of the node the router runs on (clients reach it)
 DEFAULT_PORT = 50051  # the client API (gRPC's customary port)
@@ -186,6 +187,10 @@ class RouterConfig(FrozenConfig):
     # metadata.segment or user) is counted as itself where listed here, as "other" otherwise, so
     # a label's values stay bounded whatever clients send. Empty: every named segment is "other".
     segments: tuple[str, ...] = ()
+    # A sample of finished requests per task (prompt and output), for re-distilling drafts from the
+    # traffic they serve (router/traffic_sample.py; `specserve distill --sample`). Off unless its
+    # dir is set: it stores request text.
+    traffic_sample: TrafficSampleConfig = TrafficSampleConfig()
     # How often workers re-register and how long an entry lives without that.
     heartbeat_seconds: float = Field(2.0, gt=0)
     timeouts: TimeoutsConfig = TimeoutsConfig()

@@ -40,6 +40,7 @@ from .request import Request, Routing, Workers
 from .target_link import TargetsFull
 from .streams import WorkerFailed
 from .tasks import TaskResolver
+from .traffic_sample import TrafficSample
 from .validation import InvalidRequest, Limits, ValidRequest, parse_request, validate
 
 log = logging.getLogger("specserve.router")
@@ -138,6 +139,7 @@ class SpecServeService:
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
         self.totals = TaskTotals()
         self.segments = SegmentTotals()
+        self.sample = TrafficSample(config.traffic_sample, router_id) if config.traffic_sample.dir else None
         self.passes = {"target": PassWindow(), "draft": PassWindow()}  # the latest steps' batches, for GetStats
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -201,6 +203,8 @@ class SpecServeService:
             async for chunk in paced(turn.running.run(), self.config.stream_interval_tokens):
                 yield chunk
             self._learn(turn.running)
+            if self.sample is not None:  # the prompt as sent (a chat's: as its template rendered it)
+                self.sample.offer(turn.running.task.task, turn.prompt, turn.running.decoding.output.text)
         except FAILURES as exc:
             status = status_of(exc)
             log.warning("request %s failed: %s", turn.running and turn.running.request_id, exc)
@@ -298,13 +302,14 @@ class SpecServeService:
         """Per task, a row for the task (draft "": its decision, and its target-only totals), then
         one per draft allowed for it (the policy's estimates, and the totals it served)."""
         rows = []
+        sampled = self.sample.counts() if self.sample is not None else {}
         for task in sorted(self.policy.tasks):
             view = self.policy.view(task)
             row = self.totals.message(task, "")
             row.MergeFrom(pb.TaskStats(alpha=view.best.alpha, cost_ratio=view.best.c, k=view.best.k,
                                        expected_speedup=view.best.expected_speedup, decision=view.decision,
                                        reason=view.reason, step_cost=view.best.step_cost,
-                                       unloaded_k=view.best.unloaded_k))
+                                       unloaded_k=view.best.unloaded_k, sampled_requests=sampled.get(task, 0)))
             rows.append(row)
             for arm in view.arms:
                 row = self.totals.message(task, arm.draft)

@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{t.task:<8} {t.draft or '-':<8} {t.requests:>8} {t.drafted_tokens:>8} {wasted:>6} "
               f"{t.proposed_tokens:>9} {t.accepted_tokens:>9} {t.tokens_per_pass:>8.2f} {t.alpha:>6.2f} "
               f"{t.cost_ratio:>6.2f} {t.k:>2} {t.unloaded_k:>2} {t.step_cost:>5.2f} {t.expected_speedup:>7.2f} {t.scored_tokens:>7} {decision}")
+    sampled = [f"{t.task} {t.sampled_requests}" for t in stats.tasks if not t.draft and t.sampled_requests]
+    if sampled:
+        print(f"traffic sample (router.traffic_sample; `specserve distill --sample`): {', '.join(sampled)} requests kept")
     _print_segments(stats)
     _print_batches(stats)
     print("Workers; prefix hits: of the prompt tokens of its sessions, those its prefix cache held:")

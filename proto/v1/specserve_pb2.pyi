@@ -187,7 +187,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TaskStats(_message.Message):
-    __slots__ = ("task", "draft", "requests", "proposed_tokens", "accepted_tokens", "target_passes", "output_tokens", "acceptance_rate", "tokens_per_pass", "alpha", "cost_ratio", "k", "expected_speedup", "decision", "reason", "scored_tokens", "alpha_per_position", "step_cost", "unloaded_k", "drafted_tokens", "wasted_draft_tokens")
+    __slots__ = ("task", "draft", "requests", "proposed_tokens", "accepted_tokens", "target_passes", "output_tokens", "acceptance_rate", "tokens_per_pass", "alpha", "cost_ratio", "k", "expected_speedup", "decision", "reason", "scored_tokens", "alpha_per_position", "step_cost", "unloaded_k", "drafted_tokens", "wasted_draft_tokens", "sampled_requests")
     TASK_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,7 @@ class TaskStats(_message.Message):
     UNLOADED_K_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WASTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     task: str
     draft: str
     requests: int
@@ -230,7 +231,8 @@ class TaskStats(_message.Message):
     unloaded_k: int
     drafted_tokens: int
     wasted_draft_tokens: int
-    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., requests: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., output_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_pass: _Optional[float] = ..., alpha: _Optional[float] = ..., cost_ratio: _Optional[float] = ..., k: _Optional[int] = ..., expected_speedup: _Optional[float] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., scored_tokens: _Optional[int] = ..., alpha_per_position: _Optional[_Iterable[float]] = ..., step_cost: _Optional[float] = ..., unloaded_k: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ...) -> None: ...
+    sampled_requests: int
+    def __init__(self, task: _Optional[str] = ..., draft: _Optional[str] = ..., requests: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., output_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_pass: _Optional[float] = ..., alpha: _Optional[float] = ..., cost_ratio: _Optional[float] = ..., k: _Optional[int] = ..., expected_speedup: _Optional[float] = ..., decision: _Optional[str] = ..., reason: _Optional[str] = ..., scored_tokens: _Optional[int] = ..., alpha_per_position: _Optional[_Iterable[float]] = ..., step_cost: _Optional[float] = ..., unloaded_k: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ..., sampled_requests: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("kind", "worker_id", "address", "models", "live_sessions", "node_id", "pass_widths", "pass_seconds", "prefix_prompt_tokens", "prefix_reused_tokens")
