@@ -45,6 +45,11 @@ class Control:
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self.pool.run())
 
+    def swap_head(self, name: str, source: str, timeout: float = 300.0) -> list[str]:
+        """The draft pool serves the EAGLE-3 head at ``source`` as draft ``name`` from now on (see
+        ``DraftPool.swap_head``); called through Serve: the control deployment's handle."""
+        return asyncio.run_coroutine_threadsafe(self.pool.swap_head(name, source), self.loop).result(timeout)
+
     def check_health(self) -> None:
         if not self._thread.is_alive():
             raise RuntimeError("the draft pool's supervision stopped")

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import replace
 
 import ray
 from ray.exceptions import ActorDiedError, RayActorError
@@ -63,6 +64,18 @@ class DraftPool:
                   if self.scaling else "")
         log.info("draft pool: %d workers serving %s, each with %s%s", size, ", ".join(names) or "no drafts",
                  self.options, bounds)
+
+    async def swap_head(self, name: str, source: str) -> list[str]:
+        """Serve the EAGLE-3 head at ``source`` as draft ``name`` on every worker, without a restart
+        (workers/draft_worker.py ``swap_head``: sessions open on the old version finish on it), and
+        on every worker started from now on. Returns the workers swapped. A worker that fails to
+        load it raises, and the pool keeps starting new workers with the version before."""
+        if name not in self.specs:
+            raise ValueError(f"the draft pool serves no draft {name!r}; it serves {', '.join(self.specs) or 'none'}")
+        swapped = await asyncio.gather(*(worker.swap_head.remote(name, source) for worker in self.workers.values()))
+        self.specs = self.specs | {name: replace(self.specs[name], source=source)}
+        log.info("draft pool: draft %s is now the head at %s on %s", name, source, ", ".join(swapped))
+        return list(swapped)
 
     def _start(self, slot: int, replacement: bool = False) -> ray.actor.ActorHandle:
         worker_id = f"draft-worker-{slot}-{self.generation}"

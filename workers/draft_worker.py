@@ -10,6 +10,7 @@ verdict that did not come): that one stops at the next pass boundary.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -56,12 +57,29 @@ class DraftWorker:
         for name in self.models:
             warm_grammars(drafts[name].source)
         self.heads = {name: gemv_layout(head) for name, head in (load_heads(heads, target) if heads else {}).items()}
+        self.specs, self.target, self.batching = dict(drafts), target, config.batching  # what swap_head loads from
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, self.models, config, registration,
                               lambda server: rpc.add_DrafterServicer_to_server(servicer, server), extra=tuple(self.heads))
         # Each head's sessions draft in shared passes, as a draft model's do (on the same device).
         self.head_schedulers = {name: HeadScheduler(head, self.host.device, config.batching)
                                 for name, head in self.heads.items()}
+
+    def swap_head(self, name: str, source: str) -> str:
+        """Serve the EAGLE-3 head at ``source`` as draft ``name`` from now on, without a restart:
+        sessions opened after this draft with it; those already open finish on the head they opened
+        with (their stream holds it and its scheduler), which goes once the last of them ends. The
+        new head is checked against the target as at start-up. Returns this worker's id. A worker
+        Ray restarts after a crash comes back with the head it was started with."""
+        if name not in self.heads:
+            raise ValueError(f"this worker has no EAGLE-3 head {name!r}; its heads: {', '.join(self.heads) or 'none'}")
+        spec = dataclasses.replace(self.specs[name], source=source)
+        head = gemv_layout(load_heads({name: spec}, self.target)[name])
+        scheduler = HeadScheduler(head, self.host.device, self.batching)
+        self.heads[name], self.head_schedulers[name], self.specs[name] = head, scheduler, spec  # new sessions' from here
+        log.info("%s: draft %s is now the head at %s; sessions open on the one before finish on it",
+                 self.host.worker_id, name, source)
+        return self.host.worker_id
 
     def ping(self) -> str:
         """The pool's liveness check (a Ray call, not the stream server)."""
@@ -283,8 +301,9 @@ class DrafterServicer(rpc.DrafterServicer):
         host = self.worker.host
         try:
             with host.slots.hold(on_done=context.add_done_callback):
-                stream = HeadStream(self.worker.heads[opened.model], opened)
+                # One read: the head and its scheduler of one version, whatever swap_head does meanwhile.
                 scheduler = self.worker.head_schedulers[opened.model]
+                stream = HeadStream(scheduler.model, opened)
                 async for request in host.steps(requests):
                     run = stream.step(request.step)
                     done = await scheduler.run(run, opened.task)

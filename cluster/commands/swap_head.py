@@ -1,0 +1,55 @@
+"""`specserve swap-head`: a running service's draft pool serves a new version of an EAGLE-3 head,
+without a restart and without losing a request (cluster/pool.py ``swap_head``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_APP = "specserve"  # deploy/serve_config.yaml's application name
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    swap = commands.add_parser(
+        "swap-head", help="serve a new version of an EAGLE-3 head in a running service, without a restart",
+        description="Load the EAGLE-3 head at --head into every draft worker of a running service as draft --draft: "
+                    "sessions opened from then on draft with it, those already open finish on the version they "
+                    "opened with, and workers the pool starts later load it too. The directory must be readable "
+                    "at the same path on the draft workers' nodes (a shared volume on Kubernetes).")
+    swap.add_argument("--draft", required=True, help="the head's draft name in the service (e.g. eagle3)")
+    swap.add_argument("--head", required=True, type=Path, help="the new version: a speculators-format head directory "
+                                                             "(from `specserve distill --method eagle3`)")
+    swap.add_argument("--ray-address", default="auto",
+                      help="the service's Ray cluster (default: %(default)s, the one on this machine)")
+    swap.add_argument("--app", default=DEFAULT_APP, help="its Serve application name (default: %(default)s)")
+    swap.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import ray
+    from ray import serve
+
+    from specserve.workers.heads.format import is_head
+
+    from ..app import CONTROL_DEPLOYMENT
+    from ..config import NAMESPACE
+
+    head = args.head.resolve()
+    if not is_head(head):
+        raise ValueError(f"--head {args.head}: not an EAGLE-3 head directory (no config.json with "
+                         f"speculators_model_type eagle3); `specserve distill --method eagle3` writes one")
+    if not ray.is_initialized():
+        try:
+            ray.init(address=args.ray_address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+        except ConnectionError as exc:
+            raise ValueError(f"no Ray cluster at --ray-address {args.ray_address}: {exc}") from None
+    try:
+        control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=args.app)
+        swapped = control.swap_head.remote(args.draft, str(head)).result(timeout_s=600)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"no specserve application {args.app!r} on that cluster ({exc})") from None
+    except ray.exceptions.RayTaskError as exc:
+        raise ValueError(str(exc.cause if exc.cause is not None else exc).splitlines()[-1]) from None
+    print(f"draft {args.draft} is now the head at {head} on {', '.join(swapped)}; sessions open on the version "
+          f"before finish on it")
+    return 0

@@ -1,0 +1,99 @@
+"""A new version of an EAGLE-3 head served without a restart (cluster/pool.py ``swap_head``, through
+the control deployment): under load on the session's service, every request completes with the
+target's own tokens; sessions open on the old head finish on it (their acceptance stays the old
+head's), and sessions opened after draft with the new one. The test swaps in a head whose output
+layer is negated (it proposes what the target least expects: acceptance near 0, output unchanged),
+then the zoo's own head back."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+from ray import serve
+from safetensors.torch import load_file, save_file
+
+from specserve.cluster.app import CONTROL_DEPLOYMENT
+from specserve.cluster.zoo.head import HEAD_PATH
+from specserve.proto.v1 import specserve_pb2 as pb
+
+CLIENTS = 6
+MAX_TOKENS = 96
+
+
+def negated_head(zoo_head, out):
+    """A copy of the zoo's head that proposes its least likely token: a version that loses."""
+    shutil.copytree(zoo_head, out)
+    weights = load_file(out / "model.safetensors")
+    weights["lm_head.weight"] = -weights["lm_head.weight"]
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_a_head_swapped_under_load_loses_no_request_and_serves_new_sessions(service, client, tiny_zoo, tmp_path):
+    control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
+    zoo_head = tiny_zoo.root / HEAD_PATH
+    prompts = [tiny_zoo.prompts(task)[0] for task in tiny_zoo.tasks]
+    expected = {p: list(client.generate(pb.GenerateRequest(prompt=p, max_tokens=MAX_TOKENS,
+                                                           speculation=pb.SPECULATION_OFF)).token_ids)
+                for p in prompts}
+
+    def ask(prompt: str) -> pb.GenerateResponse:
+        return client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, draft="eagle3", k=4,
+                                                  speculation=pb.SPECULATION_ON), timeout=120)
+
+    replies: list[tuple[str, pb.GenerateResponse, float]] = []  # (prompt, reply, when it came)
+    started = threading.Barrier(CLIENTS + 1)
+
+    def load(i: int) -> None:
+        started.wait()
+        prompt = prompts[i % len(prompts)]
+        replies.append((prompt, ask(prompt), time.monotonic()))
+
+    try:
+        threads = [threading.Thread(target=load, args=(i,)) for i in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        started.wait()
+        time.sleep(0.2)  # their sessions open on the zoo's head
+        swapped = control.swap_head.remote("eagle3", str(negated_head(zoo_head, tmp_path / "negated"))).result(
+            timeout_s=120)
+        swapped_at = time.monotonic()
+        assert swapped and all(w.startswith("draft-worker-") for w in swapped)
+        for thread in threads:
+            thread.join(timeout=120)
+        assert len(replies) == CLIENTS
+        after = [(p, ask(p), time.monotonic()) for p in prompts]
+    finally:
+        control.swap_head.remote("eagle3", str(zoo_head)).result(timeout_s=120)  # the other tests' head
+    running = [reply for _, reply, came in replies if came > swapped_at]  # still drafting when the head changed
+    assert running, "no request was still running when the head changed"
+    assert acceptance(running) > 0.5, acceptance(running)  # they finished on the head they opened with
+    for prompt, reply, _ in [*replies, *after]:
+        assert reply.stats.draft == "eagle3" and reply.stats.route != "lost", reply.stats
+        assert list(reply.token_ids) == expected[prompt]
+    old, new = acceptance(r for _, r, _ in replies), acceptance(r for _, r, _ in after)
+    assert new < 0.2 < old, (old, new)  # the zoo's head accepts 0.9-1.0 here; the negated one next to nothing
+    assert acceptance([ask(prompts[0])]) > 0.5  # the zoo's head again
+
+
+def acceptance(replies) -> float:
+    proposed = accepted = 0
+    for reply in replies:
+        proposed, accepted = proposed + reply.stats.proposed_tokens, accepted + reply.stats.accepted_tokens
+    return accepted / max(1, proposed)
+
+
+def test_swap_head_says_what_to_fix_and_swaps_a_running_services_head(service, tiny_zoo, tmp_path, capsys):
+    from specserve.cluster.cli import main
+
+    zoo_head = tiny_zoo.root / HEAD_PATH
+    app = ["--app", service.app_name]
+    assert main(["swap-head", "--draft", "eagle3", "--head", str(tiny_zoo.draft_dir("sql")), *app]) == 2
+    assert "not an EAGLE-3 head directory" in capsys.readouterr().err
+    assert main(["swap-head", "--draft", "sql", "--head", str(zoo_head), *app]) == 2
+    err = capsys.readouterr().err
+    assert "no EAGLE-3 head 'sql'" in err and "Traceback" not in err, err
+    assert main(["swap-head", "--draft", "eagle3", "--head", str(zoo_head), *app]) == 0  # the same version again
+    assert "draft eagle3 is now the head at" in capsys.readouterr().out
