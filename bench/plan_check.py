@@ -189,6 +189,8 @@ def bench_levels(name: str, results: dict) -> list[Level]:
             if path not in paths:
                 continue
             tasks = tuple(TaskLoad(t, 1.0) for t in meta["tasks"]) if path == "off" else auto
+            if not tasks:  # AUTO's arms come from its 1-4 client levels: a run without them has none to price
+                continue
             requests = sum(1 for s in samples if s["path"] == path and s["concurrency"] == int(clients))
             workload = Workload(tasks, prompt, round(statistics.mean(outputs)), clients=int(clients), requests=requests,
                                 output_lengths=outputs)  # the level's requests, as the bench sent them

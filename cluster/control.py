@@ -45,7 +45,7 @@ class Control:
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self.pool.run())
 
-    def swap_head(self, name: str, source: str, timeout: float = 300.0) -> list[str]:
+    def swap_head(self, name: str, source: str, timeout: float = 300.0) -> list[str]:  # commands/swap_head.py's
         """The draft pool serves the EAGLE-3 head at ``source`` as draft ``name`` from now on (see
         ``DraftPool.swap_head``); called through Serve: the control deployment's handle."""
         return asyncio.run_coroutine_threadsafe(self.pool.swap_head(name, source), self.loop).result(timeout)

@@ -155,6 +155,9 @@ class Router:
             raise RuntimeError("the router's gRPC server stopped")
 
     def __del__(self) -> None:
+        sample = getattr(getattr(self, "service", None), "sample", None)
+        if sample is not None:  # what it kept since its last flush
+            sample.stop()
         for part in ("heartbeat", "server"):
             obj = getattr(self, part, None)
             if obj is not None:

@@ -68,14 +68,30 @@ class DraftPool:
     async def swap_head(self, name: str, source: str) -> list[str]:
         """Serve the EAGLE-3 head at ``source`` as draft ``name`` on every worker, without a restart
         (workers/draft_worker.py ``swap_head``: sessions open on the old version finish on it), and
-        on every worker started from now on. Returns the workers swapped. A worker that fails to
-        load it raises, and the pool keeps starting new workers with the version before."""
+        on every worker started from now on. Returns the workers swapped.
+
+        Workers started while it runs (supervision, autoscaling) start with the new version and are
+        swapped too (to the same: harmless), until none is left on the old one. A worker that fails
+        to load it undoes the swap: the ones already swapped go back to the version before, and the
+        error is raised."""
         if name not in self.specs:
             raise ValueError(f"the draft pool serves no draft {name!r}; it serves {', '.join(self.specs) or 'none'}")
-        swapped = await asyncio.gather(*(worker.swap_head.remote(name, source) for worker in self.workers.values()))
-        self.specs = self.specs | {name: replace(self.specs[name], source=source)}
-        log.info("draft pool: draft %s is now the head at %s on %s", name, source, ", ".join(swapped))
-        return list(swapped)
+        before = self.specs
+        self.specs = before | {name: replace(before[name], source=source)}  # what a worker started from now loads
+        swapped: dict[int, tuple[ray.actor.ActorHandle, str]] = {}  # id(handle) -> (handle, worker id)
+        try:
+            while pending := [w for w in self.workers.values() if id(w) not in swapped]:
+                ids = await asyncio.gather(*(worker.swap_head.remote(name, source) for worker in pending))
+                swapped.update((id(w), (w, worker_id)) for w, worker_id in zip(pending, ids, strict=True))
+        except Exception:
+            self.specs = before
+            back = [w for w, _ in swapped.values() if w in self.workers.values()]
+            await asyncio.gather(*(w.swap_head.remote(name, before[name].source) for w in back), return_exceptions=True)
+            log.warning("draft pool: draft %s could not be swapped to %s; %d worker(s) put back", name, source, len(back))
+            raise
+        log.info("draft pool: draft %s is now the head at %s on %s", name, source,
+                 ", ".join(worker_id for _, worker_id in swapped.values()))
+        return [worker_id for _, worker_id in swapped.values()]
 
     def _start(self, slot: int, replacement: bool = False) -> ray.actor.ActorHandle:
         worker_id = f"draft-worker-{slot}-{self.generation}"

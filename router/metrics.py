@@ -38,11 +38,13 @@ tokens_per_pass =
     / sum by (task) (rate(ray_specserve_drafts_total{task=~"$task"}[$__rate_interval]))
 # Per-token acceptance (workers/stats.py alpha: accepted / (accepted + rejections)) by task, draft
 # and segment (router/segments.py: a name router.segments lists, "other" for the rest, "" for
-# requests that named none): how well each draft does for each segment's traffic.
+# requests that named none): how well each draft does for each segment's traffic. A segment whose
+# steps were never rejected has no rejections series (a counter appears at its first event): 0 then.
 alpha_by_segment =
     sum by (task, draft, segment) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
     / (sum by (task, draft, segment) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))
-      + sum by (task, draft, segment) (rate(ray_specserve_rejections_total{task=~"$task"}[$__rate_interval])))
+      + (sum by (task, draft, segment) (rate(ray_specserve_rejections_total{task=~"$task"}[$__rate_interval]))
+         or 0 * sum by (task, draft, segment) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))))
 # Tokens per pass (as tokens_per_pass) by task, draft and segment.
 tokens_per_pass_by_segment =
     1 + sum by (task, draft, segment) (rate(ray_specserve_accepted_tokens_total{task=~"$task"}[$__rate_interval]))

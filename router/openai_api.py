@@ -41,6 +41,7 @@ from specserve.workers.security import API_TOKEN_ENV, API_TOKEN_FILE_ENV, Securi
 
 from .admission import Overloaded
 from .openai_structured import FieldError, ToolMode, structured_output
+from .segments import MAX_SEGMENT_CHARS
 from .service import FAILURES, SpecServeService, Turn, stats_message, status_of
 from .validation import InvalidRequest
 
@@ -237,11 +238,16 @@ def _request(fields: dict, prompt: str, model: str, chat: bool) -> OpenAIRequest
 
 
 def _segment(fields: dict) -> str:
-    """metadata.segment, else user, else none. OpenAI's metadata: string keys to string values."""
+    """metadata.segment, else user, else none; the rest of metadata is the client's own, taken as
+    it comes. A long user id is cut to MAX_SEGMENT_CHARS: it could only count as "other" anyway
+    (a listed segment is at most 64 characters)."""
     metadata = fields.get("metadata") or {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise invalid("metadata must be an object of strings (its 'segment' names the request's segment)", "metadata")
-    return metadata.get(SEGMENT_KEY) or _typed(fields, "user", str, "")
+    if not isinstance(metadata, dict):
+        raise invalid("metadata must be an object (its 'segment' names the request's segment)", "metadata")
+    segment = metadata.get(SEGMENT_KEY)
+    if segment is not None and not isinstance(segment, str):
+        raise invalid(f"metadata.segment must be a string, got {segment!r}", "metadata")
+    return segment or _typed(fields, "user", str, "")[:MAX_SEGMENT_CHARS]
 
 
 def _typed(fields: dict, name: str, kind: type, default):

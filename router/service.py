@@ -139,7 +139,7 @@ class SpecServeService:
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
         self.totals = TaskTotals()
         self.segments = SegmentTotals()
-        self.sample = TrafficSample(config.traffic_sample, router_id) if config.traffic_sample.dir else None
+        self.sample = TrafficSample(config.traffic_sample, router_id).start() if config.traffic_sample.dir else None
         self.passes = {"target": PassWindow(), "draft": PassWindow()}  # the latest steps' batches, for GetStats
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -278,12 +278,17 @@ class SpecServeService:
 
     def _segment_row(self, key: tuple[str, str, str]) -> pb.SegmentStats:
         task, draft, _ = key
-        priced = self.policy.priced_at(task, draft, self.segments.stats[key].alpha) if draft else None
+        s = self.segments.stats[key]
+        tried = s.accepted + s.rejections > 0  # an alpha to price (untried: none, not 0)
+        priced = self.policy.priced_at(task, draft, s.alpha) if draft and tried else None
         return self.segments.message(key, priced)
 
     def _record_segment(self, key: tuple[str, str, str]) -> None:
-        """The segment's expected speedup with its draft, as GetStats prices it, into the gauge."""
+        """The segment's expected speedup with its draft, as GetStats prices it, into the gauge
+        (none until its requests were verified once)."""
         row = self._segment_row(key)
+        if not row.k:
+            return
         task, draft, segment = key
         self.metrics.segment_speedup.set(row.expected_speedup, {"task": task, "draft": draft, "segment": segment})
 

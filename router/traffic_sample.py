@@ -4,10 +4,12 @@ Drafts go stale as traffic moves (the seeds' production lessons: acceptance fall
 until the draft is re-distilled from what is served now). With ``router.traffic_sample.dir`` set
 (opt-in: it stores request text), each router keeps a share of its finished requests, per task: the
 prompt and the output the target committed. The sample is bounded (the latest ``max_per_task`` per
-task) and ages out (entries older than ``retention_hours`` are dropped), and it is written to
-``DIR/<task>/<router>.jsonl`` (one file per router process, rewritten whole, atomically, at most
-every ``flush_seconds``), which `specserve distill --sample DIR --task TASK` reads as its corpus.
-Nothing of a request's text is ever logged; the log says how many were kept.
+task) and ages out: every ``flush_seconds`` a thread of its own drops the entries older than
+``retention_hours`` and rewrites ``DIR/<task>/<router>.jsonl`` (one file per router process,
+whole, atomically) where anything changed, and deletes the files of routers gone longer than the
+retention (a restarted router has another id); it writes once more when the router stops.
+`specserve distill --sample DIR --task TASK` reads every router's file as its corpus, oldest
+first. Nothing of a request's text is ever logged; the log says how many were kept.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +42,8 @@ class TrafficSampleConfig(FrozenConfig):
     max_per_task: int = Field(1000, ge=1, le=1_000_000)
     # Requests older than this are dropped from the sample.
     retention_hours: float = Field(24.0, gt=0.0)
-    # The files are rewritten at most this often (and when the router stops).
+    # How often the files are brought up to date (kept requests added, expired ones dropped), and
+    # once more when the router stops.
     flush_seconds: float = Field(30.0, gt=0.0)
 
 
@@ -56,7 +59,7 @@ class Sampled:
 
 class TrafficSample:
     """One router's sample. ``offer`` on the request path (a draw and an append); the files are
-    written from a thread of their own."""
+    written from a thread of their own (``start``), or by ``flush``."""
 
     def __init__(self, config: TrafficSampleConfig, router_id: str, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -70,7 +73,7 @@ class TrafficSample:
         self._lock = threading.Lock()  # the kept requests
         self._writing = threading.Lock()  # one flush at a time: a later one finds the files written
         self._dirty: set[str] = set()
-        self._last_flush = clock()
+        self._stopped = threading.Event()
         log.info("traffic sample: keeping %.0f%% of finished requests, the latest %d per task for %.0f h, in %s "
                  "(for `specserve distill --sample`)", 100 * config.share, config.max_per_task,
                  config.retention_hours, self.root)
@@ -84,10 +87,20 @@ class TrafficSample:
             kept = self.kept.setdefault(task, deque(maxlen=self.config.max_per_task))
             kept.append(Sampled(self.clock(), prompt, output))
             self._dirty.add(task)
-        if self.clock() - self._last_flush >= self.config.flush_seconds:
-            self._last_flush = self.clock()
-            threading.Thread(target=self.flush, name="specserve-sample", daemon=True).start()
         return True
+
+    def start(self) -> TrafficSample:
+        """Flush every ``flush_seconds`` from a daemon thread until ``stop``."""
+        def every() -> None:
+            while not self._stopped.wait(self.config.flush_seconds):
+                self.flush()
+        threading.Thread(target=every, name="specserve-sample", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """The router stops: write what is kept once more, and flush no more."""
+        self._stopped.set()
+        self.flush()
 
     def counts(self) -> dict[str, int]:
         """Requests kept now, per task (within retention)."""
@@ -104,9 +117,10 @@ class TrafficSample:
         cutoff = self.clock() - self.config.retention_hours * 3600
         with self._lock:
             tasks, self._dirty = self._dirty, set()
-            for kept in self.kept.values():
+            for task, kept in self.kept.items():
                 while kept and kept[0].time < cutoff:
                     kept.popleft()
+                    tasks.add(task)
             snapshot = {task: list(self.kept[task]) for task in tasks}
         for task, entries in snapshot.items():
             path = self.root / task / f"{self.router_id}{SUFFIX}"
@@ -114,14 +128,26 @@ class TrafficSample:
             partial = path.with_suffix(".partial")
             partial.write_text("".join(entry.as_json() + "\n" for entry in entries))
             os.replace(partial, path)
+        self._forget_gone_routers(cutoff)
         if snapshot:
             log.info("traffic sample: %s", ", ".join(f"{task} {len(e)} kept" for task, e in sorted(snapshot.items())))
 
 
+    def _forget_gone_routers(self, cutoff: float) -> None:
+        """Delete other routers' files not written since ``cutoff``: every entry in them is older
+        than the retention (a router that stopped, or restarted under another id)."""
+        for path in self.root.glob(f"*/*{SUFFIX}"):
+            try:
+                if path.stem != self.router_id and path.stat().st_mtime < cutoff:
+                    path.unlink()
+            except FileNotFoundError:  # another router deleted it first
+                pass
+
+
 def read_sample(root: Path, task: str, retention_hours: float | None = None,
-                clock: Callable[[], float] = time.time) -> Iterator[str]:
+                clock: Callable[[], float] = time.time) -> list[str]:
     """The documents a sample holds for ``task`` (each a kept request's prompt and output, as one
-    text), from every router's file; with ``retention_hours``, only those kept within it."""
+    text), from every router's file, oldest first; with ``retention_hours``, only those kept within it."""
     folder = Path(root) / task
     if not folder.is_dir():
         known = sorted(p.name for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []
@@ -129,6 +155,7 @@ def read_sample(root: Path, task: str, retention_hours: float | None = None,
                          + (f"; it has: {', '.join(known)}" if known else
                             " (set router.traffic_sample.dir on the service and let it serve traffic first)"))
     cutoff = clock() - retention_hours * 3600 if retention_hours else float("-inf")
+    entries = []
     for path in sorted(folder.glob(f"*{SUFFIX}")):
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             try:
@@ -138,4 +165,6 @@ def read_sample(root: Path, task: str, retention_hours: float | None = None,
                 raise ValueError(f"{path}:{number} is not a traffic sample entry (a JSON object with time, "
                                  f"prompt and output)") from None
             if when >= cutoff:
-                yield prompt + output
+                entries.append((when, prompt + output))
+    entries.sort(key=lambda entry: entry[0])  # the routers' files interleaved: the latest last, held out
+    return [text for _, text in entries]

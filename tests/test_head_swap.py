@@ -69,7 +69,9 @@ def test_a_head_swapped_under_load_loses_no_request_and_serves_new_sessions(serv
         control.swap_head.remote("eagle3", str(zoo_head)).result(timeout_s=120)  # the other tests' head
     running = [reply for _, reply, came in replies if came > swapped_at]  # still drafting when the head changed
     assert running, "no request was still running when the head changed"
-    assert acceptance(running) > 0.5, acceptance(running)  # they finished on the head they opened with
+    # They finished on the head they opened with: the zoo's accepts 0.9-1.0 here, so a session moved
+    # to the negated one for its last 20% would fall below 0.8.
+    assert acceptance(running) > 0.8, acceptance(running)
     for prompt, reply, _ in [*replies, *after]:
         assert reply.stats.draft == "eagle3" and reply.stats.route != "lost", reply.stats
         assert list(reply.token_ids) == expected[prompt]

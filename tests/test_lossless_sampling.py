@@ -343,8 +343,9 @@ def test_sampling_through_batching_workers_and_a_failover_matches_target_distrib
     other request starts on a target replica of its own that fails at its first or second step and
     goes on on a spare, reopened with a seed of its own (``replacement_seed``) and re-prefilled from
     the committed tokens. All 20,000 outputs have the target's distribution, and so have the 10,000
-    that failed over, alone: one run holds both tests (a draft worker's failover, in the slow suite,
-    takes the same re-opening)."""
+    that failed over and the 10,000 that did not, each alone (which half is which is fixed before
+    they run): one run holds the tests (a draft worker's failover, in the slow suite, takes the same
+    re-opening)."""
     exact, counts, passes, failing = sample_the_default_setting_batched(tokenizer, SAMPLES, fail="target",
                                                                           fail_every=2)
     assert passes["target"].max_sessions > NEIGHBOURS // 2 and passes["draft"].max_sessions > NEIGHBOURS // 2
@@ -352,6 +353,7 @@ def test_sampling_through_batching_workers_and_a_failover_matches_target_distrib
     assert sum(failing.values()) == SAMPLES // 2
     assert_same_distribution(exact, counts, SAMPLES)
     assert_same_distribution(exact, failing, SAMPLES // 2)
+    assert_same_distribution(exact, {o: n - failing.get(o, 0) for o, n in counts.items()}, SAMPLES // 2)  # the rest
 
 
 def sample_the_default_setting_batched(tokenizer, samples: int, **how):

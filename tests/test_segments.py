@@ -61,8 +61,9 @@ def test_openais_metadata_segment_else_user_names_the_segment():
 
     assert segment(user="user-1") == "user-1"
     assert segment(user="user-1", metadata={"segment": "enterprise", "trace": "x"}) == "enterprise"
-    assert segment(metadata={"trace": "x"}) == "" and segment() == ""
-    with pytest.raises(ApiError, match="metadata must be an object of strings"):
+    assert segment(metadata={"trace": "x", "n": 3}) == "" and segment() == ""  # the client's own, as it comes
+    assert segment(user="u" * 1000) == "u" * MAX_SEGMENT_CHARS  # cut: it could only count as "other"
+    with pytest.raises(ApiError, match="metadata.segment must be a string, got 3"):
         segment(metadata={"segment": 3})
 
 

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -53,10 +54,42 @@ def test_requests_age_out_of_the_sample_and_of_what_distill_reads(tmp_path):
     assert list(read_sample(tmp_path / "sample", "sql", 10.0, clock)) == ["new one"]  # distill --sample-hours 10
     clock.now += 5 * HOUR  # the first is 25 h old now
     assert kept.counts() == {"sql": 1}
-    kept.flush()  # nothing changed: the file stays as it was
+    kept.flush()  # no new request: the expired one leaves the file all the same
+    assert list(read_sample(tmp_path / "sample", "sql")) == ["new one"]
     kept.offer("sql", "newest", " one")
     kept.flush()
     assert list(read_sample(tmp_path / "sample", "sql")) == ["new one", "newest one"]
+
+
+def test_files_of_routers_gone_longer_than_the_retention_are_deleted_and_all_are_read_in_time_order(tmp_path):
+    import os
+
+    clock = Clock()
+    a, b = sample(tmp_path, clock), sample(tmp_path, clock)
+    b.router_id = "router-b"
+    a.offer("sql", "a1", "."), b.offer("sql", "b1", ".")
+    clock.now += 60
+    a.offer("sql", "a2", "."), b.offer("sql", "b2", ".")
+    a.flush(), b.flush()
+    assert list(read_sample(tmp_path / "sample", "sql")) == ["a1.", "b1.", "a2.", "b2."]  # interleaved by time
+    gone = tmp_path / "sample" / "sql" / "router-b.jsonl"  # router-b stopped; its file was last written long ago
+    os.utime(gone, (clock.now - 25 * HOUR, clock.now - 25 * HOUR))
+    a.offer("sql", "a3", ".")
+    a.flush()
+    assert not gone.exists() and list(read_sample(tmp_path / "sample", "sql")) == ["a1.", "a2.", "a3."]
+
+
+def test_the_flushing_thread_writes_without_traffic_and_once_more_at_the_stop(tmp_path):
+    kept = sample(tmp_path, flush_seconds=0.05).start()
+    kept.offer("sql", "SELECT", " 1;")
+    path = tmp_path / "sample" / "sql" / "router-a.jsonl"
+    deadline = time.monotonic() + 10
+    while not path.exists():
+        assert time.monotonic() < deadline, "the thread did not write the sample"
+        time.sleep(0.05)
+    kept.offer("sql", "SELECT", " 2;")
+    kept.stop()
+    assert list(read_sample(tmp_path / "sample", "sql")) == ["SELECT 1;", "SELECT 2;"]
 
 
 def test_a_share_of_requests_is_kept_and_none_of_their_text_is_logged(tmp_path, caplog):

@@ -75,6 +75,11 @@ class DraftWorker:
             raise ValueError(f"this worker has no EAGLE-3 head {name!r}; its heads: {', '.join(self.heads) or 'none'}")
         spec = dataclasses.replace(self.specs[name], source=source)
         head = gemv_layout(load_heads({name: spec}, self.target)[name])
+        before, after = self.heads[name].config.aux_layers, head.config.aux_layers
+        if tuple(after) != tuple(before):  # the routers ask the target for the layers the head started with
+            raise ValueError(f"the head at {source} reads the target's layers {list(after)}, draft {name!r} reads "
+                             f"{list(before)}: the routers send those; distil the new version with --aux-layers "
+                             f"{','.join(map(str, before))}, or serve it under a new name (a restart)")
         scheduler = HeadScheduler(head, self.host.device, self.batching)
         self.heads[name], self.head_schedulers[name], self.specs[name] = head, scheduler, spec  # new sessions' from here
         log.info("%s: draft %s is now the head at %s; sessions open on the one before finish on it",

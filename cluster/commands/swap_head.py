@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 DEFAULT_APP = "specserve"  # deploy/serve_config.yaml's application name
+SWAP_TIMEOUT_SECONDS = 300.0  # what the control deployment waits for every worker to load it
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -45,11 +46,25 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"no Ray cluster at --ray-address {args.ray_address}: {exc}") from None
     try:
         control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=args.app)
-        swapped = control.swap_head.remote(args.draft, str(head)).result(timeout_s=600)
     except (ValueError, KeyError) as exc:
-        raise ValueError(f"no specserve application {args.app!r} on that cluster ({exc})") from None
-    except ray.exceptions.RayTaskError as exc:
-        raise ValueError(str(exc.cause if exc.cause is not None else exc).splitlines()[-1]) from None
+        raise ValueError(f"no specserve application {args.app!r} on that cluster ({exc}); --app names it") from None
+    try:
+        swapped = control.swap_head.remote(args.draft, str(head)).result(timeout_s=SWAP_TIMEOUT_SECONDS + 30)
+    except ray.exceptions.RayTaskError as exc:  # the pool's or a worker's refusal (a RayTaskError is also a ValueError)
+        raise ValueError(_what_was_refused(exc)) from None
+    except TimeoutError:
+        raise ValueError(f"no answer from the service in {SWAP_TIMEOUT_SECONDS + 30:.0f} s; the swap may still finish: "
+                         f"check the control replica's log") from None
     print(f"draft {args.draft} is now the head at {head} on {', '.join(swapped)}; sessions open on the version "
           f"before finish on it")
     return 0
+
+
+def _what_was_refused(exc: BaseException) -> str:
+    """The message of the error at the bottom of Ray's chain (a worker's, under the pool's, under
+    Serve's), without its traceback or class name."""
+    while getattr(exc, "cause", None) is not None:
+        exc = exc.cause
+    last = str(exc).strip().splitlines()[-1]
+    kind, _, message = last.partition(": ")
+    return message if message and kind.isidentifier() and kind.endswith(("Error", "Exception")) else last
