@@ -344,3 +344,20 @@ def test_an_older_checks_router_cpu_is_read_past_and_said_so(tmp_path, capsys):
     report.write_text(json.dumps({"costs": {"pass_ms": [[1, 5.0]], "router_step_ms": 7.6, "host_cores": 2}}))
     assert read_costs(report) == Costs(((1, 5.0),))
     assert "router_step_ms and host_cores are ignored" in capsys.readouterr().err
+
+
+def test_a_bench_run_without_auto_levels_of_1_to_4_clients_is_checked_on_off_alone(tiny_zoo):
+    """AUTO's proposers come from its 1-4 client levels; a run at 8 clients and more (the load
+    section alone, as issue 44's grouping runs were) has none: its AUTO levels are left out, not
+    priced as an empty workload (it raised)."""
+    from specserve.bench.plan_check import bench_levels
+
+    def sample(path):
+        return {"section": "load", "path": path, "concurrency": 8, "tokens": 32, "task": "sql", "draft": "",
+                "proposed": 0, "accepted": 0, "rejections": 0, "target_passes": 32}
+
+    level = {"tokens_per_second": 100.0, "tpot_p50": 0.01, "tpot_p99": 0.02}
+    results = {"meta": {"zoo": {"path": str(tiny_zoo.root)}, "tasks": ["sql"], "settings": {"prompts": 2}},
+               "samples": [sample("off"), sample("auto")],
+               "figures": {"load": {"levels": {"8": {"off": level, "auto": level}}}}}
+    assert [(lv.path, lv.clients) for lv in bench_levels("run", results)] == [("off", 8)]
