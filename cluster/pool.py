@@ -59,6 +59,9 @@ class DraftPool:
         # Workers being removed, letting their sessions end (the task doing it -> the worker).
         self.draining: dict[asyncio.Task, ray.actor.ActorHandle] = {}
         self.replaced = 0
+        # Heads swapped since the pool started (their version is self.specs'). Ray restarts a crashed
+        # worker with the arguments it was first started with; supervision swaps such a worker again.
+        self.swapped: set[str] = set()
         self.metrics: PoolMetrics | None = None  # set by ``run``, in the process that runs the pool
         bounds = (f", autoscaling within {self.scaling.min_workers}-{self.scaling.max_workers}"
                   if self.scaling else "")
@@ -78,6 +81,7 @@ class DraftPool:
             raise ValueError(f"the draft pool serves no draft {name!r}; it serves {', '.join(self.specs) or 'none'}")
         before = self.specs
         self.specs = before | {name: replace(before[name], source=source)}  # what a worker started from now loads
+        self.swapped.add(name)
         swapped: dict[int, tuple[ray.actor.ActorHandle, str]] = {}  # id(handle) -> (handle, worker id)
         try:
             while pending := [w for w in self.workers.values() if id(w) not in swapped]:
@@ -118,9 +122,11 @@ class DraftPool:
             for slot, worker in list(self.workers.items()):
                 try:
                     since = time.monotonic() - last.get(slot, float("-inf"))
-                    if (not await _gone(worker) or self.workers.get(slot) is not worker  # removed meanwhile
-                            or since < wait.get(slot, SUPERVISE_SECONDS)):
+                    if not await _gone(worker):
+                        await self._keep_swapped(worker)
                         continue
+                    if self.workers.get(slot) is not worker or since < wait.get(slot, SUPERVISE_SECONDS):
+                        continue  # removed meanwhile, or replaced too recently
                     short_lived = since < SHORT_LIVED_SECONDS
                     wait[slot] = min(2 * wait.get(slot, SUPERVISE_SECONDS), MAX_BACKOFF_SECONDS) if short_lived \
                         else SUPERVISE_SECONDS
@@ -131,6 +137,23 @@ class DraftPool:
                 except Exception:  # supervision must outlive any one failure
                     log.exception("draft pool: supervising slot %d failed; trying again", slot)
             self._report()
+
+    async def _keep_swapped(self, worker: ray.actor.ActorHandle) -> None:
+        """Swap a worker again to each head swapped since the pool started where it serves another
+        (Ray restarted it with its first arguments). Sessions opened on it meanwhile drafted with
+        the version before: slower, never other output."""
+        if not self.swapped:
+            return
+        try:
+            sources = await asyncio.wait_for(worker.head_sources.remote(), PING_TIMEOUT_SECONDS)
+        except (asyncio.TimeoutError, RayActorError):  # restarting, or gone: the next round sees it
+            return
+        for name in self.swapped:
+            source = self.specs[name].source  # the version now (a swap in progress has set it first)
+            if sources.get(name, source) != source:
+                worker_id = await worker.swap_head.remote(name, source)
+                log.warning("draft pool: %s came back with draft %s's first head (restarted); swapped it to %s again",
+                            worker_id, name, source)
 
     async def autoscale(self) -> None:
         """Forever, with ``draft_pool.autoscaling``: read the workers' load every metrics interval and

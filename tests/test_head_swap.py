@@ -99,3 +99,41 @@ def test_swap_head_says_what_to_fix_and_swaps_a_running_services_head(service, t
     assert "no EAGLE-3 head 'sql'" in err and "Traceback" not in err, err
     assert main(["swap-head", "--draft", "eagle3", "--head", str(zoo_head), *app]) == 0  # the same version again
     assert "draft eagle3 is now the head at" in capsys.readouterr().out
+
+
+def test_a_worker_ray_restarts_is_swapped_to_the_new_head_again(service, client, tiny_zoo, tmp_path):
+    """Ray restarts a crashed draft worker with the arguments it was first started with (the old
+    head); the pool's supervision finds it and swaps it again."""
+    import ray
+
+    from specserve.bench.faults import kill, workers
+    from specserve.cluster.config import NAMESPACE
+
+    control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
+    zoo_head = tiny_zoo.root / HEAD_PATH
+    copy = shutil.copytree(zoo_head, tmp_path / "eagle3-v2")  # the same weights: a version by its path
+
+    def sources(worker_id: str) -> dict[str, str] | None:
+        try:
+            return ray.get(ray.get_actor(worker_id, namespace=NAMESPACE).head_sources.remote(), timeout=10)
+        except Exception:  # noqa: BLE001  (restarting: not answering yet)
+            return None
+
+    try:
+        control.swap_head.remote("eagle3", str(copy)).result(timeout_s=120)
+        struck = workers(client, "draft")[0]
+        assert sources(struck.worker_id) == {"eagle3": str(copy)}
+        kill(struck, restart=True)
+        deadline = time.monotonic() + 120
+        while sources(struck.worker_id) != {"eagle3": str(copy)}:
+            assert time.monotonic() < deadline, f"{struck.worker_id} serves {sources(struck.worker_id)} after its restart"
+            time.sleep(1.0)
+    finally:
+        control.swap_head.remote("eagle3", str(zoo_head)).result(timeout_s=120)
+    deadline = time.monotonic() + 120
+    while len(workers(client, "draft")) < 2:  # both answer again before the next test
+        assert time.monotonic() < deadline, "the restarted draft worker did not come back"
+        time.sleep(1.0)
+    reply = client.generate(pb.GenerateRequest(prompt=tiny_zoo.prompts("sql")[0], max_tokens=16, draft="eagle3",
+                                               speculation=pb.SPECULATION_ON), timeout=120)
+    assert reply.stats.draft == "eagle3" and reply.stats.proposed_tokens > 0

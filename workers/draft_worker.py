@@ -70,7 +70,8 @@ class DraftWorker:
         sessions opened after this draft with it; those already open finish on the head they opened
         with (their stream holds it and its scheduler), which goes once the last of them ends. The
         new head is checked against the target as at start-up. Returns this worker's id. A worker
-        Ray restarts after a crash comes back with the head it was started with."""
+        Ray restarts after a crash comes back with the head it was started with; the pool swaps it
+        again (``DraftPool.supervise``)."""
         if name not in self.heads:
             raise ValueError(f"this worker has no EAGLE-3 head {name!r}; its heads: {', '.join(self.heads) or 'none'}")
         spec = dataclasses.replace(self.specs[name], source=source)
@@ -85,6 +86,11 @@ class DraftWorker:
         log.info("%s: draft %s is now the head at %s; sessions open on the one before finish on it",
                  self.host.worker_id, name, source)
         return self.host.worker_id
+
+    def head_sources(self) -> dict[str, str]:
+        """Where each of its heads was loaded from (the pool checks a restarted worker's: Ray
+        restarts it with the heads it was first started with)."""
+        return {name: self.specs[name].source for name in self.heads}
 
     def ping(self) -> str:
         """The pool's liveness check (a Ray call, not the stream server)."""
