@@ -43,7 +43,7 @@ MAX_BACKOFF_SECONDS = 300.0
 class DraftPool:
     def __init__(self, config: ServiceConfig, models: ModelSet) -> None:
         pool = config.draft_pool
-        names = pool.drafts or tuple(models.drafts)
+        names = served_drafts(config, models)
         unknown = [name for name in names if name not in models.drafts]
         if unknown:
             raise ValueError(f"draft_pool.drafts names unknown drafts {unknown}; known: {', '.join(models.drafts)}")
@@ -74,8 +74,9 @@ class DraftPool:
         on every worker started from now on. Returns the workers swapped.
 
         Workers started while it runs (supervision, autoscaling) start with the new version and are
-        swapped too (to the same: harmless), until none is left on the old one. A worker that fails
-        to load it undoes the swap: the ones already swapped go back to the version before, and the
+        swapped too (to the same: harmless), until none is left on the old one; one that Ray is
+        restarting is left to supervision, which swaps it once it is back. A worker that fails to
+        load it undoes the swap: the ones already swapped go back to the version before, and the
         error is raised."""
         if name not in self.specs:
             raise ValueError(f"the draft pool serves no draft {name!r}; it serves {', '.join(self.specs) or 'none'}")
@@ -83,10 +84,18 @@ class DraftPool:
         self.specs = before | {name: replace(before[name], source=source)}  # what a worker started from now loads
         self.swapped.add(name)
         swapped: dict[int, tuple[ray.actor.ActorHandle, str]] = {}  # id(handle) -> (handle, worker id)
+        away: set[int] = set()  # workers restarting: supervision swaps them once back (_keep_swapped)
         try:
-            while pending := [w for w in self.workers.values() if id(w) not in swapped]:
-                ids = await asyncio.gather(*(worker.swap_head.remote(name, source) for worker in pending))
-                swapped.update((id(w), (w, worker_id)) for w, worker_id in zip(pending, ids, strict=True))
+            while pending := [w for w in self.workers.values() if id(w) not in swapped and id(w) not in away]:
+                answers = await asyncio.gather(*(w.swap_head.remote(name, source) for w in pending),
+                                               return_exceptions=True)
+                for worker, answer in zip(pending, answers, strict=True):
+                    if isinstance(answer, RayActorError):
+                        away.add(id(worker))
+                    elif isinstance(answer, BaseException):
+                        raise answer
+                    else:
+                        swapped[id(worker)] = (worker, answer)
         except Exception:
             self.specs = before
             back = [w for w, _ in swapped.values() if w in self.workers.values()]

@@ -104,7 +104,7 @@ class RemoteDraft(Proposer):
     async def propose(self, k: int) -> DraftTokens:
         """The next proposal; after the worker fails, from another one opened where the request
         stands. Returning it, the draft starts on the one after while the target verifies this one."""
-        if self.stream is None and not self.opened:
+        if not self.opened:  # the first step: a session on a worker (later ones reopen in _propose)
             self.opened = True
             await self._open()
         message = await self._propose(k)

@@ -51,49 +51,33 @@ FINISH_REASONS = {"eos": pb.FINISH_REASON_EOS, "stop": pb.FINISH_REASON_STOP, "l
                   "grammar": pb.FINISH_REASON_GRAMMAR}
 
 
-class TaskTotals:
-    """Counts per (task, draft served; "" for target-only) since the router started, for GetStats."""
+Key = tuple[str, ...]  # (task, draft served; "" for target-only), and the segment as counted after them
+
+
+class Totals:
+    """Counts per key since the router started, for GetStats: per (task, draft), and per (task,
+    draft, segment) of the requests that named a segment."""
 
     def __init__(self) -> None:
-        self.requests: defaultdict[tuple[str, str], int] = defaultdict(int)
-        self.output_tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
-        self.stats: defaultdict[tuple[str, str], SpecStats] = defaultdict(SpecStats)
+        self.requests: defaultdict[Key, int] = defaultdict(int)
+        self.output_tokens: defaultdict[Key, int] = defaultdict(int)
+        self.stats: defaultdict[Key, SpecStats] = defaultdict(SpecStats)
 
-    def add(self, request: Request) -> None:
-        key = (request.task.task, request.route.draft or "")
+    def add(self, key: Key, request: Request) -> None:
         self.requests[key] += 1
         self.output_tokens[key] += len(request.decoding.committed)
         self.stats[key].add(request.decoding.stats)
 
-    def message(self, task: str, draft: str) -> pb.TaskStats:
-        s = self.stats.get((task, draft), SpecStats())
-        return pb.TaskStats(task=task, draft=draft, requests=self.requests.get((task, draft), 0),
+    def task_message(self, task: str, draft: str) -> pb.TaskStats:
+        key = (task, draft)
+        s = self.stats.get(key, SpecStats())
+        return pb.TaskStats(task=task, draft=draft, requests=self.requests.get(key, 0),
                             proposed_tokens=s.proposed, accepted_tokens=s.accepted, target_passes=s.target_passes,
-                            output_tokens=self.output_tokens.get((task, draft), 0), drafted_tokens=s.drafted,
+                            output_tokens=self.output_tokens.get(key, 0), drafted_tokens=s.drafted,
                             wasted_draft_tokens=s.wasted,
                             acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass)
 
-
-class SegmentTotals:
-    """Counts per (task, draft served, segment as counted) of the requests that named a segment,
-    since the router started, for GetStats and the per-segment speedup gauge."""
-
-    def __init__(self) -> None:
-        self.requests: defaultdict[tuple[str, str, str], int] = defaultdict(int)
-        self.output_tokens: defaultdict[tuple[str, str, str], int] = defaultdict(int)
-        self.stats: defaultdict[tuple[str, str, str], SpecStats] = defaultdict(SpecStats)
-
-    def add(self, request: Request) -> tuple[str, str, str] | None:
-        """Count ``request`` if it named a segment; its key, or None."""
-        if not request.valid.segment:
-            return None
-        key = (request.task.task, request.route.draft or "", request.valid.segment)
-        self.requests[key] += 1
-        self.output_tokens[key] += len(request.decoding.committed)
-        self.stats[key].add(request.decoding.stats)
-        return key
-
-    def message(self, key: tuple[str, str, str], priced: ArmView | None) -> pb.SegmentStats:
+    def segment_message(self, key: Key, priced: ArmView | None) -> pb.SegmentStats:
         s = self.stats[key]
         task, draft, segment = key
         return pb.SegmentStats(task=task, draft=draft, segment=segment, requests=self.requests[key],
@@ -137,8 +121,8 @@ class SpecServeService:
                                          frozenset(heads or {}))
         self.metrics = RouterMetrics()
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
-        self.totals = TaskTotals()
-        self.segments = SegmentTotals()
+        self.totals = Totals()  # per (task, draft)
+        self.segments = Totals()  # per (task, draft, segment)
         self.sample = TrafficSample(config.traffic_sample, router_id).start() if config.traffic_sample.dir else None
         self.passes = {"target": PassWindow(), "draft": PassWindow()}  # the latest steps' batches, for GetStats
 
@@ -238,12 +222,14 @@ class SpecServeService:
         """A finished request: into the totals and the policy; scored by the other proposers (the
         draft-free ones within the learning budget, drafts sometimes); its output joins its task's
         suffix trie (within the budget too)."""
-        self.totals.add(request)
-        if (segment := self.segments.add(request)) is not None and request.route.draft:
-            self._record_segment(segment)
+        task, draft = request.task.task, request.route.draft or ""
+        self.totals.add((task, draft), request)
+        if request.valid.segment:
+            key = (task, draft, request.valid.segment)
+            self.segments.add(key, request)
+            self._record_segment(key)
         self.passes["target"].add(request.times.target_passes)
         self.passes["draft"].add(request.times.draft_passes)
-        task = request.task.task
         self.policy.observe(task, request.route.draft, request.observation())
         stats = request.decoding.stats
         self.lookahead_budget.observe(task, request.route.draft, request.params.sampling.greedy, stats.lookaheads,
@@ -276,21 +262,21 @@ class SpecServeService:
                                ready=self.readiness.ready, waiting_for=self.readiness.waiting_for,
                                segments=[self._segment_row(key) for key in sorted(self.segments.requests)])
 
-    def _segment_row(self, key: tuple[str, str, str]) -> pb.SegmentStats:
+    def _priced(self, key: Key) -> ArmView | None:
+        """A segment's requests priced with the draft that served them, at their alpha; None where
+        there is nothing to price (target-only, or no proposal verified yet: no alpha, not 0)."""
         task, draft, _ = key
         s = self.segments.stats[key]
-        tried = s.accepted + s.rejections > 0  # an alpha to price (untried: none, not 0)
-        priced = self.policy.priced_at(task, draft, s.alpha) if draft and tried else None
-        return self.segments.message(key, priced)
+        return self.policy.priced_at(task, draft, s.alpha) if draft and s.accepted + s.rejections else None
 
-    def _record_segment(self, key: tuple[str, str, str]) -> None:
-        """The segment's expected speedup with its draft, as GetStats prices it, into the gauge
-        (none until its requests were verified once)."""
-        row = self._segment_row(key)
-        if not row.k:
-            return
-        task, draft, segment = key
-        self.metrics.segment_speedup.set(row.expected_speedup, {"task": task, "draft": draft, "segment": segment})
+    def _segment_row(self, key: Key) -> pb.SegmentStats:
+        return self.segments.segment_message(key, self._priced(key))
+
+    def _record_segment(self, key: Key) -> None:
+        """The segment's expected speedup with its draft, as GetStats prices it, into the gauge."""
+        if (priced := self._priced(key)) is not None:
+            task, draft, segment = key
+            self.metrics.segment_speedup.set(priced.expected_speedup, {"task": task, "draft": draft, "segment": segment})
 
     def _pass_rows(self) -> list[pb.PassStats]:
         return [pb.PassStats(kind=kind, **asdict(window.summary())) for kind, window in self.passes.items()]
@@ -310,14 +296,14 @@ class SpecServeService:
         sampled = self.sample.counts() if self.sample is not None else {}
         for task in sorted(self.policy.tasks):
             view = self.policy.view(task)
-            row = self.totals.message(task, "")
+            row = self.totals.task_message(task, "")
             row.MergeFrom(pb.TaskStats(alpha=view.best.alpha, cost_ratio=view.best.c, k=view.best.k,
                                        expected_speedup=view.best.expected_speedup, decision=view.decision,
                                        reason=view.reason, step_cost=view.best.step_cost,
                                        unloaded_k=view.best.unloaded_k, sampled_requests=sampled.get(task, 0)))
             rows.append(row)
             for arm in view.arms:
-                row = self.totals.message(task, arm.draft)
+                row = self.totals.task_message(task, arm.draft)
                 standing = "best" if arm.draft == view.best.draft else ("candidate" if arm.trials else "unseen")
                 row.MergeFrom(pb.TaskStats(alpha=arm.alpha, cost_ratio=arm.c, k=arm.k, step_cost=arm.step_cost,
                                            unloaded_k=arm.unloaded_k, expected_speedup=arm.expected_speedup,

@@ -69,7 +69,6 @@ class TrafficSample:
         self.rng = rng or random.Random()
         self.clock = clock
         self.kept: dict[str, deque[Sampled]] = {}
-        self.offered = 0
         self._lock = threading.Lock()  # the kept requests
         self._writing = threading.Lock()  # one flush at a time: a later one finds the files written
         self._dirty: set[str] = set()
@@ -80,7 +79,6 @@ class TrafficSample:
 
     def offer(self, task: str, prompt: str, output: str) -> bool:
         """A finished request: kept with probability ``share``. Returns whether it was."""
-        self.offered += 1
         if not output or self.rng.random() >= self.config.share:
             return False
         with self._lock:
@@ -131,7 +129,6 @@ class TrafficSample:
         self._forget_gone_routers(cutoff)
         if snapshot:
             log.info("traffic sample: %s", ", ".join(f"{task} {len(e)} kept" for task, e in sorted(snapshot.items())))
-
 
     def _forget_gone_routers(self, cutoff: float) -> None:
         """Delete other routers' files not written since ``cutoff``: every entry in them is older

@@ -109,7 +109,7 @@ def _sample_corpus(args: argparse.Namespace, scratch: Path) -> str:
         raise ValueError("--sample needs --task NAME: whose served requests to distill from")
     if args.sample_hours is not None and args.sample_hours <= 0:
         raise ValueError(f"--sample-hours must be > 0, got {args.sample_hours}")
-    documents = list(read_sample(args.sample, args.task, args.sample_hours))
+    documents = read_sample(args.sample, args.task, args.sample_hours)
     if not documents:
         raise ValueError(f"the traffic sample at {args.sample} holds no request of task {args.task!r}"
                          + (f" from the last {args.sample_hours:g} h" if args.sample_hours else ""))
