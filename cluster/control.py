@@ -12,12 +12,16 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 import ray
 
+from specserve.router.canary import ArmSums, CanaryConfig, CanaryStatus
+from specserve.workers.heads.format import is_head
 from specserve.workers.logs import log_to_stderr
 from specserve.workers.registry import REGISTRY_NAME, Registration, start_registry
 
+from .canary import Canaries
 from .config import ServiceConfig
 from .models import ModelSet
 from .placement import router_options
@@ -35,6 +39,8 @@ class Control:
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
         self.registry = start_registry(registration, router_options(cfg.router)["resources"])
         self.pool = DraftPool(cfg, models)
+        heads = [name for name in self.pool.specs if is_head(self.pool.specs[name].source)]
+        self.canaries = Canaries(self.pool, heads, models.tasks)
         # The pool's supervision and autoscaling run on a loop of their own: Serve's replica loop
         # is for the calls Serve makes.
         self.loop = asyncio.new_event_loop()
@@ -45,10 +51,32 @@ class Control:
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self.pool.run())
 
-    def swap_head(self, name: str, source: str, timeout: float = 300.0) -> list[str]:  # commands/swap_head.py's
+    async def swap_head(self, name: str, source: str, timeout: float = 300.0) -> list[str]:  # commands/swap_head.py's
         """The draft pool serves the EAGLE-3 head at ``source`` as draft ``name`` from now on (see
         ``DraftPool.swap_head``); called through Serve: the control deployment's handle."""
-        return asyncio.run_coroutine_threadsafe(self.pool.swap_head(name, source), self.loop).result(timeout)
+        return await self._on_pool(self.pool.swap_head(name, source), timeout)
+
+    async def start_canary(self, draft: str, source: str, version: str = "", tasks: Sequence[str] = (),
+                           config: CanaryConfig = CanaryConfig(), timeout: float = 300.0) -> CanaryStatus:
+        """Serve the head at ``source`` as a canary of ``draft`` (``Canaries.start``); returns once it
+        runs (its head loaded on every worker)."""
+        return await self._on_pool(self.canaries.start(draft, source, version, tasks, config), timeout)
+
+    async def end_canary(self, draft: str, decision: str) -> CanaryStatus:
+        """An operator's promote or roll back of ``draft``'s running canary."""
+        return await self._on_pool(_now(self.canaries.end, draft, decision))
+
+    async def canary_report(self, router_id: str, counts: dict[str, tuple[ArmSums, ArmSums]]) -> tuple[CanaryStatus, ...]:
+        """A router's canary arms in; every canary's status out (cluster/ingress.py, every REPORT_SECONDS)."""
+        return await self._on_pool(_now(self.canaries.report, router_id, counts))
+
+    async def canary_statuses(self) -> tuple[CanaryStatus, ...]:
+        """Every canary, running and lately finished (``specserve canary --wait`` follows one)."""
+        return await self._on_pool(_now(lambda: tuple(self.canaries.statuses.values())))
+
+    async def _on_pool(self, work, timeout: float = 30.0):
+        # The pool and its canaries are changed on the pool's loop only; Serve's loop waits, free.
+        return await asyncio.wait_for(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop)), timeout)
 
     def check_health(self) -> None:
         if not self._thread.is_alive():
@@ -58,6 +86,10 @@ class Control:
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.stop()
+
+
+async def _now(call, *args):
+    return call(*args)
 
 
 def find_registry(namespace: str, timeout: float = REGISTRY_WAIT_SECONDS) -> ray.actor.ActorHandle:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -36,6 +37,7 @@ from specserve.workers.registry import Endpoint, Heartbeat, Registration
 from specserve.workers.security import SecuritySettings
 
 from .config import ModelsConfig, ServiceConfig
+from .canary import REPORT_SECONDS
 from .control import find_registry
 from .local import open_zoo, zoo_location
 from .models import ModelSet, check_tokenizers, head_layers
@@ -46,6 +48,7 @@ READY_POLL_SECONDS = 0.5
 WAITING_LOG_SECONDS = 10.0  # while starting: how often the log says what the router still waits for
 HEALTH_POLL_SECONDS = 1.0  # once ready: how often the router checks that a target replica is registered
 HTTP_START_SECONDS = 30.0
+REPORT_TIMEOUT_SECONDS = 10.0
 
 
 class Router:
@@ -90,12 +93,37 @@ class Router:
             log.info("OpenAI-compatible API on http%s://%s:%d/v1 (model %r)", "s" if security.tls else "",
                      advertised_host(), port, self.http.model)
         self.heartbeat = Heartbeat(registration, lambda: Endpoint("router", self.router_id, self.address))
+        self.control = control_deployment
+        self._stopping = threading.Event()
+        if control_deployment is not None:
+            threading.Thread(target=self._report_canaries, name="canary-report", daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._mark_serving_when_ready(), self.server.loop)
         # Requests are answered from here on; until the health service says SERVING, one whose draft
         # no worker serves yet runs target-only (route "starting"). Clients that wait for SERVING
         # (SpecServeClient.wait_ready) get speculation from their first request.
         log.info("%s listening on %s; target-only (NOT_SERVING) until ready, waiting for %s", self.router_id,
                  self.address, self.readiness.waiting_for)
+
+    def _report_canaries(self) -> None:
+        """Every REPORT_SECONDS: this router's canary arms to the control deployment, and every
+        canary's state back into the router (what it routes by). A Serve call waits: a thread of its own."""
+        failing = False
+        while not self._stopping.wait(REPORT_SECONDS):
+            try:
+                counts = asyncio.run_coroutine_threadsafe(_read(self.service.canaries.counts), self.server.loop).result(
+                    REPORT_TIMEOUT_SECONDS)
+                statuses = self.control.canary_report.remote(self.router_id, counts).result(
+                    timeout_s=REPORT_TIMEOUT_SECONDS)
+            except Exception as exc:  # the control replica restarting: canaries stay as last read
+                if not failing:
+                    log.warning("canaries: the control deployment did not answer (%s); routing by the canaries as "
+                                "last read", exc)
+                failing = True
+                continue
+            if failing:
+                log.info("canaries: the control deployment answers again")
+            failing = False
+            self.server.loop.call_soon_threadsafe(self.service.canaries.update, statuses)
 
     def _add_servicers(self, server) -> None:
         server.add_generic_rpc_handlers((self.service.handler(),))
@@ -158,10 +186,16 @@ class Router:
         sample = getattr(getattr(self, "service", None), "sample", None)
         if sample is not None:  # what it kept since its last flush
             sample.stop()
+        if (stopping := getattr(self, "_stopping", None)) is not None:
+            stopping.set()
         for part in ("heartbeat", "server"):
             obj = getattr(self, part, None)
             if obj is not None:
                 obj.stop()
+
+
+async def _read(call):
+    return call()
 
 
 def _task_resolver(cfg: ServiceConfig, models: ModelSet) -> TaskResolver:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from specserve.workers.lookup import RESERVED
+from specserve.workers.lookup import RESERVED, VERSION_MARK
 
 TARGET_HELP = "target model: a Hugging Face directory, a hub id or a .gguf file (replaces the zoo's target)"
 DRAFT_HELP = ("a draft as NAME=SOURCE (a Hugging Face directory, a hub id or a .gguf file; repeatable). "
@@ -77,6 +77,9 @@ def own_models(target: str | None, drafts: list[str], tasks: list[str]) -> OwnMo
         name, source = _pair(value, "--draft", "NAME=SOURCE")
         if name in RESERVED:
             raise ValueError(f"--draft {value!r}: {name!r} is reserved for specserve's own proposers; name the draft "
+                             f"otherwise")
+        if VERSION_MARK in name:
+            raise ValueError(f"--draft {value!r}: {VERSION_MARK!r} names a draft's versions (canaries); name the draft "
                              f"otherwise")
         if name in named:
             raise ValueError(f"--draft {name!r} is given twice")

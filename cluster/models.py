@@ -9,7 +9,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from specserve.router.config import RouterConfig
-from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE
+from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE, VERSION_MARK
 from specserve.workers.heads.format import HeadFormatError, is_head, read_config, read_facts
 from specserve.workers.loading import ModelSpec, load_config, load_tokenizer
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
@@ -65,6 +65,9 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
     taken = sorted(set(drafts) & set(RESERVED))
     if taken:
         raise ValueError(f"draft names {taken} are reserved for specserve's own proposers; rename those drafts")
+    if marked := sorted(name for name in drafts if VERSION_MARK in name):  # a version's name: draft@version
+        raise ValueError(f"draft names {marked} hold {VERSION_MARK!r}, which names a draft's versions (canaries); "
+                         f"rename those drafts")
     if unknown_tasks := [task for task in router.as_written if task not in tasks]:
         raise ValueError(f"router.as_written names tasks {unknown_tasks}; tasks: {', '.join(sorted(tasks))}")
     for task, names in tasks.items():

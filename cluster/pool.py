@@ -25,6 +25,7 @@ from ray.exceptions import ActorDiedError, RayActorError
 
 from specserve.router.metrics import PoolMetrics
 from specserve.workers.draft_worker import DraftWorker
+from specserve.workers.lookup import VERSION_MARK, base_draft
 from specserve.workers.model_host import DRAIN_SECONDS, HostLoad
 from specserve.workers.registry import Registration
 
@@ -59,9 +60,10 @@ class DraftPool:
         # Workers being removed, letting their sessions end (the task doing it -> the worker).
         self.draining: dict[asyncio.Task, ray.actor.ActorHandle] = {}
         self.replaced = 0
-        # Heads swapped since the pool started (their version is self.specs'). Ray restarts a crashed
-        # worker with the arguments it was first started with; supervision swaps such a worker again.
-        self.swapped: set[str] = set()
+        # Heads swapped, and versions added or retired, since the pool started (their state now is
+        # self.specs'). Ray restarts a crashed worker with the arguments it was first started with;
+        # supervision puts such a worker right (_keep_current).
+        self.changed: set[str] = set()
         self.metrics: PoolMetrics | None = None  # set by ``run``, in the process that runs the pool
         bounds = (f", autoscaling within {self.scaling.min_workers}-{self.scaling.max_workers}"
                   if self.scaling else "")
@@ -71,40 +73,72 @@ class DraftPool:
     async def swap_head(self, name: str, source: str) -> list[str]:
         """Serve the EAGLE-3 head at ``source`` as draft ``name`` on every worker, without a restart
         (workers/draft_worker.py ``swap_head``: sessions open on the old version finish on it), and
-        on every worker started from now on. Returns the workers swapped.
-
-        Workers started while it runs (supervision, autoscaling) start with the new version and are
-        swapped too (to the same: harmless), until none is left on the old one; one that Ray is
-        restarting is left to supervision, which swaps it once it is back. A worker that fails to
+        on every worker started from now on. Returns the workers swapped. A worker that fails to
         load it undoes the swap: the ones already swapped go back to the version before, and the
         error is raised."""
-        if name not in self.specs:
+        if name not in self.specs or base_draft(name) != name:
             raise ValueError(f"the draft pool serves no draft {name!r}; it serves {', '.join(self.specs) or 'none'}")
-        before = self.specs
-        self.specs = before | {name: replace(before[name], source=source)}  # what a worker started from now loads
-        self.swapped.add(name)
-        swapped: dict[int, tuple[ray.actor.ActorHandle, str]] = {}  # id(handle) -> (handle, worker id)
-        away: set[int] = set()  # workers restarting: supervision swaps them once back (_keep_swapped)
+        before = self.specs[name].source
+        swapped = await self._everywhere(name, source, lambda w: w.swap_head.remote(name, source),
+                                         undo=lambda w: w.swap_head.remote(name, before))
+        log.info("draft pool: draft %s is now the head at %s on %s", name, source, ", ".join(swapped))
+        return swapped
+
+    async def add_version(self, name: str, source: str) -> list[str]:
+        """Serve the head at ``source`` beside its draft as ``name`` (``draft@version``) on every
+        worker, and on every worker started from now on; undone everywhere if one fails to load it."""
+        base = base_draft(name)
+        if base == name or base not in self.specs or name in self.specs:
+            raise ValueError(f"{name!r} is not a new version of a draft the pool serves ({', '.join(self.specs)}): "
+                             f"name it <draft>{VERSION_MARK}<version>, a version not served yet")
+        added = await self._everywhere(name, source, lambda w: w.add_version.remote(name, source),
+                                       undo=lambda w: w.retire_version.remote(name))
+        log.info("draft pool: serving the head at %s as %s beside %s on %s", source, name, base, ", ".join(added))
+        return added
+
+    async def retire_version(self, name: str) -> list[str]:
+        """Stop serving version ``name`` on every worker (their sessions on it finish on it)."""
+        if base_draft(name) == name or name not in self.specs:
+            return []
+        retired = await self._everywhere(name, None, lambda w: w.retire_version.remote(name), undo=None)
+        log.info("draft pool: version %s retired on %s", name, ", ".join(retired))
+        return retired
+
+    async def _everywhere(self, name: str, source: str | None, call, undo) -> list[str]:
+        """Make draft ``name`` the head at ``source`` (None: not served) on every worker through
+        ``call`` (a worker -> its Ray call), and in what a worker started from now loads. Returns the
+        ids of the workers it was done on.
+
+        Workers started while it runs (supervision, autoscaling) start with the new state and get the
+        call too (harmless), until none is left; one that Ray is restarting is left to supervision,
+        which puts it right once it is back (``_keep_current``). A worker that fails raises the error,
+        after ``undo`` on the workers done and the pool's state put back."""
+        before, changed = self.specs, set(self.changed)
+        self.specs = {n: spec for n, spec in before.items() if n != name}
+        if source is not None:
+            self.specs[name] = replace(before.get(name) or before[base_draft(name)], source=source)
+        self.changed.add(name)
+        done: dict[int, tuple[ray.actor.ActorHandle, str]] = {}  # id(handle) -> (handle, worker id)
+        away: set[int] = set()  # workers restarting: supervision puts them right once back
         try:
-            while pending := [w for w in self.workers.values() if id(w) not in swapped and id(w) not in away]:
-                answers = await asyncio.gather(*(w.swap_head.remote(name, source) for w in pending),
-                                               return_exceptions=True)
+            while pending := [w for w in self.workers.values() if id(w) not in done and id(w) not in away]:
+                answers = await asyncio.gather(*(call(w) for w in pending), return_exceptions=True)
                 for worker, answer in zip(pending, answers, strict=True):
                     if isinstance(answer, RayActorError):
                         away.add(id(worker))
                     elif isinstance(answer, BaseException):
                         raise answer
                     else:
-                        swapped[id(worker)] = (worker, answer)
+                        done[id(worker)] = (worker, answer)
         except Exception:
-            self.specs = before
-            back = [w for w, _ in swapped.values() if w in self.workers.values()]
-            await asyncio.gather(*(w.swap_head.remote(name, before[name].source) for w in back), return_exceptions=True)
-            log.warning("draft pool: draft %s could not be swapped to %s; %d worker(s) put back", name, source, len(back))
+            self.specs, self.changed = before, changed
+            back = [w for w, _ in done.values() if w in self.workers.values()]
+            if undo is not None:
+                await asyncio.gather(*(undo(w) for w in back), return_exceptions=True)
+            log.warning("draft pool: %s could not be made the head at %s; %d worker(s) put back", name, source,
+                        len(back))
             raise
-        log.info("draft pool: draft %s is now the head at %s on %s", name, source,
-                 ", ".join(worker_id for _, worker_id in swapped.values()))
-        return [worker_id for _, worker_id in swapped.values()]
+        return [worker_id for _, worker_id in done.values()]
 
     def _start(self, slot: int, replacement: bool = False) -> ray.actor.ActorHandle:
         worker_id = f"draft-worker-{slot}-{self.generation}"
@@ -132,7 +166,7 @@ class DraftPool:
                 try:
                     since = time.monotonic() - last.get(slot, float("-inf"))
                     if not await _gone(worker):
-                        await self._keep_swapped(worker)
+                        await self._keep_current(worker)
                         continue
                     if self.workers.get(slot) is not worker or since < wait.get(slot, SUPERVISE_SECONDS):
                         continue  # removed meanwhile, or replaced too recently
@@ -147,22 +181,27 @@ class DraftPool:
                     log.exception("draft pool: supervising slot %d failed; trying again", slot)
             self._report()
 
-    async def _keep_swapped(self, worker: ray.actor.ActorHandle) -> None:
-        """Swap a worker again to each head swapped since the pool started where it serves another
-        (Ray restarted it with its first arguments). Sessions opened on it meanwhile drafted with
-        the version before: slower, never other output."""
-        if not self.swapped:
+    async def _keep_current(self, worker: ray.actor.ActorHandle) -> None:
+        """Put a worker right where it serves another version of a head swapped, or added or
+        retired as a version, since the pool started (Ray restarted it with its first arguments).
+        Sessions opened on it meanwhile drafted with the version before: slower, never other output."""
+        if not self.changed:
             return
         try:
             sources = await asyncio.wait_for(worker.head_sources.remote(), PING_TIMEOUT_SECONDS)
         except (asyncio.TimeoutError, RayActorError):  # restarting, or gone: the next round sees it
             return
-        for name in self.swapped:
-            source = self.specs[name].source  # the version now (a swap in progress has set it first)
-            if sources.get(name, source) != source:
-                worker_id = await worker.swap_head.remote(name, source)
-                log.warning("draft pool: %s came back with draft %s's first head (restarted); swapped it to %s again",
-                            worker_id, name, source)
+        for name in self.changed:
+            spec, served = self.specs.get(name), sources.get(name)  # the pool's now (set first by one in progress)
+            if spec is None and served is not None:
+                worker_id = await worker.retire_version.remote(name)
+            elif spec is not None and served != spec.source and (served is not None or base_draft(name) != name):
+                call = worker.swap_head if base_draft(name) == name else worker.add_version
+                worker_id = await call.remote(name, spec.source)
+            else:  # as the pool serves it
+                continue
+            log.warning("draft pool: %s came back with draft %s as it first served it (restarted); put it right "
+                        "(%s)", worker_id, name, spec.source if spec else "retired")
 
     async def autoscale(self) -> None:
         """Forever, with ``draft_pool.autoscaling``: read the workers' load every metrics interval and

@@ -67,6 +67,10 @@ class WorkerDirectory:
                 self.refreshed = time.monotonic()
         return self.endpoints
 
+    def serves(self, model: str) -> bool:
+        """Some registered worker serves ``model``, as of the last refresh (no wait)."""
+        return any(model in e.models for e in self.endpoints)
+
     async def available(self, kind: str, model: str | None = None) -> list[Endpoint]:
         """The registered workers of ``kind`` (serving ``model``) that have not failed lately."""
         return [e for e in await self.refresh() if e.kind == kind and (model is None or model in e.models)

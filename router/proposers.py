@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specserve.workers.draft_length import DraftLength
-from specserve.workers.lookup import DraftFree, ProposerKind
+from specserve.workers.lookup import DraftFree, ProposerKind, base_draft
 from specserve.workers.proposers import Proposers
 from specserve.workers.proposing import Proposer, StepRecorder
 from specserve.workers.token_tree import TREE_MAX_TOKENS
@@ -32,6 +32,7 @@ class ProposerFactory:
 
     def make(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> Proposer:
         def on_a_draft_worker(draft: str, kind: ProposerKind, in_tree: bool) -> Proposer:
-            return RemoteDraft(draft, context, length, recorder, self.heads.get(draft, ()), branch=not in_tree)
+            return RemoteDraft(draft, context, length, recorder, self.heads.get(base_draft(draft), ()),
+                               branch=not in_tree)
         return self.proposers.build(name, context.task, context.history.committed_ids(), recorder, on_a_draft_worker,
                                     self.trees.get(context.task, ()))

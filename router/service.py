@@ -27,6 +27,7 @@ from specserve.workers.stats import SpecStats
 from specserve.workers.stopping import Chunk
 
 from .admission import Admission, Overloaded
+from .canary import ArmSums, CanaryRoutes, CanaryStatus
 from .directory import NoWorker, WorkerDirectory
 from .learning_budget import LearningBudget
 from .lookahead_budget import LookaheadBudget
@@ -123,6 +124,7 @@ class SpecServeService:
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
         self.totals = Totals()  # per (task, draft)
         self.segments = Totals()  # per (task, draft, segment)
+        self.canaries = CanaryRoutes(rng)  # the control's canaries, as the ingress last read them
         self.sample = TrafficSample(config.traffic_sample, router_id).start() if config.traffic_sample.dir else None
         self.passes = {"target": PassWindow(), "draft": PassWindow()}  # the latest steps' batches, for GetStats
 
@@ -211,6 +213,7 @@ class SpecServeService:
             self.policy.seed_passes(self.directory.target_pass_times())  # once: until real passes are timed
         pressure = self.directory.target_pressure()
         route = self.policy.route(task.task, request.mode, request.draft, request.k, pressure)
+        route = self.canaries.assign(task.task, route, self.directory.serves)
         policy = self.config.policy
         schedule = "fixed" if request.k is not None else policy.k_schedule  # a client's k is taken as given
         length = DraftLength(schedule, route.k, policy.k_max, policy.confidence_threshold)
@@ -232,6 +235,7 @@ class SpecServeService:
         self.passes["draft"].add(request.times.draft_passes)
         self.policy.observe(task, request.route.draft, request.observation())
         stats = request.decoding.stats
+        self.canaries.record(task, request.route.draft, stats.accepted, stats.rejections)
         self.lookahead_budget.observe(task, request.route.draft, request.params.sampling.greedy, stats.lookaheads,
                                       stats.lookahead_hits)
         greedy, prompt, output = request.params.sampling.greedy, request.valid.prompt_ids, request.decoding.committed
@@ -260,7 +264,22 @@ class SpecServeService:
                                requests_rejected=self.admission.refused, requests_queued=self.admission.waiting,
                                passes=self._pass_rows(), load=self._load_pricing(), router=self.router_id,
                                ready=self.readiness.ready, waiting_for=self.readiness.waiting_for,
-                               segments=[self._segment_row(key) for key in sorted(self.segments.requests)])
+                               segments=[self._segment_row(key) for key in sorted(self.segments.requests)],
+                               canaries=[self._canary_row(status) for status in self.canaries.statuses])
+
+    def _canary_row(self, status: CanaryStatus) -> pb.CanaryStats:
+        def speedup(arm: ArmSums) -> float:
+            priced = self.policy.priced_at(status.tasks[0], status.draft, arm.alpha) if arm.trials else None
+            return priced.expected_speedup if priced else 0.0
+
+        return pb.CanaryStats(draft=status.draft, version=status.version, source=status.source, tasks=status.tasks,
+                              share=status.config.share, state=status.state, reason=status.reason,
+                              base_requests=status.base.requests, canary_requests=status.canary.requests,
+                              base_alpha=status.base.alpha, canary_alpha=status.canary.alpha,
+                              base_speedup=speedup(status.base), canary_speedup=speedup(status.canary),
+                              z=_finite(status.z), z_needed=status.config.z_needed, looks=status.looks,
+                              max_looks=status.config.looks, started_unix=status.started,
+                              finished_unix=status.finished)
 
     def _priced(self, key: Key) -> ArmView | None:
         """A segment's requests priced with the draft that served them, at their alpha; None where
@@ -373,6 +392,11 @@ class Turn:
         self.admission.leave()
         if self.running is not None:
             self.running.abandon()
+
+
+def _finite(z: float) -> float:
+    """A z for the wire: an arm without variance yet (inf) at a bound a reader sees as decisive."""
+    return max(-1e9, min(1e9, z)) if z == z else 0.0
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:

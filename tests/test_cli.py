@@ -48,6 +48,7 @@ def test_bad_input_in_a_fresh_process_is_one_line_without_traceback(tiny_zoo, sp
     (["--draft", "sql=/nowhere"], "give --target too"),
     (["--target", "/nowhere", "--draft", "x="], "--draft 'x=': expected NAME=SOURCE"),
     (["--target", "/nowhere", "--draft", "ngram=/a"], "reserved for specserve's own proposers"),
+    (["--target", "/nowhere", "--draft", "sql@v2=/a"], "names a draft's versions"),
     (["--target", "/nowhere", "--task", "a", "--task", "b"], "--task picks one: got a, b"),
 ])
 def test_bad_generate_flags(tiny_zoo, specserve_home, capsys, flags, message):

@@ -30,6 +30,7 @@ from .heads.proposer import HeadRun, HeadScheduler, HeadState
 from .kv_cache import session_capacity
 from .loading import ModelSpec, gemv_layout, load_model
 from .logs import log_to_stderr
+from .lookup import VERSION_MARK, base_draft
 from .model_host import HostLoad, ModelHost, SessionIdle, SessionLimit, first_open
 from .multiplexing import serve_multiplexed
 from .ragged_pass import PooledSequence
@@ -74,22 +75,54 @@ class DraftWorker:
         again (``DraftPool.supervise``)."""
         if name not in self.heads:
             raise ValueError(f"this worker has no EAGLE-3 head {name!r}; its heads: {', '.join(self.heads) or 'none'}")
-        spec = dataclasses.replace(self.specs[name], source=source)
-        head = gemv_layout(load_heads({name: spec}, self.target)[name])
-        before, after = self.heads[name].config.aux_layers, head.config.aux_layers
-        if tuple(after) != tuple(before):  # the routers ask the target for the layers the head started with
-            raise ValueError(f"the head at {source} reads the target's layers {list(after)}, draft {name!r} reads "
-                             f"{list(before)}: the routers send those; distil the new version with --aux-layers "
-                             f"{','.join(map(str, before))}, or serve it under a new name (a restart)")
-        scheduler = HeadScheduler(head, self.host.device, self.batching)
-        self.heads[name], self.head_schedulers[name], self.specs[name] = head, scheduler, spec  # new sessions' from here
+        self._serve_head(name, source)
         log.info("%s: draft %s is now the head at %s; sessions open on the one before finish on it",
                  self.host.worker_id, name, source)
         return self.host.worker_id
 
+    def add_version(self, name: str, source: str) -> str:
+        """Serve the head at ``source`` beside its draft as ``name`` (``draft@version``: a canary,
+        cluster/canary.py); the same as a swap where it serves that version already."""
+        if base_draft(name) == name or base_draft(name) not in self.heads:
+            raise ValueError(f"{name!r} is not a version of one of this worker's EAGLE-3 heads "
+                             f"({', '.join(self.heads) or 'none'}): name it <head>{VERSION_MARK}<version>")
+        self._serve_head(name, source)
+        self._register()
+        log.info("%s: serving the head at %s as %s beside %s", self.host.worker_id, source, name, base_draft(name))
+        return self.host.worker_id
+
+    def retire_version(self, name: str) -> str:
+        """Take no new sessions on version ``name``; those open on it finish on it (their stream holds
+        the head), which goes once the last of them ends."""
+        if base_draft(name) != name and self.heads.pop(name, None) is not None:
+            del self.head_schedulers[name], self.specs[name]
+            self._register()
+            log.info("%s: version %s retired; its open sessions finish on it", self.host.worker_id, name)
+        return self.host.worker_id
+
+    def _register(self) -> None:
+        """Say what it serves now at once, not at the next heartbeat: routers route by it."""
+        self.host.models = (*self.models, *self.heads)
+        self.host.heartbeat.beat()
+
+    def _serve_head(self, name: str, source: str) -> None:
+        """Load the head at ``source`` for ``name`` (a draft, or a version of one: it must read the
+        target layers its draft reads, which the routers ask the target for) and serve it to the
+        sessions opened from now on."""
+        base = base_draft(name)
+        spec = dataclasses.replace(self.specs[base], source=source)
+        head = gemv_layout(load_heads({name: spec}, self.target)[name])
+        before, after = self.heads[base].config.aux_layers, head.config.aux_layers
+        if tuple(after) != tuple(before):
+            raise ValueError(f"the head at {source} reads the target's layers {list(after)}, draft {base!r} reads "
+                             f"{list(before)}: the routers send those; distil the new version with --aux-layers "
+                             f"{','.join(map(str, before))}, or serve it under a new name (a restart)")
+        scheduler = HeadScheduler(head, self.host.device, self.batching)
+        self.heads[name], self.head_schedulers[name], self.specs[name] = head, scheduler, spec  # new sessions' from here
+
     def head_sources(self) -> dict[str, str]:
-        """Where each of its heads was loaded from (the pool checks a restarted worker's: Ray
-        restarts it with the heads it was first started with)."""
+        """Where each of its heads (and versions) was loaded from (the pool checks a restarted
+        worker's: Ray restarts it with the heads it was first started with)."""
         return {name: self.specs[name].source for name in self.heads}
 
     def ping(self) -> str:
@@ -313,7 +346,11 @@ class DrafterServicer(rpc.DrafterServicer):
         try:
             with host.slots.hold(on_done=context.add_done_callback):
                 # One read: the head and its scheduler of one version, whatever swap_head does meanwhile.
-                scheduler = self.worker.head_schedulers[opened.model]
+                scheduler = self.worker.head_schedulers.get(opened.model)
+                if scheduler is None:  # a version retired since the router saw it registered
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"this worker no longer serves {opened.model!r}; it has "
+                                        f"{', '.join([*self.worker.models, *self.worker.heads])}")
                 stream = HeadStream(scheduler.model, opened)
                 async for request in host.steps(requests):
                     run = stream.step(request.step)

@@ -21,6 +21,14 @@ NGRAM, SUFFIX = "ngram", "suffix"
 DRAFT_FREE = (NGRAM, SUFFIX)
 TREE = "tree"  # a task's draft and draft-free proposers at once, as one token tree (workers/token_tree.py)
 RESERVED = (*DRAFT_FREE, TREE)  # proposer names no draft model may take
+# A version of a draft served beside it (a canary, cluster/canary.py) is named ``draft@version``:
+# it drafts as the draft does (same kind, same target layers), from other weights.
+VERSION_MARK = "@"
+
+
+def base_draft(name: str) -> str:
+    """The draft a name is a version of (``eagle3@v2`` -> ``eagle3``); a draft's own name is its own."""
+    return name.split(VERSION_MARK, 1)[0]
 
 
 class ProposerKind(Enum):
@@ -38,7 +46,7 @@ def kind_of(name: str, heads: Container[str] = ()) -> ProposerKind:
         return ProposerKind.DRAFT_FREE
     if name == TREE:
         return ProposerKind.TREE
-    return ProposerKind.HEAD if name in heads else ProposerKind.DRAFT
+    return ProposerKind.HEAD if base_draft(name) in heads else ProposerKind.DRAFT
 
 
 class LookupProposer(Proposer):

@@ -32,6 +32,11 @@ def comma_ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    """The type of a flag such as ``--tasks sql,code``."""
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
 def comma_floats(text: str) -> tuple[float, ...]:
     """The type of a flag such as ``--temperatures 0.7,1.0``."""
     try:

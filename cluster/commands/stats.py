@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if sampled:
         print(f"traffic sample (router.traffic_sample; `specserve distill --sample`): {', '.join(sampled)} requests kept")
     _print_segments(stats)
+    _print_canaries(stats)
     _print_batches(stats)
     print("Workers; prefix hits: of the prompt tokens of its sessions, those its prefix cache held:")
     print(f"{'worker':<22} {'kind':<6} {'address':<22} {'node':<12} {'sessions':>8} {'prefix hits':>11} models")
@@ -70,6 +71,20 @@ def _print_segments(stats) -> None:
     for s in stats.segments:
         print(f"{s.task:<8} {s.draft or '-':<8} {s.segment:<16} {s.requests:>8} {s.proposed_tokens:>9} "
               f"{s.accepted_tokens:>9} {s.tokens_per_pass:>8.2f} {s.alpha:>6.2f} {s.k:>2} {s.expected_speedup:>7.2f}")
+
+
+def _print_canaries(stats) -> None:
+    """Each canary (`specserve canary`): its state, and its arms' alpha and what it is worth."""
+    if not stats.canaries:
+        return
+    print("Canaries (a new version on a share of its draft's traffic; promoted when its alpha beats the draft's by")
+    print("z >= needed, rolled back at z <= -needed or at the last look; speedup: what each alpha is worth as now):")
+    print(f"{'version':<20} {'share':>5} {'state':<12} {'looks':>5} {'requests':>9} {'alpha':>11} {'speedup':>11} "
+          f"{'z':>6} {'needed':>6}  why")
+    for c in stats.canaries:
+        print(f"{c.version:<20} {c.share:>5.0%} {c.state:<12} {f'{c.looks}/{c.max_looks}':>5} "
+              f"{f'{c.canary_requests}/{c.base_requests}':>9} {f'{c.canary_alpha:.2f}/{c.base_alpha:.2f}':>11} "
+              f"{f'{c.canary_speedup:.2f}/{c.base_speedup:.2f}':>11} {c.z:>6.2f} {c.z_needed:>6.2f}  {c.reason}")
 
 
 def _print_batches(stats) -> None:

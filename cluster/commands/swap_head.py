@@ -20,41 +20,61 @@ def register(commands: argparse._SubParsersAction) -> None:
     swap.add_argument("--draft", required=True, help="the head's draft name in the service (e.g. eagle3)")
     swap.add_argument("--head", required=True, type=Path, help="the new version: a speculators-format head directory "
                                                              "(from `specserve distill --method eagle3`)")
-    swap.add_argument("--ray-address", default="auto",
-                      help="the service's Ray cluster (default: %(default)s, the one on this machine)")
-    swap.add_argument("--app", default=DEFAULT_APP, help="its Serve application name (default: %(default)s)")
+    add_service_arguments(swap)
     swap.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def add_service_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the running service is: its Ray cluster and Serve application (``control`` finds it)."""
+    parser.add_argument("--ray-address", default="auto",
+                        help="the service's Ray cluster (default: %(default)s, the one on this machine)")
+    parser.add_argument("--app", default=DEFAULT_APP, help="its Serve application name (default: %(default)s)")
+
+
+def head_directory(path: Path) -> Path:
+    from specserve.workers.heads.format import is_head
+
+    if not is_head(path):
+        raise ValueError(f"--head {path}: not an EAGLE-3 head directory (no config.json with "
+                         f"speculators_model_type eagle3); `specserve distill --method eagle3` writes one")
+    return path.resolve()
+
+
+def control(args: argparse.Namespace):
+    """The running service's control deployment (its draft pool), as a Serve handle."""
     import ray
     from ray import serve
-
-    from specserve.workers.heads.format import is_head
 
     from ..app import CONTROL_DEPLOYMENT
     from ..config import NAMESPACE
 
-    head = args.head.resolve()
-    if not is_head(head):
-        raise ValueError(f"--head {args.head}: not an EAGLE-3 head directory (no config.json with "
-                         f"speculators_model_type eagle3); `specserve distill --method eagle3` writes one")
     if not ray.is_initialized():
         try:
             ray.init(address=args.ray_address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
         except ConnectionError as exc:
             raise ValueError(f"no Ray cluster at --ray-address {args.ray_address}: {exc}") from None
     try:
-        control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=args.app)
+        return serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=args.app)
     except (ValueError, KeyError) as exc:
         raise ValueError(f"no specserve application {args.app!r} on that cluster ({exc}); --app names it") from None
+
+
+def answer(response, timeout: float):
+    """A control call's result; a refusal (the pool's or a worker's) as a ValueError saying what to fix."""
+    import ray
+
     try:
-        swapped = control.swap_head.remote(args.draft, str(head)).result(timeout_s=SWAP_TIMEOUT_SECONDS + 30)
-    except ray.exceptions.RayTaskError as exc:  # the pool's or a worker's refusal (a RayTaskError is also a ValueError)
+        return response.result(timeout_s=timeout)
+    except ray.exceptions.RayTaskError as exc:  # (a RayTaskError is also a ValueError)
         raise ValueError(_what_was_refused(exc)) from None
     except TimeoutError:
-        raise ValueError(f"no answer from the service in {SWAP_TIMEOUT_SECONDS + 30:.0f} s; the swap may still finish: "
-                         f"check the control replica's log") from None
+        raise ValueError(f"no answer from the service in {timeout:.0f} s; it may still finish: check the control "
+                         f"replica's log") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    head = head_directory(args.head)
+    swapped = answer(control(args).swap_head.remote(args.draft, str(head)), SWAP_TIMEOUT_SECONDS + 30)
     print(f"draft {args.draft} is now the head at {head} on {', '.join(swapped)}; sessions open on the version "
           f"before finish on it")
     return 0

@@ -291,7 +291,7 @@ class LoadPricing(_message.Message):
     def __init__(self, sessions: _Optional[float] = ..., pass_fixed_seconds: _Optional[float] = ..., pass_seconds_per_token: _Optional[float] = ..., saturated: _Optional[bool] = ...) -> None: ...
 
 class ServiceStats(_message.Message):
-    __slots__ = ("tasks", "workers", "requests_in_flight", "requests_rejected", "requests_queued", "passes", "load", "router", "ready", "waiting_for", "segments")
+    __slots__ = ("tasks", "workers", "requests_in_flight", "requests_rejected", "requests_queued", "passes", "load", "router", "ready", "waiting_for", "segments", "canaries")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,7 @@ class ServiceStats(_message.Message):
     READY_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    CANARIES_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStats]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
     requests_in_flight: int
@@ -314,7 +315,50 @@ class ServiceStats(_message.Message):
     ready: bool
     waiting_for: str
     segments: _containers.RepeatedCompositeFieldContainer[SegmentStats]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_queued: _Optional[int] = ..., passes: _Optional[_Iterable[_Union[PassStats, _Mapping]]] = ..., load: _Optional[_Union[LoadPricing, _Mapping]] = ..., router: _Optional[str] = ..., ready: _Optional[bool] = ..., waiting_for: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ...) -> None: ...
+    canaries: _containers.RepeatedCompositeFieldContainer[CanaryStats]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., requests_in_flight: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_queued: _Optional[int] = ..., passes: _Optional[_Iterable[_Union[PassStats, _Mapping]]] = ..., load: _Optional[_Union[LoadPricing, _Mapping]] = ..., router: _Optional[str] = ..., ready: _Optional[bool] = ..., waiting_for: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., canaries: _Optional[_Iterable[_Union[CanaryStats, _Mapping]]] = ...) -> None: ...
+
+class CanaryStats(_message.Message):
+    __slots__ = ("draft", "version", "source", "tasks", "share", "state", "reason", "base_requests", "canary_requests", "base_alpha", "canary_alpha", "base_speedup", "canary_speedup", "z", "z_needed", "looks", "max_looks", "started_unix", "finished_unix")
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BASE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CANARY_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BASE_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    CANARY_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    BASE_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    CANARY_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    Z_FIELD_NUMBER: _ClassVar[int]
+    Z_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    LOOKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOOKS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    draft: str
+    version: str
+    source: str
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    share: float
+    state: str
+    reason: str
+    base_requests: int
+    canary_requests: int
+    base_alpha: float
+    canary_alpha: float
+    base_speedup: float
+    canary_speedup: float
+    z: float
+    z_needed: float
+    looks: int
+    max_looks: int
+    started_unix: float
+    finished_unix: float
+    def __init__(self, draft: _Optional[str] = ..., version: _Optional[str] = ..., source: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., share: _Optional[float] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., base_requests: _Optional[int] = ..., canary_requests: _Optional[int] = ..., base_alpha: _Optional[float] = ..., canary_alpha: _Optional[float] = ..., base_speedup: _Optional[float] = ..., canary_speedup: _Optional[float] = ..., z: _Optional[float] = ..., z_needed: _Optional[float] = ..., looks: _Optional[int] = ..., max_looks: _Optional[int] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ...) -> None: ...
 
 class SegmentStats(_message.Message):
     __slots__ = ("task", "draft", "segment", "requests", "proposed_tokens", "accepted_tokens", "rejections", "target_passes", "output_tokens", "alpha", "tokens_per_pass", "expected_speedup", "k")

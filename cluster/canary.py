@@ -1,0 +1,160 @@
+"""A draft's canaries, run by the control deployment (cluster/control.py), on the draft pool's loop.
+
+``start`` loads the new version on every draft worker beside the draft (``draft@version``), then
+marks it running: each router, reporting every REPORT_SECONDS (cluster/ingress.py), learns it and
+routes a share of the draft's requests of its tasks to it (router/canary.py says how, and how the
+arms are tested). The routers' counts are summed here and tested at each look; the first decision
+(or an operator's, ``end``) settles it:
+
+    promoted     the draft becomes the new version (the pool swaps it: sessions open on the old
+                 one finish on it), then the version's own name is retired
+    rolled back  the version's name is retired; the draft never changed
+
+A version is retired RETIRE_AFTER_SECONDS after its decision, once every router has read that it
+is no longer running and opens no session on it; its open sessions finish on it (the workers keep
+the head while a stream holds it). Every step is logged, and every router's ``stats`` shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from specserve.router.canary import (FAILED, FINISHED, PROMOTE, PROMOTED, PROMOTING, ROLL_BACK, ROLLED_BACK,
+                                     ROLLING_BACK, RUNNING, ArmSums, CanaryConfig, CanaryStatus, decide)
+from specserve.workers.lookup import VERSION_MARK
+
+from .pool import DraftPool
+
+log = logging.getLogger("specserve.canary")
+REPORT_SECONDS = 1.0  # how often each router reports its arms and reads the canaries' states
+RETIRE_AFTER_SECONDS = 5 * REPORT_SECONDS  # every router has read the decision by then (one late report aside)
+KEEP_FINISHED = 8  # finished canaries kept for stats
+
+
+class Canaries:
+    """``heads``: the pool's EAGLE-3 heads (versions are heads' only, so far); ``tasks``: task ->
+    the drafts allowed to serve it (a canary's tasks are its draft's)."""
+
+    def __init__(self, pool: DraftPool, heads: Sequence[str], tasks: Mapping[str, Sequence[str]]) -> None:
+        self.pool = pool
+        self.heads = tuple(heads)
+        self.tasks = {task: tuple(names) for task, names in tasks.items()}
+        self.statuses: dict[str, CanaryStatus] = {}  # canary id -> its status, in the order started
+        self.reports: dict[str, dict[str, tuple[ArmSums, ArmSums]]] = {}  # canary id -> router id -> its arms
+        self._settling: set[asyncio.Task] = set()
+
+    async def start(self, draft: str, source: str, version: str = "", tasks: Sequence[str] = (),
+                    config: CanaryConfig = CanaryConfig()) -> CanaryStatus:
+        """Serve the head at ``source`` as a canary of ``draft`` on a share of ``tasks``' traffic
+        (default: every task the draft serves). Raises ValueError saying what to fix."""
+        if draft not in self.heads:
+            raise ValueError(f"no EAGLE-3 head {draft!r} to canary; the pool's heads: {', '.join(self.heads) or 'none'} "
+                             f"(canaries are heads' versions so far)")
+        if running := [s for s in self.statuses.values() if s.draft == draft and s.state not in FINISHED]:
+            raise ValueError(f"draft {draft!r} has a canary {running[0].state} ({running[0].version}): wait for its "
+                             f"decision, or end it (`specserve canary --draft {draft} --roll-back`)")
+        serving = [task for task, names in self.tasks.items() if draft in names]
+        if unknown := sorted(set(tasks) - set(serving)):
+            raise ValueError(f"tasks {unknown} are not served by draft {draft!r}; its tasks: {', '.join(serving)}")
+        version = f"{draft}{VERSION_MARK}{version_tag(version or Path(source).name)}"
+        if version in self.pool.specs:
+            raise ValueError(f"version {version} is served already; give the canary another --version")
+        status = CanaryStatus(uuid.uuid4().hex[:8], draft, version, source, tuple(tasks or serving), config,
+                              started=time.time())
+        self.statuses[status.canary_id] = status
+        log.info("canary %s: loading the head at %s as %s on the draft pool", status.canary_id, source, version)
+        try:
+            await self.pool.add_version(version, source)
+        except Exception as exc:
+            self._set(status.canary_id, state=FAILED, reason=f"its head did not load: {exc}", finished=time.time())
+            raise
+        log.info("canary %s: %s serving %.0f%% of draft %s's requests of %s; a look every %d requests per arm, up "
+                 "to %d; promoted at z >= %.2f (confidence %.2f over %d looks), rolled back at z <= -%.2f or "
+                 "undecided at the last look", status.canary_id, version, 100 * config.share, draft, ", ".join(status.tasks),
+                 config.min_requests, config.max_requests, config.z_needed, config.confidence, config.looks,
+                 config.z_needed)
+        return self._set(status.canary_id, state=RUNNING)
+
+    def report(self, router_id: str, counts: Mapping[str, tuple[ArmSums, ArmSums]]) -> tuple[CanaryStatus, ...]:
+        """A router's arms since each canary began (cumulative: the latest replaces its last); each
+        running canary is tested on every router's sum. Returns every canary's status."""
+        for canary_id, arms in counts.items():
+            if canary_id in self.statuses:
+                self.reports.setdefault(canary_id, {})[router_id] = arms
+        for status in list(self.statuses.values()):
+            if status.state == RUNNING:
+                self._look(status)
+        return tuple(self.statuses.values())
+
+    def end(self, draft: str, decision: str) -> CanaryStatus:
+        """An operator's decision on ``draft``'s running canary, taken as a look's would be."""
+        running = [s for s in self.statuses.values() if s.draft == draft and s.state == RUNNING]
+        if not running:
+            raise ValueError(f"draft {draft!r} has no canary running; `specserve stats` lists the canaries")
+        return self._decide(running[0], decision, f"{decision} by an operator")
+
+    def _look(self, status: CanaryStatus) -> None:
+        arms = self.reports.get(status.canary_id, {}).values()
+        base = sum((b for b, _ in arms), ArmSums())
+        canary = sum((c for _, c in arms), ArmSums())
+        decision, looks = decide(base, canary, status.config, status.looks)
+        looked = looks > status.looks
+        status = self._set(status.canary_id, base=base, canary=canary, looks=looks)
+        if looked:
+            log.info("canary %s look %d/%d: alpha %.3f on %d requests (%s) vs %.3f on %d (%s): z %.2f, needed %.2f%s",
+                     status.canary_id, looks, status.config.looks, canary.alpha, canary.requests, status.version,
+                     base.alpha, base.requests, status.draft, status.z, status.config.z_needed,
+                     f": {decision}" if decision else "")
+        if decision:
+            self._decide(status, decision, f"look {looks}: z {status.z:.2f}, needed {status.config.z_needed:.2f}")
+
+    def _decide(self, status: CanaryStatus, decision: str, reason: str) -> CanaryStatus:
+        status = self._set(status.canary_id, state=PROMOTING if decision == PROMOTE else ROLLING_BACK, reason=reason)
+        log.info("canary %s: %s (%s)", status.canary_id, status.state, reason)
+        task = asyncio.get_running_loop().create_task(self._settle(status, decision))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        return status
+
+    async def _settle(self, status: CanaryStatus, decision: str) -> None:
+        """Promote (swap the draft to the version now: new sessions of the draft draft with it) or
+        not, then retire the version's name once no router routes to it."""
+        try:
+            if decision == PROMOTE:
+                await self.pool.swap_head(status.draft, status.source)
+            await asyncio.sleep(RETIRE_AFTER_SECONDS)
+            await self.pool.retire_version(status.version)
+        except Exception as exc:  # the pool says what failed; the draft serves what it served before
+            log.exception("canary %s: %s failed", status.canary_id, decision)
+            self._set(status.canary_id, state=FAILED, reason=f"{decision} failed: {exc}", finished=time.time())
+            return
+        done = self._set(status.canary_id, state=PROMOTED if decision == PROMOTE else ROLLED_BACK,
+                         finished=time.time())
+        log.info("canary %s: %s; draft %s serves the head at %s", done.canary_id, done.state, done.draft,
+                 done.source if decision == PROMOTE else self.pool.specs[done.draft].source)
+        self._forget_finished()
+
+    def _set(self, canary_id: str, **changes) -> CanaryStatus:
+        self.statuses[canary_id] = replace(self.statuses[canary_id], **changes)
+        return self.statuses[canary_id]
+
+    def _forget_finished(self) -> None:
+        finished = [i for i, s in self.statuses.items() if s.state in FINISHED]
+        for canary_id in finished[:-KEEP_FINISHED]:
+            del self.statuses[canary_id]
+            self.reports.pop(canary_id, None)
+
+
+def version_tag(text: str) -> str:
+    """A version's tag from free text (a head directory's name): letters, digits, '.', '_' and '-'."""
+    tag = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
+    if not tag:
+        raise ValueError(f"no version tag in {text!r}: give --version (letters, digits, '.', '_', '-')")
+    return tag

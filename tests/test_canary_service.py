@@ -1,0 +1,132 @@
+"""A canary on the session's service (`specserve canary`, cluster/canary.py): a new version of the
+EAGLE-3 head served beside the draft on a share of its traffic, promoted when its alpha beats the
+draft's and rolled back otherwise, with every request's output the target's own throughout. The
+version that loses is the zoo's head with its output layer negated (it proposes what the target
+least expects: acceptance near 0, output unchanged)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import ray
+from ray import serve
+
+from specserve.cluster.app import CONTROL_DEPLOYMENT
+from specserve.cluster.config import NAMESPACE
+from specserve.cluster.zoo.head import HEAD_PATH
+from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.router.canary import FINISHED, CanaryConfig
+
+from test_head_swap import negated_head
+
+MAX_TOKENS = 24
+CLIENTS = 4
+DECISION_SECONDS = 240.0
+# A look every 6 requests per arm: the zoo's head and its negation are apart from the first.
+CONFIG = CanaryConfig(share=0.5, confidence=0.95, min_requests=6, max_requests=60)
+
+
+def run_canary(service, client, tiny_zoo, source, version: str):
+    """Start a canary of eagle3 at ``source``, send the draft's traffic until it is decided; returns
+    its last status and every (prompt, reply) sent meanwhile."""
+    control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
+    prompts = [p for task in ("sql", "code", "math", "prose") for p in tiny_zoo.prompts(task)[:2]]
+    status = control.start_canary.remote("eagle3", str(source), version, (), CONFIG).result(timeout_s=120)
+    assert status.state == "running" and status.version == f"eagle3@{version}", status
+
+    def ask(prompt: str) -> tuple[str, pb.GenerateResponse]:
+        return prompt, client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, draft="eagle3",
+                                                          speculation=pb.SPECULATION_ON), timeout=120)
+
+    replies = []
+    deadline = time.monotonic() + DECISION_SECONDS
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        while status.state not in FINISHED:
+            assert time.monotonic() < deadline, f"no decision in {DECISION_SECONDS:.0f} s: {status}"
+            replies += pool.map(ask, prompts)
+            status = next(s for s in control.canary_statuses.remote().result(timeout_s=30)
+                          if s.canary_id == status.canary_id)
+    return status, replies
+
+
+def check_lossless(client, replies) -> None:
+    expected = {}
+    for prompt, reply in replies:
+        if prompt not in expected:
+            expected[prompt] = list(client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS,
+                                                                       speculation=pb.SPECULATION_OFF)).token_ids)
+        assert list(reply.token_ids) == expected[prompt], reply.stats
+        assert reply.stats.route != "lost"
+
+
+def sources(client) -> list[dict[str, str]]:
+    """Each draft worker's heads (and versions) and where they were loaded from."""
+    return [ray.get(ray.get_actor(w.worker_id, namespace=NAMESPACE).head_sources.remote(), timeout=30)
+            for w in client.stats().workers if w.kind == "draft"]
+
+
+def test_a_canary_that_accepts_less_is_rolled_back_and_the_draft_serves_on_unchanged(service, client, tiny_zoo,
+                                                                                    tmp_path):
+    zoo_head = str(tiny_zoo.root / HEAD_PATH)
+    status, replies = run_canary(service, client, tiny_zoo, negated_head(tiny_zoo.root / HEAD_PATH, tmp_path / "neg"),
+                                 "negated")
+    assert status.state == "rolled back", status
+    assert status.canary.alpha < 0.2 < status.base.alpha and status.looks >= 1, status
+    assert "look" in status.reason
+    routes = {reply.stats.draft for _, reply in replies}
+    assert routes == {"eagle3", "eagle3@negated"}, routes  # both arms served
+    check_lossless(client, replies)
+    assert all(heads == {"eagle3": zoo_head} for heads in sources(client)), sources(client)  # retired, unchanged
+    rows = [c for c in client.stats().canaries if c.version == "eagle3@negated"]
+    assert rows and rows[-1].state == "rolled back" and rows[-1].canary_alpha < rows[-1].base_alpha
+
+
+def test_a_canary_that_accepts_more_is_promoted_and_serves_the_draft_from_then_on(service, client, tiny_zoo,
+                                                                                 tmp_path):
+    control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
+    zoo_head = tiny_zoo.root / HEAD_PATH
+    better = shutil.copytree(zoo_head, tmp_path / "v2")  # the zoo's head, a new version by its path
+    control.swap_head.remote("eagle3", str(negated_head(zoo_head, tmp_path / "neg"))).result(timeout_s=120)
+    try:
+        status, replies = run_canary(service, client, tiny_zoo, better, "v2")
+        assert status.state == "promoted", status
+        assert status.canary.alpha > 0.5 > status.base.alpha, status
+        check_lossless(client, replies)
+        assert all(heads == {"eagle3": str(better)} for heads in sources(client)), sources(client)
+        after = client.generate(pb.GenerateRequest(prompt=tiny_zoo.prompts("sql")[0], max_tokens=MAX_TOKENS,
+                                                   draft="eagle3", speculation=pb.SPECULATION_ON), timeout=120)
+        # The negated head accepts next to nothing; the zoo's, here at the k the policy priced for the
+        # negated one's record (1), 0.4-1.0 of its drafts.
+        assert after.stats.draft == "eagle3" and after.stats.accepted_tokens > 0.2 * after.stats.proposed_tokens
+    finally:
+        control.swap_head.remote("eagle3", str(zoo_head)).result(timeout_s=120)  # the other tests' head
+
+
+def test_a_canary_says_what_to_fix_and_an_operator_can_roll_it_back(service, tiny_zoo, tmp_path, capsys):
+    from specserve.cluster.cli import main
+
+    app = ["--app", service.app_name]
+    zoo_head = tiny_zoo.root / HEAD_PATH
+    assert main(["canary", "--draft", "sql", "--head", str(zoo_head), *app]) == 2
+    assert "no EAGLE-3 head 'sql'" in capsys.readouterr().err
+    assert main(["canary", "--draft", "eagle3", "--head", str(zoo_head), "--tasks", "general", *app]) == 2
+    assert "not served by draft 'eagle3'" in capsys.readouterr().err
+    assert main(["canary", "--draft", "eagle3", "--head", str(zoo_head), "--share", "1.5", *app]) == 2
+    assert "share must be in (0, 1)" in capsys.readouterr().err
+    assert main(["canary", "--draft", "eagle3", "--roll-back", *app]) == 2
+    assert "no canary running" in capsys.readouterr().err
+    copy = shutil.copytree(zoo_head, tmp_path / "v3")
+    assert main(["canary", "--draft", "eagle3", "--head", str(copy), "--tasks", "sql", *app]) == 0
+    assert "canary eagle3@v3 of draft eagle3" in capsys.readouterr().out
+    assert main(["canary", "--draft", "eagle3", "--head", str(copy), "--version", "v4", *app]) == 2
+    assert "has a canary running" in capsys.readouterr().err
+    assert main(["canary", "--draft", "eagle3", "--roll-back", *app]) == 0
+    assert "rolling back (roll back by an operator)" in capsys.readouterr().out
+    control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
+    deadline = time.monotonic() + 60
+    while (last := control.canary_statuses.remote().result(timeout_s=30)[-1]).state not in FINISHED:
+        assert time.monotonic() < deadline, last
+        time.sleep(0.5)
+    assert last.state == "rolled back" and last.version == "eagle3@v3"
