@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-gpu gpu-check bench soak serve proto manifests image docs
+.PHONY: demo test test-slow test-gpu gpu-check bench soak shift serve proto manifests image docs
 
 # torch: TORCH=cpu (the default) installs the CPU build from PyTorch's CPU index, first and alone (an
 # extra index for torch only: everything else comes from PyPI at its pin); TORCH=cuda installs PyPI's
@@ -80,6 +80,11 @@ gpu-check: $(INSTALLED)
 # tokens lost (must be 0) and memory over time. Not part of `make test`. MINUTES=n to change.
 soak: $(INSTALLED)
 	$(BIN)/python -m specserve.bench.soak $(if $(MINUTES),--minutes $(MINUTES))
+
+# A task's traffic shifting to another corpus: alpha falling, the alert firing in a real Prometheus,
+# a head re-distilled from the served sample, its canary promoted, alpha back (bench/shift.py; ~15 min).
+shift: $(INSTALLED) $(PROMETHEUS_BIN)/prometheus
+	PATH="$(abspath $(PROMETHEUS_BIN)):$$PATH" $(BIN)/python -m specserve.bench.shift
 
 # Long suites (more sampling settings, bigger budgets): see docs/pages/tests.md.
 test-slow: $(INSTALLED) $(PROMETHEUS_BIN)/prometheus

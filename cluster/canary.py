@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from specserve.router.canary import (FAILED, FINISHED, PROMOTE, PROMOTED, PROMOTING, ROLL_BACK, ROLLED_BACK,
+from specserve.router.canary import (FAILED, FINISHED, PROMOTE, PROMOTED, PROMOTING, ROLLED_BACK,
                                      ROLLING_BACK, RUNNING, ArmSums, CanaryConfig, CanaryStatus, decide)
 from specserve.workers.lookup import VERSION_MARK
 

@@ -243,6 +243,9 @@ class FakeDirectory:
         return [e for e in await self.refresh() if e.kind == kind and (model is None or model in e.models)
                 and e.worker_id not in self.failed]
 
+    def serves(self, model: str) -> bool:
+        return any(model in w.endpoint.models for w in self.workers.values())
+
     async def pick(self, kind: str, model: str | None = None, avoid=()) -> Endpoint:
         """The first available worker not in ``avoid`` (the fakes keep no load)."""
         for endpoint in await self.available(kind, model):

@@ -6,19 +6,15 @@ gauge it was not sent again. `make test-slow` fetches Debian's prometheus packag
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-import yaml
 
+from specserve.bench.prometheus import Prometheus
 from specserve.proto.v1 import specserve_pb2 as pb
 
 from conftest import dashboard_queries, free_port
@@ -50,12 +46,6 @@ def concrete(expr: str) -> str:
     return expr
 
 
-def api(port: int, path: str, **params: str) -> dict:
-    url = f"http://127.0.0.1:{port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.load(response)
-
-
 def has_a_value(response: dict) -> bool:
     """A vector of at least one series, one of them a number (0/0 and quantiles of nothing are NaN)."""
     return any(math.isfinite(float(series["value"][1])) for series in response["data"]["result"])
@@ -63,40 +53,9 @@ def has_a_value(response: dict) -> bool:
 
 @pytest.fixture
 def prometheus(tmp_path, metrics_port):
-    """A Prometheus scraping the test cluster's metrics port every second; yields its API port."""
-    config = tmp_path / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "evaluation_interval": f"{SCRAPE_SECONDS}s"},
-        "scrape_configs": [{"job_name": "specserve", "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}],
-    }))
-    port, log = free_port(), tmp_path / "prometheus.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([shutil.which("prometheus"), f"--config.file={config}",
-                                 f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while not scraping(port):
-            assert proc.poll() is None, f"prometheus exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"prometheus never scraped :{metrics_port}:\n{log.read_text()[-3000:]}"
-            time.sleep(0.5)
-        yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def scraping(port: int) -> bool:
-    """Whether Prometheus is up and its one target too."""
-    try:
-        targets = api(port, "targets")["data"]["activeTargets"]
-    except OSError:  # not listening yet
-        return False
-    return bool(targets) and all(target["health"] == "up" for target in targets)
+    """A Prometheus scraping the test cluster's metrics port every second."""
+    with Prometheus(tmp_path / "prometheus", metrics_port, free_port(), SCRAPE_SECONDS) as running:
+        yield running
 
 
 def requests(zoo) -> list[pb.GenerateRequest]:
@@ -120,9 +79,9 @@ def send_traffic(client, zoo) -> None:
         client.generate(pb.GenerateRequest(prompt="x", temperature=-1.0))
 
 
-def without_data(port: int, queries: list[tuple[str, str]]) -> list[tuple[str, str, dict]]:
+def without_data(prometheus: Prometheus, queries: list[tuple[str, str]]) -> list[tuple[str, str, dict]]:
     """(panel title, PromQL, Prometheus's answer) for each query that returns no value now."""
-    answers = [(title, expr, api(port, "query", query=expr)) for title, expr in queries]
+    answers = [(title, expr, prometheus.api("query", query=expr)) for title, expr in queries]
     return [(title, expr, answer) for title, expr, answer in answers if not has_a_value(answer)]
 
 

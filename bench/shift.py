@@ -1,0 +1,355 @@
+"""Shift: one task's traffic moves to another corpus, and the service catches up, every step timed.
+
+1. **stale head**: an EAGLE-3 head distilled from the ``--before`` corpus (what the task's traffic
+   was), served as draft ``eagle3`` for one task, ``assist`` (swapped in over the zoo's head at start);
+   the service keeps a traffic sample of every request; a real Prometheus scrapes it, evaluating
+   specserve's alert rules (deploy/alerts/specserve-rules.yaml) with every window and ``for`` divided
+   by ``--time-scale`` (120: the 6-hour baseline becomes 3 minutes, 15 minutes 7.5 s).
+2. **before**: ``--before`` prompts for ``--before-seconds``; alpha measured from the replies.
+3. **shift**: the traffic becomes ``--after`` prompts; alpha falls, and SpecServeAcceptanceBelowBaseline
+   fires (Prometheus's own time); the shifted traffic goes on until the sample holds
+   ``--sample-requests`` of it.
+4. **re-distilled**: ``specserve distill --method eagle3 --sample`` on the shifted requests only
+   (``--sample-hours``: since the shift), traffic paused (two cores: training and serving at once
+   would time each other).
+5. **canary**: the new head beside the stale one on half of the task's traffic (``specserve canary``:
+   a look every 10 requests per arm, 95% confidence) until it is promoted or rolled back.
+6. **after**: shifted prompts the new head was not trained on, for ``--after-seconds``; alpha again.
+
+Every reply is greedy and compared token for token with its prompt's target-only output. The goal
+(issue 44): alpha after within 0.05 of alpha before, no request lost or changed. Not part of the
+tests (minutes): ``make shift`` or ``python -m specserve.bench.shift``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ray import serve
+
+from specserve.cluster.app import CONTROL_DEPLOYMENT
+from specserve.cluster.bringup import start_service
+from specserve.cluster.client import SpecServeClient
+from specserve.cluster.kuberay import ALERT_RULES
+from specserve.cluster.local import open_zoo, zoo_location
+from specserve.proto.v1 import specserve_pb2 as pb
+from specserve.router.canary import FINISHED, CanaryConfig
+from specserve.workers.stats import alpha
+
+from .prometheus import Prometheus, scaled_rules
+from .settings import RESULTS_DIR
+
+TASK = "assist"  # the one task whose traffic shifts
+DRAFT = "eagle3"
+ALERT = "SpecServeAcceptanceBelowBaseline"
+CANARY = CanaryConfig(share=0.5, confidence=0.95, min_requests=10, max_requests=200)
+K = 3  # the heads' training-time-test steps: every phase drafts as far
+ALERT_POLL_SECONDS = 1.0
+
+
+@dataclass
+class Phase:
+    """One stretch of traffic: its replies' acceptance, and what went wrong."""
+
+    name: str
+    started: float
+    ended: float = 0.0
+    requests: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    by_draft: dict[str, list[int]] = field(default_factory=dict)  # draft -> [requests, accepted, rejections]
+    replies: list[tuple[str, list[int]]] = field(default_factory=list)  # (prompt, token ids)
+    failed: int = 0
+
+    @property
+    def alpha(self) -> float:
+        return alpha(self.accepted, self.rejections)
+
+    def add(self, prompt: str, reply: pb.GenerateResponse) -> None:
+        s = reply.stats
+        self.requests += 1
+        self.accepted += s.accepted_tokens
+        self.rejections += s.rejections
+        row = self.by_draft.setdefault(s.draft or "-", [0, 0, 0])
+        row[0], row[1], row[2] = row[0] + 1, row[1] + s.accepted_tokens, row[2] + s.rejections
+        self.replies.append((prompt, list(reply.token_ids)))
+
+    def summary(self, t0: float) -> dict:
+        return {"phase": self.name, "from_s": round(self.started - t0, 1), "to_s": round(self.ended - t0, 1),
+                "requests": self.requests, "failed": self.failed, "alpha": round(self.alpha, 4),
+                "by_draft": {d: {"requests": r, "alpha": round(alpha(a, j), 4)} for d, (r, a, j) in self.by_draft.items()}}
+
+
+class Traffic:
+    """``clients`` threads sending greedy requests of TASK, drafting with DRAFT at k = K, from a
+    list of prompts the caller changes between phases."""
+
+    def __init__(self, client: SpecServeClient, clients: int, max_tokens: int, seed: int) -> None:
+        self.client, self.clients, self.max_tokens = client, clients, max_tokens
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+
+    def run(self, phase: Phase, prompts: list[str], until) -> Phase:
+        """Send ``prompts`` (drawn at random) until ``until()`` is true; the phase's counts."""
+        def one() -> None:
+            while not until():
+                with self.lock:
+                    prompt = self.rng.choice(prompts)
+                try:
+                    reply = self.client.generate(pb.GenerateRequest(
+                        prompt=prompt, task=TASK, draft=DRAFT, k=K, max_tokens=self.max_tokens,
+                        speculation=pb.SPECULATION_ON), timeout=120)
+                except Exception as exc:  # counted; the run goes on (the report says how many)
+                    print(f"    request failed: {exc}", flush=True)
+                    with self.lock:
+                        phase.failed += 1
+                    continue
+                with self.lock:
+                    phase.add(prompt, reply)
+
+        with ThreadPoolExecutor(self.clients) as pool:
+            for future in [pool.submit(one) for _ in range(self.clients)]:
+                future.result()
+        phase.ended = time.monotonic()
+        return phase
+
+
+def corpus_prompts(zoo, task: str) -> list[str]:
+    """The first line of each held-out document of the zoo's corpus of ``task`` (its question,
+    comment or signature), a prompt the target continues as its corpus goes on."""
+    documents = json.loads((zoo.root / "corpora" / f"{task}.json").read_text())["held_out"]
+    prompts = [d.split("\n", 1)[0].strip() + "\n" for d in documents]
+    return list(dict.fromkeys(p for p in prompts if len(p) > 8))
+
+
+def distill(target: Path, out: Path, steps: int, tokens: int, corpus: Path | None = None,
+            sample: Path | None = None, sample_hours: float | None = None) -> dict:
+    """`specserve distill --method eagle3` in a process of its own (as an operator runs it)."""
+    command = [sys.executable, "-m", "specserve.cluster.cli", "distill", "--method", "eagle3", "--target",
+               str(target), "--out", str(out), "--steps", str(steps), "--tokens", str(tokens)]
+    if corpus is not None:
+        command += ["--corpus", str(corpus)]
+    else:
+        command += ["--sample", str(sample), "--task", TASK, "--sample-hours", f"{sample_hours:.6f}"]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    print("    " + done.stderr.strip().splitlines()[-1], flush=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class AlertWatch:
+    """Prometheus's alerts, read every ALERT_POLL_SECONDS from a thread: when ALERT went pending,
+    firing and (once firing) away, for TASK's draft."""
+
+    def __init__(self, prometheus: Prometheus) -> None:
+        self.prometheus = prometheus
+        self.seen: dict[str, float] = {}  # pending / firing / resolved -> when first seen (monotonic)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(ALERT_POLL_SECONDS):
+            try:
+                states = {a["state"] for a in self.prometheus.alerts()
+                          if a["labels"].get("alertname") == ALERT and a["labels"].get("task") == TASK}
+            except OSError:
+                continue
+            for state in states:
+                self.seen.setdefault(state, time.monotonic())
+            if "firing" in self.seen and "firing" not in states:
+                self.seen.setdefault("resolved", time.monotonic())
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def shift(args: argparse.Namespace) -> dict:
+    zoo = _zoo(args.zoo)
+    work = args.out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    before, after = corpus_prompts(zoo, args.before), corpus_prompts(zoo, args.after)
+    random.Random(args.seed).shuffle(after)
+    shifted, unseen = after[: len(after) // 2], after[len(after) // 2:]  # the new head trains on the first half only
+    before = before[: args.prompts]
+    shifted, unseen = shifted[: args.prompts], unseen[: args.prompts]
+    t0 = time.monotonic()
+    timeline: list[tuple[float, str]] = []
+
+    def step(what: str) -> None:
+        timeline.append((time.monotonic() - t0, what))
+        print(f"[{time.monotonic() - t0:7.1f} s] {what}", flush=True)
+
+    stale = work / "head-stale"
+    corpus = work / f"{args.before}.txt"
+    documents = json.loads((zoo.root / "corpora" / f"{args.before}.json").read_text())["train"]
+    corpus.write_text("\n\n".join(documents) + "\n", encoding="utf-8")
+    step(f"distilling the stale head from the {args.before} corpus ({len(documents)} documents)")
+    stale_facts = distill(zoo.target_dir, stale, args.steps, args.tokens, corpus=corpus)
+    sample = work / "sample"
+    metrics_port = args.metrics_port
+    overrides = {"models": {"zoo": str(zoo.root)},
+                 "router": {"tasks": {TASK: [DRAFT]}, "as_written": [TASK],
+                            "traffic_sample": {"dir": str(sample), "share": 1.0, "flush_seconds": 2.0,
+                                               "max_per_task": 100_000}}}
+    step("starting the service")
+    service = start_service(port=0, overrides=overrides, metrics_port=metrics_port)
+    client = SpecServeClient(service.address)
+    control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
+    rules = scaled_rules(ALERT_RULES, work / "rules.yaml", args.time_scale)
+    try:
+        control.swap_head.remote(DRAFT, str(stale)).result(timeout_s=300)
+        step(f"serving the stale head as draft {DRAFT} for task {TASK}")
+        with Prometheus(work / "prometheus", metrics_port, args.prometheus_port, rules=(rules,)) as prometheus:
+            watch = AlertWatch(prometheus)
+            traffic = Traffic(client, args.clients, args.max_tokens, args.seed)
+            phases = []
+            step(f"before: {args.before} prompts for {args.before_seconds:.0f} s")
+            deadline = time.monotonic() + args.before_seconds
+            phases.append(traffic.run(Phase("before", time.monotonic()), before, lambda: time.monotonic() > deadline))
+            step(f"before: alpha {phases[-1].alpha:.3f} over {phases[-1].requests} requests")
+            shifted_at = time.time()
+            step(f"shift: {args.after} prompts; waiting for {ALERT} to fire and the sample to hold "
+                 f"{args.sample_requests} shifted requests")
+            deadline = time.monotonic() + args.alert_timeout
+            phase = Phase("shifted", time.monotonic())
+            phases.append(traffic.run(phase, shifted, lambda: time.monotonic() > deadline or (
+                "firing" in watch.seen and phase.requests >= args.sample_requests)))
+            fired = watch.seen.get("firing")
+            step(f"shifted: alpha {phase.alpha:.3f} over {phase.requests} requests; {ALERT} "
+                 + (f"firing since {fired - t0:.1f} s" if fired else f"did not fire in {args.alert_timeout:.0f} s"))
+            time.sleep(3.0)  # the routers' last flush of the sample (every 2 s)
+            fresh = work / "head-shifted"
+            step("re-distilling from the sample of the shifted requests (traffic paused)")
+            hours = (time.time() - shifted_at) / 3600
+            new_facts = distill(zoo.target_dir, fresh, args.steps, args.tokens, sample=sample, sample_hours=hours)
+            step(f"canary: the re-distilled head on {CANARY.share:.0%} of {TASK}'s traffic")
+            status = control.start_canary.remote(DRAFT, str(fresh), "shifted", (TASK,), CANARY).result(timeout_s=300)
+            phase = Phase("canary", time.monotonic())
+
+            read = [0.0]  # when the status was last read: once a second, whichever client asks
+
+            def decided() -> bool:
+                nonlocal status
+                with traffic.lock:
+                    if time.monotonic() - read[0] >= ALERT_POLL_SECONDS:
+                        read[0] = time.monotonic()
+                        status = next(s for s in control.canary_statuses.remote().result(timeout_s=30)
+                                      if s.canary_id == status.canary_id)
+                    return status.state in FINISHED
+
+            phases.append(traffic.run(phase, unseen, decided))
+            step(f"canary {status.state} ({status.reason}): alpha {status.canary.alpha:.3f} on "
+                 f"{status.canary.requests} requests vs {status.base.alpha:.3f} on {status.base.requests}")
+            step(f"after: unseen {args.after} prompts for {args.after_seconds:.0f} s")
+            deadline = time.monotonic() + args.after_seconds
+            phases.append(traffic.run(Phase("after", time.monotonic()), unseen, lambda: time.monotonic() > deadline))
+            step(f"after: alpha {phases[-1].alpha:.3f} over {phases[-1].requests} requests")
+            watch.stop()
+        step("checking every reply against the target alone")
+        changed, checked = _check(client, phases, args.max_tokens)
+        step(f"{checked} replies checked: {changed} differ from the target alone")
+    finally:
+        client.close()
+        service.stop()
+    alphas = {p.name: p.alpha for p in phases}
+    return {"zoo": str(zoo.root), "task": TASK, "before": args.before, "after": args.after,
+            "time_scale": args.time_scale, "canary_config": asdict(CANARY),
+            "stale_head": stale_facts, "shifted_head": new_facts,
+            "phases": [p.summary(t0) for p in phases],
+            "alert": {state: round(when - t0, 1) for state, when in watch.seen.items()},
+            "canary": {"state": status.state, "reason": status.reason, "looks": status.looks,
+                       "alpha_canary": round(status.canary.alpha, 4), "alpha_base": round(status.base.alpha, 4),
+                       "requests": [status.canary.requests, status.base.requests]},
+            "timeline": [{"t_s": round(t, 1), "step": what} for t, what in timeline],
+            "recovered_within": round(alphas["before"] - alphas["after"], 4),
+            "goal_met": alphas["after"] >= alphas["before"] - 0.05 and changed == 0 and not any(p.failed for p in phases),
+            "replies_checked": checked, "replies_changed": changed, "failed": sum(p.failed for p in phases)}
+
+
+def _check(client: SpecServeClient, phases: list[Phase], max_tokens: int) -> tuple[int, int]:
+    """Every reply against its prompt's target-only output: (how many differ, how many checked)."""
+    reference: dict[str, list[int]] = {}
+    changed = checked = 0
+    for phase in phases:
+        for prompt, tokens in phase.replies:
+            if prompt not in reference:
+                reference[prompt] = list(client.generate(pb.GenerateRequest(
+                    prompt=prompt, task=TASK, max_tokens=max_tokens, speculation=pb.SPECULATION_OFF),
+                    timeout=120).token_ids)
+            checked += 1
+            changed += tokens != reference[prompt]
+    return changed, checked
+
+
+def _zoo(name: str):
+    from specserve.cluster.zoo.build import build_zoo
+    from specserve.cluster.zoo.presets import PRESETS, get_preset
+    from specserve.cluster.zoo.zoo import ZooNotBuilt
+
+    try:
+        return open_zoo(name)
+    except ZooNotBuilt:
+        if name not in PRESETS:
+            raise
+        return build_zoo(get_preset(name), zoo_location(name))
+
+
+def timeline_markdown(report: dict) -> str:
+    lines = [f"# Shift: {report['before']} -> {report['after']} on task {report['task']} ({report['zoo']})", "",
+             f"Alert windows divided by {report['time_scale']:g}. Goal: alpha after within 0.05 of before, "
+             f"nothing lost or changed: **{'met' if report['goal_met'] else 'missed'}**.", "",
+             "| t (s) | step |", "|---:|---|"]
+    lines += [f"| {row['t_s']:.1f} | {row['step']} |" for row in report["timeline"]]
+    lines += ["", "| phase | from (s) | to (s) | requests | failed | alpha | by draft |", "|---|---:|---:|---:|---:|---:|---|"]
+    for p in report["phases"]:
+        drafts = ", ".join(f"{d}: {v['alpha']:.3f} ({v['requests']})" for d, v in p["by_draft"].items())
+        lines.append(f"| {p['phase']} | {p['from_s']} | {p['to_s']} | {p['requests']} | {p['failed']} | "
+                     f"{p['alpha']:.3f} | {drafts} |")
+    lines += ["", f"Alert {ALERT}: " + (", ".join(f"{s} at {t} s" for s, t in report["alert"].items()) or "never"),
+              f"Replies checked against the target alone: {report['replies_checked']}, changed: "
+              f"{report['replies_changed']}, failed: {report['failed']}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specserve.bench.shift", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--zoo", default="demo", help="zoo preset or directory (default: %(default)s, built if missing)")
+    parser.add_argument("--before", default="code", help="the corpus of the traffic before (default: %(default)s)")
+    parser.add_argument("--after", default="sql", help="the corpus of the traffic after (default: %(default)s)")
+    parser.add_argument("--before-seconds", type=float, default=90.0, help="(default: %(default)s)")
+    parser.add_argument("--after-seconds", type=float, default=60.0, help="(default: %(default)s)")
+    parser.add_argument("--sample-requests", type=int, default=200,
+                        help="shifted requests sampled before re-distilling (default: %(default)s)")
+    parser.add_argument("--alert-timeout", type=float, default=300.0, help="(default: %(default)s)")
+    parser.add_argument("--time-scale", type=float, default=120.0,
+                        help="the alert rules' windows divided by this (default: %(default)s)")
+    parser.add_argument("--prompts", type=int, default=60, help="distinct prompts per phase (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=160, help="distill steps per head (default: %(default)s)")
+    parser.add_argument("--tokens", type=int, default=64_000, help="distill tokens per head (default: %(default)s)")
+    parser.add_argument("--clients", type=int, default=4, help="(default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="(default: %(default)s)")
+    parser.add_argument("--metrics-port", type=int, default=18095, help="Ray's metrics export port (default: %(default)s)")
+    parser.add_argument("--prometheus-port", type=int, default=19095, help="(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument("--out", type=Path, help="results directory (default: bench/results/<time>-shift)")
+    args = parser.parse_args(argv)
+    args.out = args.out or RESULTS_DIR / (datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + "-shift")
+    report = shift(args)
+    (args.out / "shift.json").write_text(json.dumps(report, indent=2))
+    (args.out / "shift.md").write_text(timeline_markdown(report))
+    print(timeline_markdown(report))
+    return 0 if report["goal_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
