@@ -30,7 +30,7 @@ import grpc
 
 from specserve.cluster.bringup import start_service
 from specserve.cluster.client import SpecServeClient
-from specserve.cluster.local import open_zoo, zoo_location
+from specserve.cluster.local import open_or_build_zoo
 from specserve.proto.v1 import specserve_pb2 as pb
 
 from . import faults
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def soak(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
-    zoo = _zoo(args.zoo)
+    zoo = open_or_build_zoo(args.zoo)
     prompts = [(task, p) for task in zoo.tasks for p in zoo.prompts(task)[:4]]
     service = start_service(port=0, overrides={"models": {"zoo": str(zoo.root)},
                                                "router": {"timeouts": SOAK_TIMEOUTS}})
@@ -204,19 +204,6 @@ def _memory_sample(t: float) -> dict:
 def _request(task: str, prompt: str, max_tokens: int, mode, temperature: float = 0.0) -> pb.GenerateRequest:
     return pb.GenerateRequest(prompt=prompt, task=task, max_tokens=max_tokens, speculation=mode,
                               temperature=temperature, top_p=1.0)
-
-
-def _zoo(name: str):
-    from specserve.cluster.zoo.build import build_zoo
-    from specserve.cluster.zoo.presets import PRESETS, get_preset
-    from specserve.cluster.zoo.zoo import ZooNotBuilt
-
-    try:
-        return open_zoo(name)
-    except ZooNotBuilt:
-        if name not in PRESETS:
-            raise
-        return build_zoo(get_preset(name), zoo_location(name))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,19 @@ def open_zoo(name_or_dir: str) -> Zoo:
         raise ZooNotBuilt(f"zoo {name_or_dir!r} is not built at {location}: run `specserve zoo build {hint}`") from None
 
 
+def open_or_build_zoo(name_or_dir: str) -> Zoo:
+    """A zoo; a preset's is built first where it is missing (the benches: minutes, once)."""
+    from specserve.cluster.zoo.build import build_zoo
+    from specserve.cluster.zoo.presets import get_preset
+
+    try:
+        return open_zoo(name_or_dir)
+    except ZooNotBuilt:
+        if name_or_dir not in PRESETS:
+            raise
+        return build_zoo(get_preset(name_or_dir), zoo_location(name_or_dir))
+
+
 def zoo_engine(zoo: Zoo, drafts: list[str], threads: int | None = None, device: str = "auto") -> SpecEngine:
     """The zoo's target and the named drafts in this process (tokenizers checked at load)."""
     return SpecEngine.load(

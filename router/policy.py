@@ -152,7 +152,7 @@ class Route:
 
     draft: str | None  # None: target-only
     k: int  # draft tokens per step to start with (0 when target-only)
-    reason: str  # requested, best, explore, probe, fallback, off (a session adds unavailable, starting, lost)
+    reason: str  # requested, best, explore, probe, fallback, off (a canary, a session add canary, unavailable, starting, lost)
     load: str = ""  # how the target's load shaped it: lowered_k, raised_k, target_saturated ("": not)
 
 

@@ -83,3 +83,16 @@ def test_every_alert_names_metrics_the_router_exports():
         for series in re.findall(r"\bray_(specserve_[a-z_]+)", rule["expr"]):
             base = re.sub(r"_(total|bucket|sum|count)$", "", series)
             assert base in exported, f"{rule['alert']} reads ray_{series}, which the router does not export"
+
+
+def test_the_shift_bench_scales_every_window_and_for_and_keeps_the_rest(tmp_path):
+    """bench/shift.py evaluates these rules on a clock 120 times faster: the same expressions, every
+    range and ``for`` divided."""
+    from specserve.bench.prometheus import scaled_rules
+
+    shipped = yaml.safe_load(ALERT_RULES.read_text())["groups"][0]["rules"]
+    scaled = yaml.safe_load(scaled_rules(ALERT_RULES, tmp_path / "rules.yaml", 120).read_text())["groups"][0]["rules"]
+    below = next(r for r in scaled if r["alert"] == "SpecServeAcceptanceBelowBaseline")
+    assert "[180s]" in below["expr"] and "[6h]" not in below["expr"] and below["for"] == "8s"
+    assert [r["alert"] for r in scaled] == [r["alert"] for r in shipped]
+    assert all(r["annotations"] == s["annotations"] and r["labels"] == s["labels"] for r, s in zip(scaled, shipped))

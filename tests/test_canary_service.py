@@ -6,6 +6,7 @@ least expects: acceptance near 0, output unchanged)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -130,3 +131,48 @@ def test_a_canary_says_what_to_fix_and_an_operator_can_roll_it_back(service, tin
         assert time.monotonic() < deadline, last
         time.sleep(0.5)
     assert last.state == "rolled back" and last.version == "eagle3@v3"
+
+
+def test_sampled_output_keeps_the_targets_distribution_through_a_canary_and_swaps(service, tiny_zoo, tmp_path,
+                                                                                   capsys):
+    """`validate --address`'s two-sample test (the service's sampled draws against target-only ones,
+    cluster/two_sample.py) on draft eagle3 while half its requests draft with a canary that proposes
+    what the target least expects, and the head is swapped back and forth meanwhile: the rejection
+    rule keeps every draw the target's, whichever version drafted it."""
+    import threading
+
+    from specserve.cluster.cli import main
+
+    control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
+    zoo_head = tiny_zoo.root / HEAD_PATH
+    negated = negated_head(zoo_head, tmp_path / "neg")
+    undecided = CanaryConfig(share=0.5, min_requests=1000, max_requests=1000)  # no look during the test
+    control.start_canary.remote("eagle3", str(negated), "sampled", (), undecided).result(timeout_s=120)
+    done = threading.Event()
+
+    def swap_back_and_forth() -> None:
+        heads = [str(negated), str(zoo_head)]
+        while not done.wait(1.0):
+            heads.reverse()
+            control.swap_head.remote("eagle3", heads[0]).result(timeout_s=120)
+
+    swapping = threading.Thread(target=swap_back_and_forth)
+    swapping.start()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": tiny_zoo.prompts(task)[0], "task": task}) + "\n"
+                               for task in ("sql", "code")))
+    try:
+        code = main(["validate", "--address", service.address, "--prompts", str(prompts), "--draft", "eagle3",
+                     "--temperatures", "1.0", "--samples", "20", "--max-tokens", "12", "--seed", "1"])
+    finally:
+        done.set()
+        swapping.join()
+        control.end_canary.remote("eagle3", "roll back").result(timeout_s=60)
+        control.swap_head.remote("eagle3", str(zoo_head)).result(timeout_s=120)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["greedy"]["identical"] and report["sampled"]["tests"], report
+    assert report["sampled"]["rejected"] == 0, report["sampled"]
+    statuses = control.canary_statuses.remote().result(timeout_s=30)
+    assert any(s.version == "eagle3@sampled" and s.canary.requests for s in statuses)  # the canary drafted some

@@ -17,7 +17,7 @@ import pytest
 from specserve.bench.prometheus import Prometheus
 from specserve.proto.v1 import specserve_pb2 as pb
 
-from conftest import dashboard_queries, free_port
+from conftest import LISTED_SEGMENT, dashboard_queries, free_port
 
 pytestmark = [
     pytest.mark.slow,
@@ -59,11 +59,12 @@ def prometheus(tmp_path, metrics_port):
 
 
 def requests(zoo) -> list[pb.GenerateRequest]:
-    """Greedy and sampled requests on every task, one naming its draft, one left to the classifier."""
+    """Greedy and sampled requests on every task, one naming its draft, one left to the classifier;
+    the greedy ones name a segment (the dashboard's Segments row)."""
     out = []
     for task in zoo.tasks:
         for i, prompt in enumerate(zoo.prompts(task)[:2]):
-            out += [pb.GenerateRequest(prompt=prompt, max_tokens=24, task=task),
+            out += [pb.GenerateRequest(prompt=prompt, max_tokens=24, task=task, segment=LISTED_SEGMENT),
                     pb.GenerateRequest(prompt=prompt, max_tokens=24, task=task, temperature=0.8, seed=i + 1),
                     pb.GenerateRequest(prompt=prompt, max_tokens=24, task=task, draft=task,
                                        speculation=pb.SPECULATION_ON)]
