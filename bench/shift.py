@@ -3,14 +3,14 @@
 1. **the head of the old traffic**: the service serves one task, ``assist``, with draft ``eagle3``
    and keeps a traffic sample of every request; ``--before`` prompts (the zoo's held-out documents'
    first lines) until the sample holds ``--sample-requests``; ``specserve distill --method eagle3
-   --sample`` makes a head of them, swapped in (``specserve swap-head``). A real Prometheus scrapes the
+   --sample`` makes a head of them (the phase's entries of the sample), swapped in (``specserve swap-head``). A real Prometheus scrapes the
    service, evaluating specserve's alert rules (deploy/alerts/specserve-rules.yaml) with every window
    and ``for`` divided by ``--time-scale`` (120: the 6-hour baseline becomes 3 minutes, 15 minutes 8 s).
 2. **before**: other ``--before`` prompts for ``--before-seconds``; alpha measured from the replies.
 3. **shift**: the traffic becomes ``--after`` prompts; alpha falls, SpecServeAcceptanceBelowBaseline
    fires (as Prometheus evaluates it), and the traffic goes on until the sample holds
    ``--sample-requests`` of it.
-4. **re-distilled**: the same distill on the shifted requests only (``--sample-hours``: since the
+4. **re-distilled**: the same distill on the shifted requests only (the sample's entries since the
    shift). Traffic pauses while a head distills: on two cores, training and serving at once would
    time each other.
 5. **canary**: the new head beside the old one on half of the task's traffic (``specserve canary``: a
@@ -46,6 +46,7 @@ from specserve.cluster.kuberay import ALERT_RULES
 from specserve.cluster.local import open_or_build_zoo
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.router.canary import FINISHED, CanaryConfig
+from specserve.router.traffic_sample import SUFFIX
 from specserve.workers.stats import alpha
 
 from .prometheus import Prometheus, scaled_rules
@@ -142,11 +143,21 @@ def halves(prompts: list[str], most: int, seed: int) -> tuple[list[str], list[st
     return prompts[:middle][:most], prompts[middle:][:most]
 
 
-def distill(target: Path, out: Path, steps: int, tokens: int, sample: Path, sample_hours: float) -> dict:
+def since(sample: Path, start: float, out: Path) -> Path:
+    """A copy of the sample's TASK requests kept from ``start`` (unix seconds) on: a phase's own.
+    (`distill --sample-hours` counts back from when its process starts, seconds after the phase.)"""
+    (out / TASK).mkdir(parents=True, exist_ok=True)
+    lines = [line for path in sorted((sample / TASK).glob(f"*{SUFFIX}"))
+             for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["time"] >= start]
+    (out / TASK / f"phase{SUFFIX}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def distill(target: Path, out: Path, steps: int, tokens: int, sample: Path) -> dict:
     """`specserve distill --method eagle3 --sample` in a process of its own (as an operator runs it)."""
     command = [sys.executable, "-m", "specserve.cluster.cli", "distill", "--method", "eagle3", "--target",
                str(target), "--out", str(out), "--steps", str(steps), "--tokens", str(tokens), "--sample",
-               str(sample), "--task", TASK, "--sample-hours", f"{sample_hours:.6f}"]
+               str(sample), "--task", TASK]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     print("    " + done.stderr.strip().splitlines()[-1], flush=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -174,6 +185,9 @@ class AlertWatch:
                 self.seen.setdefault(state, time.monotonic())
             if "firing" in self.seen and "firing" not in states:
                 self.seen.setdefault("resolved", time.monotonic())
+
+    def reset(self) -> None:
+        self.seen = {}
 
     def stop(self) -> None:
         self._stop.set()
@@ -214,15 +228,14 @@ def shift(args: argparse.Namespace) -> dict:
             def sampled_then_distilled(name: str, prompts: list[str], out: Path, until=lambda: True) -> dict:
                 """``prompts`` until the sample holds ``--sample-requests`` of them (and ``until()``),
                 then a head distilled from those requests alone."""
-                since = time.time()
+                started = time.time()
                 phase = Phase(name, time.monotonic())
                 phases.append(traffic.run(phase, prompts, lambda: phase.requests >= args.sample_requests and until()))
                 step(f"{name}: alpha {phase.alpha:.3f} over {phase.requests} requests")
                 time.sleep(3.0)  # the routers' last flush of the sample (every 2 s)
                 step(f"distilling a head from the sample of the {name} requests (traffic paused)")
-                facts = distill(zoo.target_dir, out, args.steps, args.tokens, sample=sample,
-                                sample_hours=(time.time() - since) / 3600)
-                return facts
+                own = since(sample, started, work / f"sample-{out.name}")
+                return distill(zoo.target_dir, out, args.steps, args.tokens, own)
 
             step(f"{args.before} traffic with the zoo's head, kept in the traffic sample")
             old = work / "head-old"
@@ -237,6 +250,7 @@ def shift(args: argparse.Namespace) -> dict:
             step(f"shift: {args.after} prompts until {ALERT} fires and the sample holds {args.sample_requests} "
                  f"of them (at most {args.alert_timeout:.0f} s)")
             deadline = time.monotonic() + args.alert_timeout
+            watch.reset()  # what fires from here on is the shift's
             fresh = work / "head-shifted"
             new_facts = sampled_then_distilled("shifted", shifted, fresh,
                                                lambda: "firing" in watch.seen or time.monotonic() > deadline)

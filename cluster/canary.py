@@ -10,9 +10,11 @@ arms are tested). The routers' counts are summed here and tested at each look; t
                  one finish on it), then the version's own name is retired
     rolled back  the version's name is retired; the draft never changed
 
-A version is retired RETIRE_AFTER_SECONDS after its decision, once every router has read that it
-is no longer running and opens no session on it; its open sessions finish on it (the workers keep
-the head while a stream holds it). Every step is logged, and every router's ``stats`` shows it.
+A version is retired RETIRE_AFTER_SECONDS after its decision (after the swap, for a promotion),
+once every router has read that it is no longer running and opens no session on it; its open
+sessions finish on it (the workers keep the head while a stream holds it). A promotion loads the
+head from its directory again: one changed since the canary started (re-distilled to the same
+``--out``, say) is not promoted. Every step is logged, and every router's ``stats`` shows it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Canaries:
         self.statuses: dict[str, CanaryStatus] = {}  # canary id -> its status, in the order started
         self.reports: dict[str, dict[str, tuple[ArmSums, ArmSums]]] = {}  # canary id -> router id -> its arms
         self._settling: set[asyncio.Task] = set()
+        self.fingerprints: dict[str, tuple | None] = {}  # canary id -> its head directory's files when it started
 
     async def start(self, draft: str, source: str, version: str = "", tasks: Sequence[str] = (),
                     config: CanaryConfig = CanaryConfig()) -> CanaryStatus:
@@ -57,10 +60,14 @@ class Canaries:
         if draft not in self.heads:
             raise ValueError(f"no EAGLE-3 head {draft!r} to canary; the pool's heads: {', '.join(self.heads) or 'none'} "
                              f"(canaries are heads' versions so far)")
-        if running := [s for s in self.statuses.values() if s.draft == draft and s.state not in FINISHED]:
-            raise ValueError(f"draft {draft!r} has a canary {running[0].state} ({running[0].version}): wait for its "
-                             f"decision, or end it (`specserve canary --draft {draft} --roll-back`)")
+        if busy := [s for s in self.statuses.values() if s.draft == draft and s.state not in FINISHED]:
+            then = (f"end it (`specserve canary --draft {draft} --roll-back`)" if busy[0].state == RUNNING
+                    else "wait a few seconds for it to finish")
+            raise ValueError(f"draft {draft!r} has a canary {busy[0].state} ({busy[0].version}): wait for its "
+                             f"decision, or {then}")
         serving = [task for task, names in self.tasks.items() if draft in names]
+        if not serving:
+            raise ValueError(f"draft {draft!r} serves no task (router.tasks): a canary of it would see no traffic")
         if unknown := sorted(set(tasks) - set(serving)):
             raise ValueError(f"tasks {unknown} are not served by draft {draft!r}; its tasks: {', '.join(serving)}")
         version = f"{draft}{VERSION_MARK}{version_tag(version or Path(source).name)}"
@@ -69,10 +76,11 @@ class Canaries:
         status = CanaryStatus(uuid.uuid4().hex[:8], draft, version, source, tuple(tasks or serving), config,
                               started=time.time())
         self.statuses[status.canary_id] = status
+        self.fingerprints[status.canary_id] = fingerprint(source)
         log.info("canary %s: loading the head at %s as %s on the draft pool", status.canary_id, source, version)
         try:
             await self.pool.add_version(version, source)
-        except Exception as exc:
+        except BaseException as exc:  # cancelled too: never left loading
             self._set(status.canary_id, state=FAILED, reason=f"its head did not load: {exc}", finished=time.time())
             raise
         log.info("canary %s: %s serving %.0f%% of draft %s's requests of %s; a look every %d requests per arm, up "
@@ -125,20 +133,26 @@ class Canaries:
 
     async def _settle(self, status: CanaryStatus, decision: str) -> None:
         """Promote (swap the draft to the version now: new sessions of the draft draft with it) or
-        not, then retire the version's name once no router routes to it."""
-        try:
-            if decision == PROMOTE:
+        not, then retire the version's name once no router routes to it, whatever the swap did."""
+        state, reason = (PROMOTED if decision == PROMOTE else ROLLED_BACK), status.reason
+        if decision == PROMOTE:
+            try:
+                if fingerprint(status.source) != self.fingerprints.get(status.canary_id):
+                    raise ValueError(f"the head at {status.source} changed since the canary started: the version "
+                                     f"promoted would not be the one measured")
                 await self.pool.swap_head(status.draft, status.source)
-            await asyncio.sleep(RETIRE_AFTER_SECONDS)
+            except Exception as exc:  # the pool put every worker back: the draft serves what it served before
+                log.exception("canary %s: the promotion failed", status.canary_id)
+                state, reason = FAILED, f"{reason}; the promotion failed, the draft unchanged: {exc}"
+        await asyncio.sleep(RETIRE_AFTER_SECONDS)
+        try:
             await self.pool.retire_version(status.version)
-        except Exception as exc:  # the pool says what failed; the draft serves what it served before
-            log.exception("canary %s: %s failed", status.canary_id, decision)
-            self._set(status.canary_id, state=FAILED, reason=f"{decision} failed: {exc}", finished=time.time())
-            return
-        done = self._set(status.canary_id, state=PROMOTED if decision == PROMOTE else ROLLED_BACK,
-                         finished=time.time())
+        except Exception as exc:  # still served beside the draft: a later retirement (a restart) clears it
+            log.exception("canary %s: retiring %s failed", status.canary_id, status.version)
+            reason = f"{reason}; retiring {status.version} failed: {exc}"
+        done = self._set(status.canary_id, state=state, reason=reason, finished=time.time())
         log.info("canary %s: %s; draft %s serves the head at %s", done.canary_id, done.state, done.draft,
-                 done.source if decision == PROMOTE else self.pool.specs[done.draft].source)
+                 self.pool.specs[done.draft].source)
         self._forget_finished()
 
     def _set(self, canary_id: str, **changes) -> CanaryStatus:
@@ -150,6 +164,17 @@ class Canaries:
         for canary_id in finished[:-KEEP_FINISHED]:
             del self.statuses[canary_id]
             self.reports.pop(canary_id, None)
+            self.fingerprints.pop(canary_id, None)
+
+
+def fingerprint(source: str) -> tuple | None:
+    """A head directory's files as (name, size, modified): what a promotion checks is unchanged.
+    None where this process cannot read it (the draft workers' nodes can: a shared volume)."""
+    try:
+        return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(source).iterdir()
+                            if f.is_file()))
+    except OSError:
+        return None
 
 
 def version_tag(text: str) -> str:

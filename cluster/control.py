@@ -76,7 +76,10 @@ class Control:
 
     async def _on_pool(self, work, timeout: float = 30.0):
         # The pool and its canaries are changed on the pool's loop only; Serve's loop waits, free.
-        return await asyncio.wait_for(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop)), timeout)
+        # A caller's timeout leaves the work going (shielded): a swap or a canary's load cancelled
+        # halfway would leave the pool between two states.
+        done = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop))
+        return await asyncio.wait_for(asyncio.shield(done), timeout)
 
     def check_health(self) -> None:
         if not self._thread.is_alive():

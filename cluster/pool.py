@@ -64,6 +64,7 @@ class DraftPool:
         # self.specs'). Ray restarts a crashed worker with the arguments it was first started with;
         # supervision puts such a worker right (_keep_current).
         self.changed: set[str] = set()
+        self._changing = asyncio.Lock()  # swaps, versions added and retired: one at a time
         self.metrics: PoolMetrics | None = None  # set by ``run``, in the process that runs the pool
         bounds = (f", autoscaling within {self.scaling.min_workers}-{self.scaling.max_workers}"
                   if self.scaling else "")
@@ -113,10 +114,14 @@ class DraftPool:
         call too (harmless), until none is left; one that Ray is restarting is left to supervision,
         which puts it right once it is back (``_keep_current``). A worker that fails raises the error,
         after ``undo`` on the workers done and the pool's state put back."""
-        before, changed = self.specs, set(self.changed)
-        self.specs = {n: spec for n, spec in before.items() if n != name}
+        async with self._changing:  # one change at a time: each puts back only its own on failure
+            return await self._change_everywhere(name, source, call, undo)
+
+    async def _change_everywhere(self, name: str, source: str | None, call, undo) -> list[str]:
+        before, was_changed = self.specs.get(name), name in self.changed
+        self.specs = {n: spec for n, spec in self.specs.items() if n != name}
         if source is not None:
-            self.specs[name] = replace(before.get(name) or before[base_draft(name)], source=source)
+            self.specs[name] = replace(before or self.specs[base_draft(name)], source=source)
         self.changed.add(name)
         done: dict[int, tuple[ray.actor.ActorHandle, str]] = {}  # id(handle) -> (handle, worker id)
         away: set[int] = set()  # workers restarting: supervision puts them right once back
@@ -131,7 +136,9 @@ class DraftPool:
                     else:
                         done[id(worker)] = (worker, answer)
         except Exception:
-            self.specs, self.changed = before, changed
+            self.specs = {n: spec for n, spec in self.specs.items() if n != name} | ({name: before} if before else {})
+            if not was_changed:
+                self.changed.discard(name)
             back = [w for w, _ in done.values() if w in self.workers.values()]
             if undo is not None:
                 await asyncio.gather(*(undo(w) for w in back), return_exceptions=True)
@@ -191,7 +198,7 @@ class DraftPool:
             sources = await asyncio.wait_for(worker.head_sources.remote(), PING_TIMEOUT_SECONDS)
         except (asyncio.TimeoutError, RayActorError):  # restarting, or gone: the next round sees it
             return
-        for name in self.changed:
+        for name in tuple(self.changed):  # a change may add to it meanwhile
             spec, served = self.specs.get(name), sources.get(name)  # the pool's now (set first by one in progress)
             if spec is None and served is not None:
                 worker_id = await worker.retire_version.remote(name)

@@ -21,15 +21,18 @@ for m requests with a_i accepted of t_i trials; the sums of a, t, a^2, t^2 and a
 the sums of every router add up to the service's.
 
 Why alpha decides, not a wall clock: a version of a head reads the target layers its draft reads
-and has its shape (checked as it loads), so a step costs the same on both arms, and at a given load
-the expected speedup (router/cost_model.py) rises with alpha: the arm with the higher alpha is the
-faster one. The speedups the two alphas are worth are shown beside them, priced by the policy.
+(checked as it loads) and is one decoder layer of the target's width, so a step costs about the
+same on both arms (their output vocabularies may differ: distill sizes one to its text, a few
+percent of a step), and at a given load the expected speedup (router/cost_model.py) rises with
+alpha: the arm with the higher alpha is the faster one. The speedups the two alphas are worth are
+shown beside them, priced by the policy at the draft's c.
 
 The decision, at look j of at most L = max_requests // min_requests: z = (alpha_canary -
 alpha_base) / sqrt(var_canary + var_base); promote where z >= z*, roll back where z <= -z*, with z*
 the normal quantile of 1 - (1 - confidence) / L (Bonferroni over the looks), so the chance that
 some look promotes a version no better than the base is at most 1 - confidence, and so is the
-chance of rolling back one no worse. No decision by the last look: rolled back (not shown better).
+chance that a look rolls back one no worse as shown worse. A version not shown better by the last
+look is rolled back too: the old one stays unless the new one proves itself.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ LOADING, RUNNING, PROMOTING, PROMOTED, ROLLING_BACK, ROLLED_BACK, FAILED = (
     "loading", "running", "promoting", "promoted", "rolling back", "rolled back", "failed")
 FINISHED = (PROMOTED, ROLLED_BACK, FAILED)
 PROMOTE, ROLL_BACK = "promote", "roll back"
+MIN_REQUESTS = 5  # per arm at a look
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class CanaryConfig:
     """How a canary is served and judged (``specserve canary``'s flags default to these)."""
 
     share: float = 0.2  # of the canary's requests, to the new version
-    confidence: float = 0.95  # that a promoted version is better (a rolled back one, worse), over all looks
+    confidence: float = 0.95  # that a promoted version is better, over all looks
     min_requests: int = 30  # per arm, between looks
     max_requests: int = 600  # per arm: the last look; undecided there, it is rolled back
 
@@ -65,8 +69,9 @@ class CanaryConfig:
             raise ValueError(f"share must be in (0, 1), got {self.share}")
         if not 0.5 <= self.confidence < 1.0:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
-        if not 2 <= self.min_requests <= self.max_requests:
-            raise ValueError(f"min_requests must be in 2..max_requests ({self.max_requests}), got {self.min_requests}")
+        if not MIN_REQUESTS <= self.min_requests <= self.max_requests:  # below, z is far from normal
+            raise ValueError(f"min_requests must be in {MIN_REQUESTS}..max_requests ({self.max_requests}), got "
+                             f"{self.min_requests}")
 
     @property
     def looks(self) -> int:

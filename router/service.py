@@ -395,7 +395,8 @@ class Turn:
 
 
 def _finite(z: float) -> float:
-    """A z for the wire: an arm without variance yet (inf) at a bound a reader sees as decisive."""
+    """A z for the wire: arms without variance (every draft token accepted: inf) at a bound a reader
+    sees as decisive; NaN as 0."""
     return max(-1e9, min(1e9, z)) if z == z else 0.0
 
 

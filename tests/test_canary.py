@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -141,3 +142,103 @@ def test_a_router_counts_each_arm_of_a_running_canary_and_forgets_it_once_finish
     routes.update((replace(running(), state="promoted"),))
     assert routes.counts() == {}
     assert routes.assign("sql", Route("eagle3", 4, "best"), served=lambda name: True).draft == "eagle3"
+
+
+# --- the control's lifecycle (cluster/canary.py) over a pool that only records -------------------------
+
+
+class RecordingPool:
+    """The draft pool's interface to canaries, recording calls; ``fail`` names calls that raise."""
+
+    def __init__(self, fail: tuple[str, ...] = ()) -> None:
+        self.specs = {"eagle3": SimpleNamespace(source="zoo-head")}
+        self.calls: list[tuple] = []
+        self.fail = fail
+
+    async def _call(self, *call) -> list[str]:
+        self.calls.append(call)
+        if call[0] in self.fail:
+            raise ValueError(f"{call[0]} refused")
+        return ["draft-worker-0"]
+
+    async def add_version(self, name, source):
+        await self._call("add_version", name, source)
+        self.specs[name] = SimpleNamespace(source=source)
+
+    async def swap_head(self, name, source):
+        await self._call("swap_head", name, source)
+        self.specs[name] = SimpleNamespace(source=source)
+
+    async def retire_version(self, name):
+        await self._call("retire_version", name)
+        self.specs.pop(name, None)
+
+
+def canary_run(tmp_path, pool, arms, monkeypatch, change_head=False):
+    """Start a canary of eagle3, report ``arms`` (base, canary) from one router, let it settle."""
+    import asyncio
+
+    import specserve.cluster.canary as control_side
+    from specserve.cluster.canary import Canaries
+
+    monkeypatch.setattr(control_side, "RETIRE_AFTER_SECONDS", 0.0)
+    head = tmp_path / "v2"
+    head.mkdir(parents=True)
+    (head / "model.safetensors").write_bytes(b"weights")
+
+    async def run():
+        canaries = Canaries(pool, ["eagle3"], {"sql": ("eagle3",), "code": ("code",)})
+        status = await canaries.start("eagle3", str(head), config=CanaryConfig(min_requests=10, max_requests=100))
+        if change_head:
+            (head / "model.safetensors").write_bytes(b"other weights, same directory")
+        canaries.report("router-a", {status.canary_id: arms})
+        await asyncio.gather(*canaries._settling)
+        return canaries.statuses[status.canary_id]
+
+    return asyncio.run(run())
+
+
+def test_a_better_canary_is_promoted_then_retired_and_a_worse_one_only_retired(tmp_path, monkeypatch):
+    rng = random.Random(5)
+    good, poor = arm(draws(rng, 0.85, 12)), arm(draws(rng, 0.4, 12))
+    pool = RecordingPool()
+    status = canary_run(tmp_path / "a", pool, (poor, good), monkeypatch)
+    assert status.state == "promoted" and "look 1" in status.reason and status.finished
+    assert [c[0] for c in pool.calls] == ["add_version", "swap_head", "retire_version"]
+    pool = RecordingPool()
+    status = canary_run(tmp_path / "b", pool, (good, poor), monkeypatch)
+    assert status.state == "rolled back" and [c[0] for c in pool.calls] == ["add_version", "retire_version"]
+
+
+def test_a_failed_promotion_or_a_head_changed_since_the_start_leaves_the_draft_and_still_retires(tmp_path,
+                                                                                               monkeypatch):
+    rng = random.Random(6)
+    arms = (arm(draws(rng, 0.4, 12)), arm(draws(rng, 0.85, 12)))
+    pool = RecordingPool(fail=("swap_head",))
+    status = canary_run(tmp_path / "a", pool, arms, monkeypatch)
+    assert status.state == "failed" and "the promotion failed, the draft unchanged" in status.reason
+    assert pool.calls[-1][0] == "retire_version" and "eagle3@v2" not in pool.specs
+    pool = RecordingPool()
+    status = canary_run(tmp_path / "b", pool, arms, monkeypatch, change_head=True)
+    assert status.state == "failed" and "changed since the canary started" in status.reason
+    assert [c[0] for c in pool.calls] == ["add_version", "retire_version"]  # never swapped to unmeasured weights
+
+
+def test_a_canary_that_cannot_load_fails_rather_than_loading_forever_and_a_draft_without_tasks_is_refused(tmp_path):
+    import asyncio
+
+    from specserve.cluster.canary import Canaries
+
+    async def run():
+        canaries = Canaries(RecordingPool(fail=("add_version",)), ["eagle3", "idle"],
+                            {"sql": ("eagle3",), "code": ("code",)})
+        with pytest.raises(ValueError, match="add_version refused"):
+            await canaries.start("eagle3", str(tmp_path))
+        (status,) = canaries.statuses.values()
+        assert status.state == "failed" and "did not load" in status.reason
+        with pytest.raises(ValueError, match="serves no task"):
+            await canaries.start("idle", str(tmp_path))
+        canaries.pool.fail = ()
+        return await canaries.start("eagle3", str(tmp_path), "again")  # the failed one does not block the next
+
+    assert asyncio.run(run()).state == "running"

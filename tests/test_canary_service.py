@@ -125,12 +125,17 @@ def test_a_canary_says_what_to_fix_and_an_operator_can_roll_it_back(service, tin
     assert "has a canary running" in capsys.readouterr().err
     assert main(["canary", "--draft", "eagle3", "--roll-back", *app]) == 0
     assert "rolling back (roll back by an operator)" in capsys.readouterr().out
-    control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
-    deadline = time.monotonic() + 60
+    last = wait_finished(serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name))
+    assert last.state == "rolled back" and last.version == "eagle3@v3"
+
+
+def wait_finished(control, timeout: float = 60.0):
+    """The latest canary once it is finished (its version retired, every router past it)."""
+    deadline = time.monotonic() + timeout
     while (last := control.canary_statuses.remote().result(timeout_s=30)[-1]).state not in FINISHED:
         assert time.monotonic() < deadline, last
         time.sleep(0.5)
-    assert last.state == "rolled back" and last.version == "eagle3@v3"
+    return last
 
 
 def test_sampled_output_keeps_the_targets_distribution_through_a_canary_and_swaps(service, tiny_zoo, tmp_path,
@@ -169,6 +174,7 @@ def test_sampled_output_keeps_the_targets_distribution_through_a_canary_and_swap
         swapping.join()
         control.end_canary.remote("eagle3", "roll back").result(timeout_s=60)
         control.swap_head.remote("eagle3", str(zoo_head)).result(timeout_s=120)
+        wait_finished(control)  # the next tests' requests of eagle3 all draft with the zoo's head
     captured = capsys.readouterr()
     assert code == 0, captured.err
     report = json.loads(captured.out)

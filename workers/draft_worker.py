@@ -318,6 +318,12 @@ class DrafterServicer(rpc.DrafterServicer):
     async def serve(self, requests, context):
         """One session: its requests (the first opens it), answered one proposal a step."""
         opened = await first_open(requests, context)
+        if base_draft(opened.model) != opened.model and opened.model not in self.worker.heads:
+            # A version retired since the router read the registry: refused as a full worker is, so
+            # the request drafts elsewhere or goes on target-only.
+            yield pb.Proposal(refused=f"this worker no longer serves version {opened.model!r}")
+            await self.worker.host.refuse(requests)
+            return
         if opened.model in self.worker.heads:
             async for proposal in self._head(opened, requests, context):
                 yield proposal
@@ -347,10 +353,8 @@ class DrafterServicer(rpc.DrafterServicer):
             with host.slots.hold(on_done=context.add_done_callback):
                 # One read: the head and its scheduler of one version, whatever swap_head does meanwhile.
                 scheduler = self.worker.head_schedulers.get(opened.model)
-                if scheduler is None:  # a version retired since the router saw it registered
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        f"this worker no longer serves {opened.model!r}; it has "
-                                        f"{', '.join([*self.worker.models, *self.worker.heads])}")
+                if scheduler is None:  # retired since ``serve`` looked
+                    raise SessionLimit(f"this worker no longer serves version {opened.model!r}")
                 stream = HeadStream(scheduler.model, opened)
                 async for request in host.steps(requests):
                     run = stream.step(request.step)

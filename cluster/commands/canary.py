@@ -53,6 +53,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.head is None and (given := [flag for flag, value in (("--version", args.version), ("--tasks", args.tasks),
+                                                                  ("--wait", args.wait)) if value]):
+        raise ValueError(f"{', '.join(given)} go with --head (a new canary), not with --{args.decision.replace(' ', '-')}")
     if args.head is None:
         status = answer(control(args).end_canary.remote(args.draft, args.decision), 60)
         print(describe(status))
@@ -68,11 +71,17 @@ def run(args: argparse.Namespace) -> int:
     said = describe(status)
     while status.state not in FINISHED:
         time.sleep(WAIT_POLL_SECONDS)
-        status = next(s for s in answer(handle.canary_statuses.remote(), 60) if s.canary_id == status.canary_id)
+        status = next((s for s in answer(handle.canary_statuses.remote(), 60) if s.canary_id == status.canary_id),
+                      None) or _forgotten(status)
         if describe(status) != said:
             said = describe(status)
             print(said, flush=True)
     return 0 if status.state != "failed" else 1
+
+
+def _forgotten(status: CanaryStatus) -> CanaryStatus:
+    raise ValueError(f"the service no longer knows canary {status.version} (its control deployment restarted?): "
+                     f"`specserve stats` says what the draft serves now")
 
 
 def describe(status: CanaryStatus) -> str:

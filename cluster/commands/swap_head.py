@@ -85,6 +85,9 @@ def _what_was_refused(exc: BaseException) -> str:
     Serve's), without its traceback or class name."""
     while getattr(exc, "cause", None) is not None:
         exc = exc.cause
-    last = str(exc).strip().splitlines()[-1]
+    lines = str(exc).strip().splitlines()
+    if not lines:  # a bare error (a timeout on the control's side): its kind is all there is
+        return f"{type(exc).__name__}: no answer in time; it may still finish: check the control replica's log"
+    last = lines[-1]
     kind, _, message = last.partition(": ")
     return message if message and kind.isidentifier() and kind.endswith(("Error", "Exception")) else last
