@@ -20,6 +20,7 @@ from specserve.cluster.zoo.head import HEAD_PATH
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.router.canary import FINISHED, CanaryConfig
 
+from conftest import CANARY_TASK
 from test_head_swap import negated_head
 
 MAX_TOKENS = 24
@@ -34,12 +35,13 @@ def run_canary(service, client, tiny_zoo, source, version: str):
     its last status and every (prompt, reply) sent meanwhile."""
     control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
     prompts = [p for task in ("sql", "code", "math", "prose") for p in tiny_zoo.prompts(task)[:2]]
-    status = control.start_canary.remote("eagle3", str(source), version, (), CONFIG).result(timeout_s=120)
+    status = control.start_canary.remote("eagle3", str(source), version, (CANARY_TASK,), CONFIG).result(timeout_s=120)
     assert status.state == "running" and status.version == f"eagle3@{version}", status
 
     def ask(prompt: str) -> tuple[str, pb.GenerateResponse]:
         return prompt, client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, draft="eagle3",
-                                                          speculation=pb.SPECULATION_ON), timeout=120)
+                                                          task=CANARY_TASK, speculation=pb.SPECULATION_ON),
+                                       timeout=120)
 
     replies = []
     deadline = time.monotonic() + DECISION_SECONDS
@@ -97,7 +99,8 @@ def test_a_canary_that_accepts_more_is_promoted_and_serves_the_draft_from_then_o
         check_lossless(client, replies)
         assert all(heads == {"eagle3": str(better)} for heads in sources(client)), sources(client)
         after = client.generate(pb.GenerateRequest(prompt=tiny_zoo.prompts("sql")[0], max_tokens=MAX_TOKENS,
-                                                   draft="eagle3", speculation=pb.SPECULATION_ON), timeout=120)
+                                                   draft="eagle3", task=CANARY_TASK, speculation=pb.SPECULATION_ON),
+                                timeout=120)
         # The negated head accepts next to nothing; the zoo's, here at the k the policy priced for the
         # negated one's record (1), 0.4-1.0 of its drafts.
         assert after.stats.draft == "eagle3" and after.stats.accepted_tokens > 0.2 * after.stats.proposed_tokens
@@ -152,7 +155,7 @@ def test_sampled_output_keeps_the_targets_distribution_through_a_canary_and_swap
     zoo_head = tiny_zoo.root / HEAD_PATH
     negated = negated_head(zoo_head, tmp_path / "neg")
     undecided = CanaryConfig(share=0.5, min_requests=1000, max_requests=1000)  # no look during the test
-    control.start_canary.remote("eagle3", str(negated), "sampled", (), undecided).result(timeout_s=120)
+    control.start_canary.remote("eagle3", str(negated), "sampled", (CANARY_TASK,), undecided).result(timeout_s=120)
     done = threading.Event()
 
     def swap_back_and_forth() -> None:
@@ -164,7 +167,7 @@ def test_sampled_output_keeps_the_targets_distribution_through_a_canary_and_swap
     swapping = threading.Thread(target=swap_back_and_forth)
     swapping.start()
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": tiny_zoo.prompts(task)[0], "task": task}) + "\n"
+    prompts.write_text("".join(json.dumps({"prompt": tiny_zoo.prompts(task)[0], "task": CANARY_TASK}) + "\n"
                                for task in ("sql", "code")))
     try:
         code = main(["validate", "--address", service.address, "--prompts", str(prompts), "--draft", "eagle3",
