@@ -3,7 +3,7 @@
 1. **the head of the old traffic**: the service serves one task, ``assist``, with draft ``eagle3``
    and keeps a traffic sample of every request; ``--before`` prompts (the zoo's held-out documents'
    first lines) until the sample holds ``--sample-requests``; ``specserve distill --method eagle3
-   --sample`` makes a head of them (the phase's entries of the sample), swapped in (``specserve swap-head``). A real Prometheus scrapes the
+   --sample`` makes a head of them (the phase's entries of the sample), swapped in (``specserve swap-draft``). A real Prometheus scrapes the
    service, evaluating specserve's alert rules (deploy/alerts/specserve-rules.yaml) with every window
    and ``for`` divided by ``--time-scale`` (120: the 6-hour baseline becomes 3 minutes, 15 minutes 8 s).
 2. **before**: other ``--before`` prompts for ``--before-seconds``; alpha measured from the replies.
@@ -240,7 +240,7 @@ def shift(args: argparse.Namespace) -> dict:
             step(f"{args.before} traffic with the zoo's head, kept in the traffic sample")
             old = work / "head-old"
             old_facts = sampled_then_distilled(f"{args.before} traffic", old_sampled, old)
-            control.swap_head.remote(DRAFT, str(old)).result(timeout_s=300)
+            control.swap_draft.remote(DRAFT, str(old)).result(timeout_s=300)
             step(f"serving the head of the {args.before} traffic as draft {DRAFT} for task {TASK}")
             step(f"before: unseen {args.before} prompts for {args.before_seconds:.0f} s")
             deadline = time.monotonic() + args.before_seconds

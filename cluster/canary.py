@@ -1,6 +1,7 @@
 """A draft's canaries, run by the control deployment (cluster/control.py), on the draft pool's loop.
 
-``start`` loads the new version on every draft worker beside the draft (``draft@version``), then
+``start`` loads the new version (a draft model, or an EAGLE-3 head: the draft's kind) on every
+draft worker beside the draft (``draft@version``), then
 marks it running: each router, reporting every REPORT_SECONDS (cluster/ingress.py), learns it and
 routes a share of the draft's requests of its tasks to it (router/canary.py says how, and how the
 arms are tested). The routers' counts are summed here and tested at each look; the first decision
@@ -12,9 +13,10 @@ arms are tested). The routers' counts are summed here and tested at each look; t
 
 A version is retired RETIRE_AFTER_SECONDS after its decision (after the swap, for a promotion),
 once every router has read that it is no longer running and opens no session on it; its open
-sessions finish on it (the workers keep the head while a stream holds it). A promotion loads the
-head from its directory again: one changed since the canary started (re-distilled to the same
-``--out``, say) is not promoted. Every step is logged, and every router's ``stats`` shows it.
+sessions finish on it (the workers keep it while a stream holds it). A promotion serves what the
+version's directory holds then (a head loaded again; a draft model as loaded for the canary): one
+changed since the canary started (re-distilled to the same ``--out``, say) is not promoted. Every
+step is logged, and every router's ``stats`` shows it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from specserve.router.canary import (FAILED, FINISHED, PROMOTE, PROMOTED, PROMOTING, ROLLED_BACK,
                                      ROLLING_BACK, RUNNING, ArmSums, CanaryConfig, CanaryStatus, decide)
-from specserve.workers.lookup import VERSION_MARK
+from specserve.workers.lookup import VERSION_MARK, base_draft
 
 from .pool import DraftPool
 
@@ -41,25 +43,23 @@ KEEP_FINISHED = 8  # finished canaries kept for stats
 
 
 class Canaries:
-    """``heads``: the pool's EAGLE-3 heads (versions are heads' only, so far); ``tasks``: task ->
-    the drafts allowed to serve it (a canary's tasks are its draft's)."""
+    """``tasks``: task -> the drafts allowed to serve it (a canary's tasks are its draft's)."""
 
-    def __init__(self, pool: DraftPool, heads: Sequence[str], tasks: Mapping[str, Sequence[str]]) -> None:
+    def __init__(self, pool: DraftPool, tasks: Mapping[str, Sequence[str]]) -> None:
         self.pool = pool
-        self.heads = tuple(heads)
         self.tasks = {task: tuple(names) for task, names in tasks.items()}
         self.statuses: dict[str, CanaryStatus] = {}  # canary id -> its status, in the order started
         self.reports: dict[str, dict[str, tuple[ArmSums, ArmSums]]] = {}  # canary id -> router id -> its arms
         self._settling: set[asyncio.Task] = set()
-        self.fingerprints: dict[str, tuple | None] = {}  # canary id -> its head directory's files when it started
+        self.fingerprints: dict[str, tuple | None] = {}  # canary id -> its directory's files when it started
 
     async def start(self, draft: str, source: str, version: str = "", tasks: Sequence[str] = (),
                     config: CanaryConfig = CanaryConfig()) -> CanaryStatus:
-        """Serve the head at ``source`` as a canary of ``draft`` on a share of ``tasks``' traffic
+        """Serve the draft at ``source`` as a canary of ``draft`` on a share of ``tasks``' traffic
         (default: every task the draft serves). Raises ValueError saying what to fix."""
-        if draft not in self.heads:
-            raise ValueError(f"no EAGLE-3 head {draft!r} to canary; the pool's heads: {', '.join(self.heads) or 'none'} "
-                             f"(canaries are heads' versions so far)")
+        drafts = [name for name in self.pool.specs if base_draft(name) == name]
+        if draft not in drafts:
+            raise ValueError(f"no draft {draft!r} in the draft pool to canary; it serves {', '.join(drafts) or 'none'}")
         if busy := [s for s in self.statuses.values() if s.draft == draft and s.state not in FINISHED]:
             then = (f"end it (`specserve canary --draft {draft} --roll-back`)" if busy[0].state == RUNNING
                     else "wait a few seconds for it to finish")
@@ -77,11 +77,11 @@ class Canaries:
                               started=time.time())
         self.statuses[status.canary_id] = status
         self.fingerprints[status.canary_id] = fingerprint(source)
-        log.info("canary %s: loading the head at %s as %s on the draft pool", status.canary_id, source, version)
+        log.info("canary %s: loading the draft at %s as %s on the draft pool", status.canary_id, source, version)
         try:
             await self.pool.add_version(version, source)
         except BaseException as exc:  # cancelled too: never left loading
-            self._set(status.canary_id, state=FAILED, reason=f"its head did not load: {exc}", finished=time.time())
+            self._set(status.canary_id, state=FAILED, reason=f"it did not load: {exc}", finished=time.time())
             raise
         log.info("canary %s: %s serving %.0f%% of draft %s's requests of %s; a look every %d requests per arm, up "
                  "to %d; promoted at z >= %.2f (confidence %.2f over %d looks), rolled back at z <= -%.2f or "
@@ -138,9 +138,9 @@ class Canaries:
         if decision == PROMOTE:
             try:
                 if fingerprint(status.source) != self.fingerprints.get(status.canary_id):
-                    raise ValueError(f"the head at {status.source} changed since the canary started: the version "
+                    raise ValueError(f"the draft at {status.source} changed since the canary started: the version "
                                      f"promoted would not be the one measured")
-                await self.pool.swap_head(status.draft, status.source)
+                await self.pool.swap_draft(status.draft, status.source)
             except Exception as exc:  # the pool put every worker back: the draft serves what it served before
                 log.exception("canary %s: the promotion failed", status.canary_id)
                 state, reason = FAILED, f"{reason}; the promotion failed, the draft unchanged: {exc}"
@@ -151,7 +151,7 @@ class Canaries:
             log.exception("canary %s: retiring %s failed", status.canary_id, status.version)
             reason = f"{reason}; retiring {status.version} failed: {exc}"
         done = self._set(status.canary_id, state=state, reason=reason, finished=time.time())
-        log.info("canary %s: %s; draft %s serves the head at %s", done.canary_id, done.state, done.draft,
+        log.info("canary %s: %s; draft %s serves the one at %s", done.canary_id, done.state, done.draft,
                  self.pool.specs[done.draft].source)
         self._forget_finished()
 
@@ -168,7 +168,7 @@ class Canaries:
 
 
 def fingerprint(source: str) -> tuple | None:
-    """A head directory's files as (name, size, modified): what a promotion checks is unchanged.
+    """A draft's directory's files as (name, size, modified): what a promotion checks is unchanged.
     None where this process cannot read it (the draft workers' nodes can: a shared volume)."""
     try:
         return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(source).iterdir()
@@ -178,7 +178,7 @@ def fingerprint(source: str) -> tuple | None:
 
 
 def version_tag(text: str) -> str:
-    """A version's tag from free text (a head directory's name): letters, digits, '.', '_' and '-'."""
+    """A version's tag from free text (a directory's name): letters, digits, '.', '_' and '-'."""
     tag = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
     if not tag:
         raise ValueError(f"no version tag in {text!r}: give --version (letters, digits, '.', '_', '-')")

@@ -21,13 +21,13 @@ from transformers.utils import logging as hf_logging
 from specserve.workers.loading import ModelLoadError
 from specserve.cluster.zoo.zoo import specserve_home
 
-from .commands import canary, classifier, demo, distill, generate, plan, serve, stats, swap_head, validate, zoo
+from .commands import canary, classifier, demo, distill, generate, plan, serve, stats, swap_draft, validate, zoo
 from .commands.common import SECURITY_EPILOG
 
 EXIT_USAGE = 2  # what argparse uses for bad arguments; ours match it
 EXIT_FAILURE = 1  # the service failed or is unreachable
 EXIT_INTERRUPTED = 130
-COMMANDS = (generate, zoo, distill, classifier, serve, stats, swap_head, canary, demo, validate, plan)  # in the order --help lists them
+COMMANDS = (generate, zoo, distill, classifier, serve, stats, swap_draft, canary, demo, validate, plan)  # in the order --help lists them
 ENTRY_POINTS = "specserve.commands"  # name = the command, value = its register(commands)
 
 

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import ray
 
 from specserve.router.canary import ArmSums, CanaryConfig, CanaryStatus
-from specserve.workers.heads.format import is_head
 from specserve.workers.logs import log_to_stderr
 from specserve.workers.registry import REGISTRY_NAME, Registration, start_registry
 
@@ -39,8 +38,7 @@ class Control:
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
         self.registry = start_registry(registration, router_options(cfg.router)["resources"])
         self.pool = DraftPool(cfg, models)
-        heads = [name for name in self.pool.specs if is_head(self.pool.specs[name].source)]
-        self.canaries = Canaries(self.pool, heads, models.tasks)
+        self.canaries = Canaries(self.pool, models.tasks)
         # The pool's supervision and autoscaling run on a loop of their own: Serve's replica loop
         # is for the calls Serve makes.
         self.loop = asyncio.new_event_loop()
@@ -51,15 +49,15 @@ class Control:
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self.pool.run())
 
-    async def swap_head(self, name: str, source: str, timeout: float = 300.0) -> list[str]:  # commands/swap_head.py's
-        """The draft pool serves the EAGLE-3 head at ``source`` as draft ``name`` from now on (see
-        ``DraftPool.swap_head``); called through Serve: the control deployment's handle."""
-        return await self._on_pool(self.pool.swap_head(name, source), timeout)
+    async def swap_draft(self, name: str, source: str, timeout: float = 300.0) -> list[str]:  # commands/swap_draft.py's
+        """The draft pool serves the draft (or EAGLE-3 head) at ``source`` as draft ``name`` from now
+        on (see ``DraftPool.swap_draft``); called through Serve: the control deployment's handle."""
+        return await self._on_pool(self.pool.swap_draft(name, source), timeout)
 
     async def start_canary(self, draft: str, source: str, version: str = "", tasks: Sequence[str] = (),
                            config: CanaryConfig = CanaryConfig(), timeout: float = 300.0) -> CanaryStatus:
-        """Serve the head at ``source`` as a canary of ``draft`` (``Canaries.start``); returns once it
-        runs (its head loaded on every worker)."""
+        """Serve the draft at ``source`` as a canary of ``draft`` (``Canaries.start``); returns once it
+        runs (loaded on every worker)."""
         return await self._on_pool(self.canaries.start(draft, source, version, tasks, config), timeout)
 
     async def end_canary(self, draft: str, decision: str) -> CanaryStatus:

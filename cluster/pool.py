@@ -25,9 +25,12 @@ from ray.exceptions import ActorDiedError, RayActorError
 
 from specserve.router.metrics import PoolMetrics
 from specserve.workers.draft_worker import DraftWorker
+from specserve.workers.heads.format import is_head
+from specserve.workers.loading import load_tokenizer
 from specserve.workers.lookup import VERSION_MARK, base_draft
 from specserve.workers.model_host import DRAIN_SECONDS, HostLoad
 from specserve.workers.registry import Registration
+from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 
 from .autoscaling import Hysteresis, pool_load, pool_wanted
 from .config import ServiceConfig
@@ -71,31 +74,51 @@ class DraftPool:
         log.info("draft pool: %d workers serving %s, each with %s%s", size, ", ".join(names) or "no drafts",
                  self.options, bounds)
 
-    async def swap_head(self, name: str, source: str) -> list[str]:
-        """Serve the EAGLE-3 head at ``source`` as draft ``name`` on every worker, without a restart
-        (workers/draft_worker.py ``swap_head``: sessions open on the old version finish on it), and
-        on every worker started from now on. Returns the workers swapped. A worker that fails to
-        load it undoes the swap: the ones already swapped go back to the version before, and the
-        error is raised."""
+    async def swap_draft(self, name: str, source: str) -> list[str]:
+        """Serve the draft at ``source`` (a model directory; a head directory for an EAGLE-3 head) as
+        draft ``name`` on every worker, without a restart (workers/draft_worker.py ``swap_draft``:
+        sessions open on the old one finish on it), and on every worker started from now on. Returns
+        the workers swapped. A worker that fails to load it undoes the swap: the ones already
+        swapped go back to the one before, and the error is raised."""
         if name not in self.specs or base_draft(name) != name:
             raise ValueError(f"the draft pool serves no draft {name!r}; it serves {', '.join(self.specs) or 'none'}")
+        await asyncio.to_thread(self.check_source, name, source)
         before = self.specs[name].source
-        swapped = await self._everywhere(name, source, lambda w: w.swap_head.remote(name, source),
-                                         undo=lambda w: w.swap_head.remote(name, before))
-        log.info("draft pool: draft %s is now the head at %s on %s", name, source, ", ".join(swapped))
+        swapped = await self._everywhere(name, source, lambda w: w.swap_draft.remote(name, source),
+                                         undo=lambda w: w.swap_draft.remote(name, before))
+        log.info("draft pool: draft %s is now the one at %s on %s", name, source, ", ".join(swapped))
         return swapped
 
     async def add_version(self, name: str, source: str) -> list[str]:
-        """Serve the head at ``source`` beside its draft as ``name`` (``draft@version``) on every
+        """Serve the draft at ``source`` beside its draft as ``name`` (``draft@version``) on every
         worker, and on every worker started from now on; undone everywhere if one fails to load it."""
         base = base_draft(name)
         if base == name or base not in self.specs or name in self.specs:
             raise ValueError(f"{name!r} is not a new version of a draft the pool serves ({', '.join(self.specs)}): "
                              f"name it <draft>{VERSION_MARK}<version>, a version not served yet")
+        await asyncio.to_thread(self.check_source, base, source)
         added = await self._everywhere(name, source, lambda w: w.add_version.remote(name, source),
                                        undo=lambda w: w.retire_version.remote(name))
-        log.info("draft pool: serving the head at %s as %s beside %s on %s", source, name, base, ", ".join(added))
+        log.info("draft pool: serving the draft at %s as %s beside %s on %s", source, name, base, ", ".join(added))
         return added
+
+    def check_source(self, name: str, source: str) -> None:
+        """What a worker would find wrong in the draft at ``source`` as a new version of ``name``, said
+        before any worker loads it: a model for a model and a head for a head, and a model's
+        tokenizer the target's (heads are checked against the target by each worker as it loads)."""
+        head = is_head(self.specs[name].source)
+        if is_head(source) != head:
+            what = "an EAGLE-3 head" if head else "a draft model"
+            raise ValueError(f"draft {name!r} is {what}; {source} is not: a new version must be {what} too "
+                             f"(`specserve distill --method {'eagle3' if head else 'draft'}` writes one)")
+        if not head:
+            try:
+                check_compatible(load_tokenizer(self.target.source), load_tokenizer(source))
+            except TokenizerMismatch as exc:
+                raise TokenizerMismatch(f"the draft at {source} cannot serve as {name!r}: {exc}") from None
+            except OSError as exc:
+                raise ValueError(f"no draft model at {source} ({exc}): give a directory `specserve distill` wrote, "
+                                 f"readable at that path on the draft workers' nodes") from None
 
     async def retire_version(self, name: str) -> list[str]:
         """Stop serving version ``name`` on every worker (their sessions on it finish on it)."""
@@ -106,7 +129,7 @@ class DraftPool:
         return retired
 
     async def _everywhere(self, name: str, source: str | None, call, undo) -> list[str]:
-        """Make draft ``name`` the head at ``source`` (None: not served) on every worker through
+        """Make draft ``name`` the one at ``source`` (None: not served) on every worker through
         ``call`` (a worker -> its Ray call), and in what a worker started from now loads. Returns the
         ids of the workers it was done on.
 
@@ -142,7 +165,7 @@ class DraftPool:
             back = [w for w, _ in done.values() if w in self.workers.values()]
             if undo is not None:
                 await asyncio.gather(*(undo(w) for w in back), return_exceptions=True)
-            log.warning("draft pool: %s could not be made the head at %s; %d worker(s) put back", name, source,
+            log.warning("draft pool: %s could not be made the one at %s; %d worker(s) put back", name, source,
                         len(back))
             raise
         return [worker_id for _, worker_id in done.values()]
@@ -189,13 +212,13 @@ class DraftPool:
             self._report()
 
     async def _keep_current(self, worker: ray.actor.ActorHandle) -> None:
-        """Put a worker right where it serves another version of a head swapped, or added or
+        """Put a worker right where it serves another version of a draft swapped, or added or
         retired as a version, since the pool started (Ray restarted it with its first arguments).
         Sessions opened on it meanwhile drafted with the version before: slower, never other output."""
         if not self.changed:
             return
         try:
-            sources = await asyncio.wait_for(worker.head_sources.remote(), PING_TIMEOUT_SECONDS)
+            sources = await asyncio.wait_for(worker.sources.remote(), PING_TIMEOUT_SECONDS)
         except (asyncio.TimeoutError, RayActorError):  # restarting, or gone: the next round sees it
             return
         for name in tuple(self.changed):  # a change may add to it meanwhile
@@ -203,7 +226,7 @@ class DraftPool:
             if spec is None and served is not None:
                 worker_id = await worker.retire_version.remote(name)
             elif spec is not None and served != spec.source and (served is not None or base_draft(name) != name):
-                call = worker.swap_head if base_draft(name) == name else worker.add_version
+                call = worker.swap_draft if base_draft(name) == name else worker.add_version
                 worker_id = await call.remote(name, spec.source)
             else:  # as the pool serves it
                 continue

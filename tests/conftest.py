@@ -109,7 +109,7 @@ def service(tiny_zoo, metrics_port):
     from specserve.cluster.bringup import start_service
 
     tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
-    tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)], CANARY_TASK: ["eagle3"]}
+    tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)], CANARY_TASK: ["eagle3", "sql"]}
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
               "as_written": list(tasks),
               "policy": {"min_trials": 32},
@@ -149,8 +149,9 @@ SERVICE_TIMEOUTS = {"draft_step_seconds": 2.0, "target_step_seconds": 4.0, "targ
 # + a step 2 s), and short enough for the eviction test.
 SESSION_IDLE_SECONDS = 13.0
 POOR_TASK = "poor"
-# Served by the EAGLE-3 head alone, for the canary tests: what a version that loses teaches the policy
-# about the head stays in this task's arm, not in a zoo task's that the routing tests judge.
+# Served by the EAGLE-3 head and the sql draft, for the canary tests (a head's versions and a draft
+# model's): what a version that loses teaches the policy stays in this task's arms, not in a zoo
+# task's that the routing tests judge.
 CANARY_TASK = "canaried"
 LISTED_SEGMENT = "enterprise"  # router.segments of the session's service: counted under its own name
 

@@ -165,8 +165,8 @@ class RecordingPool:
         await self._call("add_version", name, source)
         self.specs[name] = SimpleNamespace(source=source)
 
-    async def swap_head(self, name, source):
-        await self._call("swap_head", name, source)
+    async def swap_draft(self, name, source):
+        await self._call("swap_draft", name, source)
         self.specs[name] = SimpleNamespace(source=source)
 
     async def retire_version(self, name):
@@ -187,7 +187,7 @@ def canary_run(tmp_path, pool, arms, monkeypatch, change_head=False):
     (head / "model.safetensors").write_bytes(b"weights")
 
     async def run():
-        canaries = Canaries(pool, ["eagle3"], {"sql": ("eagle3",), "code": ("code",)})
+        canaries = Canaries(pool, {"sql": ("eagle3",), "code": ("code",)})
         status = await canaries.start("eagle3", str(head), config=CanaryConfig(min_requests=10, max_requests=100))
         if change_head:
             (head / "model.safetensors").write_bytes(b"other weights, same directory")
@@ -204,7 +204,7 @@ def test_a_better_canary_is_promoted_then_retired_and_a_worse_one_only_retired(t
     pool = RecordingPool()
     status = canary_run(tmp_path / "a", pool, (poor, good), monkeypatch)
     assert status.state == "promoted" and "look 1" in status.reason and status.finished
-    assert [c[0] for c in pool.calls] == ["add_version", "swap_head", "retire_version"]
+    assert [c[0] for c in pool.calls] == ["add_version", "swap_draft", "retire_version"]
     pool = RecordingPool()
     status = canary_run(tmp_path / "b", pool, (good, poor), monkeypatch)
     assert status.state == "rolled back" and [c[0] for c in pool.calls] == ["add_version", "retire_version"]
@@ -214,7 +214,7 @@ def test_a_failed_promotion_or_a_head_changed_since_the_start_leaves_the_draft_a
                                                                                                monkeypatch):
     rng = random.Random(6)
     arms = (arm(draws(rng, 0.4, 12)), arm(draws(rng, 0.85, 12)))
-    pool = RecordingPool(fail=("swap_head",))
+    pool = RecordingPool(fail=("swap_draft",))
     status = canary_run(tmp_path / "a", pool, arms, monkeypatch)
     assert status.state == "failed" and "the promotion failed, the draft unchanged" in status.reason
     assert pool.calls[-1][0] == "retire_version" and "eagle3@v2" not in pool.specs
@@ -230,8 +230,11 @@ def test_a_canary_that_cannot_load_fails_rather_than_loading_forever_and_a_draft
     from specserve.cluster.canary import Canaries
 
     async def run():
-        canaries = Canaries(RecordingPool(fail=("add_version",)), ["eagle3", "idle"],
-                            {"sql": ("eagle3",), "code": ("code",)})
+        pool = RecordingPool(fail=("add_version",))
+        pool.specs["idle"] = SimpleNamespace(source="zoo-idle")
+        canaries = Canaries(pool, {"sql": ("eagle3",), "code": ("code",)})
+        with pytest.raises(ValueError, match="no draft 'nothing' in the draft pool"):
+            await canaries.start("nothing", str(tmp_path))
         with pytest.raises(ValueError, match="add_version refused"):
             await canaries.start("eagle3", str(tmp_path))
         (status,) = canaries.statuses.values()

@@ -1,8 +1,8 @@
 """A canary on the session's service (`specserve canary`, cluster/canary.py): a new version of the
-EAGLE-3 head served beside the draft on a share of its traffic, promoted when its alpha beats the
-draft's and rolled back otherwise, with every request's output the target's own throughout. The
-version that loses is the zoo's head with its output layer negated (it proposes what the target
-least expects: acceptance near 0, output unchanged)."""
+EAGLE-3 head, or of a draft model, served beside the draft on a share of its traffic, promoted when
+its alpha beats the draft's and rolled back otherwise, with every request's output the target's own
+throughout. The version that loses is the zoo's with its output layer negated (it proposes what the
+target least expects: acceptance near 0, output unchanged)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.router.canary import FINISHED, CanaryConfig
 
 from conftest import CANARY_TASK
-from test_head_swap import negated_head
+from test_head_swap import negated_draft, negated_head
 
 MAX_TOKENS = 24
 CLIENTS = 4
@@ -30,16 +30,17 @@ DECISION_SECONDS = 240.0
 CONFIG = CanaryConfig(share=0.5, confidence=0.95, min_requests=6, max_requests=60)
 
 
-def run_canary(service, client, tiny_zoo, source, version: str):
-    """Start a canary of eagle3 at ``source``, send the draft's traffic until it is decided; returns
-    its last status and every (prompt, reply) sent meanwhile."""
+def run_canary(service, client, tiny_zoo, source, version: str, draft: str = "eagle3", decision: str = ""):
+    """Start a canary of ``draft`` at ``source``, send the draft's traffic until it is decided (by an
+    operator's ``decision`` after the first round, where one is given); returns its last status and
+    every (prompt, reply) sent meanwhile."""
     control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
     prompts = [p for task in ("sql", "code", "math", "prose") for p in tiny_zoo.prompts(task)[:2]]
-    status = control.start_canary.remote("eagle3", str(source), version, (CANARY_TASK,), CONFIG).result(timeout_s=120)
-    assert status.state == "running" and status.version == f"eagle3@{version}", status
+    status = control.start_canary.remote(draft, str(source), version, (CANARY_TASK,), CONFIG).result(timeout_s=120)
+    assert status.state == "running" and status.version == f"{draft}@{version}", status
 
     def ask(prompt: str) -> tuple[str, pb.GenerateResponse]:
-        return prompt, client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, draft="eagle3",
+        return prompt, client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, draft=draft,
                                                           task=CANARY_TASK, speculation=pb.SPECULATION_ON),
                                        timeout=120)
 
@@ -49,6 +50,8 @@ def run_canary(service, client, tiny_zoo, source, version: str):
         while status.state not in FINISHED:
             assert time.monotonic() < deadline, f"no decision in {DECISION_SECONDS:.0f} s: {status}"
             replies += pool.map(ask, prompts)
+            if decision and status.state == "running":
+                control.end_canary.remote(draft, decision).result(timeout_s=60)
             status = next(s for s in control.canary_statuses.remote().result(timeout_s=30)
                           if s.canary_id == status.canary_id)
     return status, replies
@@ -64,10 +67,11 @@ def check_lossless(client, replies) -> None:
         assert reply.stats.route != "lost"
 
 
-def sources(client) -> list[dict[str, str]]:
-    """Each draft worker's heads (and versions) and where they were loaded from."""
-    return [ray.get(ray.get_actor(w.worker_id, namespace=NAMESPACE).head_sources.remote(), timeout=30)
-            for w in client.stats().workers if w.kind == "draft"]
+def sources(client, draft: str = "eagle3") -> list[dict[str, str]]:
+    """Each draft worker's ``draft`` and its versions, and where each was loaded from."""
+    served = [ray.get(ray.get_actor(w.worker_id, namespace=NAMESPACE).sources.remote(), timeout=30)
+              for w in client.stats().workers if w.kind == "draft"]
+    return [{name: source for name, source in drafts.items() if name.split("@")[0] == draft} for drafts in served]
 
 
 def test_a_canary_that_accepts_less_is_rolled_back_and_the_draft_serves_on_unchanged(service, client, tiny_zoo,
@@ -91,7 +95,7 @@ def test_a_canary_that_accepts_more_is_promoted_and_serves_the_draft_from_then_o
     control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
     zoo_head = tiny_zoo.root / HEAD_PATH
     better = shutil.copytree(zoo_head, tmp_path / "v2")  # the zoo's head, a new version by its path
-    control.swap_head.remote("eagle3", str(negated_head(zoo_head, tmp_path / "neg"))).result(timeout_s=120)
+    control.swap_draft.remote("eagle3", str(negated_head(zoo_head, tmp_path / "neg"))).result(timeout_s=120)
     try:
         status, replies = run_canary(service, client, tiny_zoo, better, "v2")
         assert status.state == "promoted", status
@@ -105,7 +109,7 @@ def test_a_canary_that_accepts_more_is_promoted_and_serves_the_draft_from_then_o
         # negated one's record (1), 0.4-1.0 of its drafts.
         assert after.stats.draft == "eagle3" and after.stats.accepted_tokens > 0.2 * after.stats.proposed_tokens
     finally:
-        control.swap_head.remote("eagle3", str(zoo_head)).result(timeout_s=120)  # the other tests' head
+        control.swap_draft.remote("eagle3", str(zoo_head)).result(timeout_s=120)  # the other tests' head
 
 
 def test_a_canary_says_what_to_fix_and_an_operator_can_roll_it_back(service, tiny_zoo, tmp_path, capsys):
@@ -114,7 +118,9 @@ def test_a_canary_says_what_to_fix_and_an_operator_can_roll_it_back(service, tin
     app = ["--app", service.app_name]
     zoo_head = tiny_zoo.root / HEAD_PATH
     assert main(["canary", "--draft", "sql", "--head", str(zoo_head), *app]) == 2
-    assert "no EAGLE-3 head 'sql'" in capsys.readouterr().err
+    assert "draft 'sql' is a draft model" in capsys.readouterr().err
+    assert main(["canary", "--draft", "nothing", "--model", str(tiny_zoo.draft_dir("sql")), *app]) == 2
+    assert "no draft 'nothing' in the draft pool" in capsys.readouterr().err
     assert main(["canary", "--draft", "eagle3", "--head", str(zoo_head), "--tasks", "general", *app]) == 2
     assert "not served by draft 'eagle3'" in capsys.readouterr().err
     assert main(["canary", "--draft", "eagle3", "--head", str(zoo_head), "--share", "1.5", *app]) == 2
@@ -162,7 +168,7 @@ def test_sampled_output_keeps_the_targets_distribution_through_a_canary_and_swap
         heads = [str(negated), str(zoo_head)]
         while not done.wait(1.0):
             heads.reverse()
-            control.swap_head.remote("eagle3", heads[0]).result(timeout_s=120)
+            control.swap_draft.remote("eagle3", heads[0]).result(timeout_s=120)
 
     swapping = threading.Thread(target=swap_back_and_forth)
     swapping.start()
@@ -176,7 +182,7 @@ def test_sampled_output_keeps_the_targets_distribution_through_a_canary_and_swap
         done.set()
         swapping.join()
         control.end_canary.remote("eagle3", "roll back").result(timeout_s=60)
-        control.swap_head.remote("eagle3", str(zoo_head)).result(timeout_s=120)
+        control.swap_draft.remote("eagle3", str(zoo_head)).result(timeout_s=120)
         wait_finished(control)  # the next tests' requests of eagle3 all draft with the zoo's head
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -185,3 +191,26 @@ def test_sampled_output_keeps_the_targets_distribution_through_a_canary_and_swap
     assert report["sampled"]["rejected"] == 0, report["sampled"]
     statuses = control.canary_statuses.remote().result(timeout_s=30)
     assert any(s.version == "eagle3@sampled" and s.canary.requests for s in statuses)  # the canary drafted some
+
+
+def test_a_draft_models_canary_is_rolled_back_or_promoted_and_the_draft_swapped_back(service, client, tiny_zoo,
+                                                                                     tmp_path):
+    """The same for a draft model (not a head): a version loaded beside it with a KV pool of its own,
+    its sessions opened and ended there; promoted, it serves as the draft as loaded (not loaded
+    again), and the model before it goes once its sessions end."""
+    control = serve.get_deployment_handle(CONTROL_DEPLOYMENT, app_name=service.app_name)
+    zoo_sql = str(tiny_zoo.draft_dir("sql"))
+    status, replies = run_canary(service, client, tiny_zoo, negated_draft(zoo_sql, tmp_path / "neg"), "negated",
+                                 draft="sql")
+    assert status.state == "rolled back" and status.canary.alpha < 0.2 < status.base.alpha, status
+    assert {reply.stats.draft for _, reply in replies} == {"sql", "sql@negated"}
+    assert all(drafts == {"sql": zoo_sql} for drafts in sources(client, "sql")), sources(client, "sql")
+    better = shutil.copytree(zoo_sql, tmp_path / "v2")
+    try:
+        status, more = run_canary(service, client, tiny_zoo, better, "v2", draft="sql", decision="promote")
+        assert status.state == "promoted" and "by an operator" in status.reason, status
+        assert all(drafts == {"sql": str(better)} for drafts in sources(client, "sql")), sources(client, "sql")
+        check_lossless(client, replies + more)
+    finally:
+        control.swap_draft.remote("sql", zoo_sql).result(timeout_s=120)  # the other tests' draft
+    assert all(drafts == {"sql": zoo_sql} for drafts in sources(client, "sql"))

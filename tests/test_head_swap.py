@@ -1,4 +1,4 @@
-"""A new version of an EAGLE-3 head served without a restart (cluster/pool.py ``swap_head``, through
+"""A new version of an EAGLE-3 head served without a restart (cluster/pool.py ``swap_draft``, through
 the control deployment): under load on the session's service, every request completes with the
 target's own tokens; sessions open on the old head finish on it (their acceptance stays the old
 head's), and sessions opened after draft with the new one. The test swaps in a head whose output
@@ -7,6 +7,7 @@ then the zoo's own head back."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -28,6 +29,17 @@ def negated_head(zoo_head, out):
     weights = load_file(out / "model.safetensors")
     weights["lm_head.weight"] = -weights["lm_head.weight"]
     save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def negated_draft(zoo_draft, out):
+    """A copy of a zoo draft model (tied embeddings) whose output layer proposes its least likely token."""
+    shutil.copytree(zoo_draft, out)
+    weights = load_file(out / "model.safetensors")
+    weights["lm_head.weight"] = -weights["model.embed_tokens.weight"]
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": False}))
     return out
 
 
@@ -57,7 +69,7 @@ def test_a_head_swapped_under_load_loses_no_request_and_serves_new_sessions(serv
             thread.start()
         started.wait()
         time.sleep(0.2)  # their sessions open on the zoo's head
-        swapped = control.swap_head.remote("eagle3", str(negated_head(zoo_head, tmp_path / "negated"))).result(
+        swapped = control.swap_draft.remote("eagle3", str(negated_head(zoo_head, tmp_path / "negated"))).result(
             timeout_s=120)
         swapped_at = time.monotonic()
         assert swapped and all(w.startswith("draft-worker-") for w in swapped)
@@ -66,7 +78,7 @@ def test_a_head_swapped_under_load_loses_no_request_and_serves_new_sessions(serv
         assert len(replies) == CLIENTS
         after = [(p, ask(p), time.monotonic()) for p in prompts]
     finally:
-        control.swap_head.remote("eagle3", str(zoo_head)).result(timeout_s=120)  # the other tests' head
+        control.swap_draft.remote("eagle3", str(zoo_head)).result(timeout_s=120)  # the other tests' head
     running = [reply for _, reply, came in replies if came > swapped_at]  # still drafting when the head changed
     assert running, "no request was still running when the head changed"
     # They finished on the head they opened with: the zoo's accepts 0.9-1.0 here, so a session moved
@@ -96,9 +108,13 @@ def test_swap_head_says_what_to_fix_and_swaps_a_running_services_head(service, t
     assert "not an EAGLE-3 head directory" in capsys.readouterr().err
     assert main(["swap-head", "--draft", "sql", "--head", str(zoo_head), *app]) == 2
     err = capsys.readouterr().err
-    assert "no EAGLE-3 head 'sql'" in err and "Traceback" not in err, err
+    assert "draft 'sql' is a draft model" in err and "Traceback" not in err, err
+    assert main(["swap-draft", "--draft", "sql", "--model", str(zoo_head), *app]) == 2
+    assert "is an EAGLE-3 head: give it as --head" in capsys.readouterr().err
+    assert main(["swap-draft", "--draft", "nothing", "--model", str(tiny_zoo.draft_dir("sql")), *app]) == 2
+    assert "serves no draft 'nothing'" in capsys.readouterr().err
     assert main(["swap-head", "--draft", "eagle3", "--head", str(zoo_head), *app]) == 0  # the same version again
-    assert "draft eagle3 is now the head at" in capsys.readouterr().out
+    assert "draft eagle3 is now the one at" in capsys.readouterr().out
 
 
 def test_a_worker_ray_restarts_is_swapped_to_the_new_head_again(service, client, tiny_zoo, tmp_path):
@@ -114,13 +130,15 @@ def test_a_worker_ray_restarts_is_swapped_to_the_new_head_again(service, client,
     copy = shutil.copytree(zoo_head, tmp_path / "eagle3-v2")  # the same weights: a version by its path
 
     def sources(worker_id: str) -> dict[str, str] | None:
+        """Where the worker's eagle3 and its versions come from."""
         try:
-            return ray.get(ray.get_actor(worker_id, namespace=NAMESPACE).head_sources.remote(), timeout=10)
+            served = ray.get(ray.get_actor(worker_id, namespace=NAMESPACE).sources.remote(), timeout=10)
         except Exception:  # noqa: BLE001  (restarting: not answering yet)
             return None
+        return {name: source for name, source in served.items() if name.startswith("eagle3")}
 
     try:
-        control.swap_head.remote("eagle3", str(copy)).result(timeout_s=120)
+        control.swap_draft.remote("eagle3", str(copy)).result(timeout_s=120)
         struck = workers(client, "draft")[0]
         assert sources(struck.worker_id) == {"eagle3": str(copy)}
         kill(struck, restart=True)
@@ -129,7 +147,7 @@ def test_a_worker_ray_restarts_is_swapped_to_the_new_head_again(service, client,
             assert time.monotonic() < deadline, f"{struck.worker_id} serves {sources(struck.worker_id)} after its restart"
             time.sleep(1.0)
     finally:
-        control.swap_head.remote("eagle3", str(zoo_head)).result(timeout_s=120)
+        control.swap_draft.remote("eagle3", str(zoo_head)).result(timeout_s=120)
     deadline = time.monotonic() + 120
     while len(workers(client, "draft")) < 2:  # both answer again before the next test
         assert time.monotonic() < deadline, "the restarted draft worker did not come back"

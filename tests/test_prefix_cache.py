@@ -170,3 +170,30 @@ def test_a_session_that_must_draft_as_it_did_before_reuses_nothing_but_still_sha
     assert scheduler.prefix.open(second, reuse=False) == 0 and second.length == 0
     third = PooledSequence(pool.take(128), SYSTEM + [7], pool)
     assert scheduler.prefix.open(third) == 2 * ATTENTION_BLOCK
+
+
+def test_a_retired_models_pool_gives_its_memory_back_once_its_last_session_ends(target):
+    """A draft worker's version replaced or retired (workers/draft_worker.py): its scheduler retires
+    while a session is open on it; that session decodes on to its end (its tokens its own), then the
+    pool's arenas, its cached prefix's too, go back to the budget the process's pools share, where a
+    new version's pool takes them."""
+    shape = KVShape.of(target)
+    prompt = questions(1, seed=8)[0]
+    room = 2 * (len(prompt) + TOKENS + 1)
+    budget = Budget(room * shape.bytes_per_position)
+    old = Scheduler(target, KVPool(shape, budget, arena_positions=room), Device(1), BatchingConfig(),
+                    prefix_caching=True)
+
+    async def run() -> list[int]:
+        sequence = PooledSequence(old.take(len(prompt) + TOKENS + 1), prompt, old.pool)
+        old.prefix.open(sequence)
+        old.retire()
+        assert budget.allocated_bytes == budget.limit_bytes  # a session still on it
+        done = await old.run(TargetSession(sequence, GREEDY, torch.Generator()).decode(TOKENS))
+        old.release(sequence.region)
+        return [v.token for v in done.result]
+
+    assert asyncio.run(run()) == decode_alone(target, [prompt], TOKENS)[0]
+    assert budget.allocated_bytes == 0 and old.pool.arenas == [] and not old.prefix.lru
+    new = KVPool(shape, budget, arena_positions=room)
+    assert new.take(room).capacity == room  # the whole budget, free again

@@ -124,6 +124,8 @@ class Scheduler:
         # on the device thread stops at the next boundary, so the pass after takes it into account.
         self._news = threading.Event()
         self._left_out = False  # the running pass left a pending step out (limits, a task's wait)
+        self.sessions = 0  # sessions holding a region of its pool (``take`` to ``release``)
+        self.retired = False  # its model no longer serves new sessions: its pool closes after the last
 
     async def run(self, step: Step, task: str = "", on_pass: PassCallback | None = None) -> StepResult:
         """Run ``step`` in as many passes as it needs, sharing them with other sessions' steps.
@@ -154,13 +156,35 @@ class Scheduler:
         """A pass is running on the device."""
         return bool(self._in_flight)
 
+    def take(self, capacity: int) -> Region:
+        """A new session's region of the pool (PoolFull where none fits)."""
+        region = self.pool.take(capacity)
+        self.sessions += 1
+        return region
+
     def release(self, region: Region) -> None:
         """A session's stream ended: its region goes back to the pool (or is kept while its prompt
         prefix may serve another session), after the running pass if that pass still writes into it."""
+        self.sessions -= 1
         if id(region) in self._in_flight:
             self._to_release.append(region)
         else:
             self._give_back(region)
+            self._close_if_done()
+
+    def retire(self) -> None:
+        """Its model serves no new session (a draft worker's version retired, or replaced): once the
+        sessions open on it end, its pool's memory goes back to the process's budget. On the
+        server's loop, where sessions open and end."""
+        self.retired = True
+        self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        if self.retired and not self.sessions and not self._in_flight and not self._to_release:
+            if self.prefix is not None:
+                self.prefix.clear()
+            self.graphs = None  # its buckets and scratch slot point into the arenas
+            self.pool.close()
 
     def _give_back(self, region: Region) -> None:
         if self.prefix is None or not self.prefix.release(region):
@@ -189,6 +213,7 @@ class Scheduler:
                 for region in self._to_release:
                     self._give_back(region)
                 self._to_release.clear()
+                self._close_if_done()
             for ran, outcomes, seconds in passes:
                 self._settle(ran, outcomes, seconds, started)
 

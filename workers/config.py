@@ -145,3 +145,8 @@ class DraftPoolConfig(WorkerConfig):
     workers: int = Field(2, ge=1)  # with autoscaling: how many start (within its bounds)
     autoscaling: PoolAutoscaling | None = None  # None: ``workers``, fixed
     drafts: tuple[str, ...] = ()  # the drafts every worker serves; empty: all of them
+    # On a GPU, a worker's KV budget is split in shares, one per draft model it serves plus these,
+    # kept free for a draft model's new version (a canary; a promoted one while the sessions of the
+    # one it replaces end). 0: every share serves; a draft model's version is then refused until
+    # memory frees. CPUs grow their pools with the load and need none kept.
+    version_pools: int = Field(1, ge=0)

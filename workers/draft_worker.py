@@ -58,72 +58,120 @@ class DraftWorker:
         for name in self.models:
             warm_grammars(drafts[name].source)
         self.heads = {name: gemv_layout(head) for name, head in (load_heads(heads, target) if heads else {}).items()}
-        self.specs, self.target, self.batching = dict(drafts), target, config.batching  # what swap_head loads from
+        self.specs, self.target, self.batching = dict(drafts), target, config.batching  # what swaps load from
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, self.models, config, registration,
-                              lambda server: rpc.add_DrafterServicer_to_server(servicer, server), extra=tuple(self.heads))
+                              lambda server: rpc.add_DrafterServicer_to_server(servicer, server), extra=tuple(self.heads),
+                              spare_pools=config.version_pools if self.models else 0)
         # Each head's sessions draft in shared passes, as a draft model's do (on the same device).
         self.head_schedulers = {name: HeadScheduler(head, self.host.device, config.batching)
                                 for name, head in self.heads.items()}
 
-    def swap_head(self, name: str, source: str) -> str:
-        """Serve the EAGLE-3 head at ``source`` as draft ``name`` from now on, without a restart:
-        sessions opened after this draft with it; those already open finish on the head they opened
-        with (their stream holds it and its scheduler), which goes once the last of them ends. The
+    def swap_draft(self, name: str, source: str) -> str:
+        """Serve the draft at ``source`` (a model directory, or an EAGLE-3 head's for a head) as draft
+        ``name`` from now on, without a restart: sessions opened after this draft with it; those
+        already open finish on the one they opened with (their stream holds it and its scheduler),
+        which goes once the last of them ends (a model's KV memory with it). The version served
+        beside it from that ``source`` (a canary promoted) is taken as it is, not loaded again. A
         new head is checked against the target as at start-up. Returns this worker's id. A worker
-        Ray restarts after a crash comes back with the head it was started with; the pool swaps it
-        again (``DraftPool.supervise``)."""
-        if name not in self.heads:
-            raise ValueError(f"this worker has no EAGLE-3 head {name!r}; its heads: {', '.join(self.heads) or 'none'}")
-        self._serve_head(name, source)
-        log.info("%s: draft %s is now the head at %s; sessions open on the one before finish on it",
+        Ray restarts after a crash comes back with the drafts it was started with; the pool swaps
+        it again (``DraftPool.supervise``)."""
+        if name not in self.heads and name not in self.models:
+            raise ValueError(f"this worker has no draft {name!r}; its drafts: {', '.join(self.served()) or 'none'}")
+        self._serve(name, source)
+        log.info("%s: draft %s is now the one at %s; sessions open on the one before finish on it",
                  self.host.worker_id, name, source)
         return self.host.worker_id
 
     def add_version(self, name: str, source: str) -> str:
-        """Serve the head at ``source`` beside its draft as ``name`` (``draft@version``: a canary,
+        """Serve the draft at ``source`` beside its draft as ``name`` (``draft@version``: a canary,
         cluster/canary.py); the same as a swap where it serves that version already."""
-        if base_draft(name) == name or base_draft(name) not in self.heads:
-            raise ValueError(f"{name!r} is not a version of one of this worker's EAGLE-3 heads "
-                             f"({', '.join(self.heads) or 'none'}): name it <head>{VERSION_MARK}<version>")
-        self._serve_head(name, source)
+        if base_draft(name) == name or base_draft(name) not in self.served():
+            raise ValueError(f"{name!r} is not a version of one of this worker's drafts "
+                             f"({', '.join(self.served()) or 'none'}): name it <draft>{VERSION_MARK}<version>")
+        self._serve(name, source)
         self._register()
-        log.info("%s: serving the head at %s as %s beside %s", self.host.worker_id, source, name, base_draft(name))
+        log.info("%s: serving the draft at %s as %s beside %s", self.host.worker_id, source, name, base_draft(name))
         return self.host.worker_id
 
     def retire_version(self, name: str) -> str:
         """Take no new sessions on version ``name``; those open on it finish on it (their stream holds
-        the head), which goes once the last of them ends."""
-        if base_draft(name) != name and self.heads.pop(name, None) is not None:
-            del self.head_schedulers[name], self.specs[name]
+        the head, or the model's scheduler), which goes once the last of them ends."""
+        if base_draft(name) != name and name in self.served():
+            if name in self.heads:
+                self.host.on_loop(lambda: self._unserve_head(name))
+            else:
+                self.host.on_loop(lambda: self._unserve_model(name))
             self._register()
             log.info("%s: version %s retired; its open sessions finish on it", self.host.worker_id, name)
         return self.host.worker_id
 
+    def served(self) -> tuple[str, ...]:
+        """The drafts it serves now: its models and heads, and their versions."""
+        return (*self.models, *self.heads)
+
     def _register(self) -> None:
         """Say what it serves now at once, not at the next heartbeat: routers route by it."""
-        self.host.models = (*self.models, *self.heads)
+        self.host.models = self.served()
         self.host.heartbeat.beat()
 
-    def _serve_head(self, name: str, source: str) -> None:
-        """Load the head at ``source`` for ``name`` (a draft, or a version of one: it must read the
-        target layers its draft reads, which the routers ask the target for) and serve it to the
+    def _serve(self, name: str, source: str) -> None:
+        """Load the draft at ``source`` for ``name`` (a draft, or a version of one) and serve it to the
         sessions opened from now on."""
         base = base_draft(name)
         spec = dataclasses.replace(self.specs[base], source=source)
-        head = gemv_layout(load_heads({name: spec}, self.target)[name])
+        if base in self.heads:
+            head = self._loaded_head(base, spec)
+            scheduler = HeadScheduler(head, self.host.device, self.batching)
+            self.host.on_loop(lambda: self._serve_head(name, spec, head, scheduler))
+            return
+        adopted = next((n for n in self.models if n != name and base_draft(n) == base and self.specs[n] == spec), None)
+        if adopted is not None:  # a canary promoted: its model and scheduler, as measured
+            model, scheduler = self.models[adopted], self.host.schedulers[adopted]
+        else:
+            model = load_model(spec)
+            scheduler = self.host.added_scheduler(model)
+            warm_grammars(source)
+        self.host.on_loop(lambda: self._serve_model(name, spec, model, scheduler))
+
+    def _loaded_head(self, base: str, spec: ModelSpec) -> Eagle3Head:
+        """The head at ``spec`` for a version or swap of head ``base``: it must read the target layers
+        ``base`` reads, which the routers ask the target for."""
+        head = gemv_layout(load_heads({base: spec}, self.target)[base])
         before, after = self.heads[base].config.aux_layers, head.config.aux_layers
         if tuple(after) != tuple(before):
-            raise ValueError(f"the head at {source} reads the target's layers {list(after)}, draft {base!r} reads "
+            raise ValueError(f"the head at {spec.source} reads the target's layers {list(after)}, draft {base!r} reads "
                              f"{list(before)}: the routers send those; distil the new version with --aux-layers "
                              f"{','.join(map(str, before))}, or serve it under a new name (a restart)")
-        scheduler = HeadScheduler(head, self.host.device, self.batching)
-        self.heads[name], self.head_schedulers[name], self.specs[name] = head, scheduler, spec  # new sessions' from here
+        return head
 
-    def head_sources(self) -> dict[str, str]:
-        """Where each of its heads (and versions) was loaded from (the pool checks a restarted
-        worker's: Ray restarts it with the heads it was first started with)."""
-        return {name: self.specs[name].source for name in self.heads}
+    def _serve_head(self, name: str, spec: ModelSpec, head: Eagle3Head, scheduler: HeadScheduler) -> None:
+        self.heads[name], self.head_schedulers[name], self.specs[name] = head, scheduler, spec
+
+    def _unserve_head(self, name: str) -> None:
+        del self.heads[name], self.head_schedulers[name], self.specs[name]
+
+    def _serve_model(self, name: str, spec: ModelSpec, model, scheduler: Scheduler) -> None:
+        before = self.host.schedulers.get(name)
+        self.host.schedulers[name], self.specs[name] = scheduler, spec
+        self.grammars[name] = functools.partial(grammar_compiler, spec.source)
+        self.models[name] = model
+        self._retire_unserved(before)
+
+    def _unserve_model(self, name: str) -> None:
+        del self.models[name], self.grammars[name], self.specs[name]
+        self._retire_unserved(self.host.schedulers.pop(name))
+
+    def _retire_unserved(self, scheduler: Scheduler | None) -> None:
+        """A model's scheduler no name serves any more (a version promoted serves two for a while)
+        closes its pool once its open sessions end."""
+        if scheduler is not None and all(s is not scheduler for s in self.host.schedulers.values()):
+            scheduler.retire()
+
+    def sources(self) -> dict[str, str]:
+        """Where each of its drafts (and versions) was loaded from (the pool checks a restarted
+        worker's: Ray restarts it with the drafts it was first started with)."""
+        return {name: self.specs[name].source for name in self.served()}
 
     def ping(self) -> str:
         """The pool's liveness check (a Ray call, not the stream server)."""
@@ -318,7 +366,7 @@ class DrafterServicer(rpc.DrafterServicer):
     async def serve(self, requests, context):
         """One session: its requests (the first opens it), answered one proposal a step."""
         opened = await first_open(requests, context)
-        if base_draft(opened.model) != opened.model and opened.model not in self.worker.heads:
+        if base_draft(opened.model) != opened.model and opened.model not in self.worker.served():
             # A version retired since the router read the registry: refused as a full worker is, so
             # the request drafts elsewhere or goes on target-only.
             yield pb.Proposal(refused=f"this worker no longer serves version {opened.model!r}")
@@ -351,7 +399,7 @@ class DrafterServicer(rpc.DrafterServicer):
         host = self.worker.host
         try:
             with host.slots.hold(on_done=context.add_done_callback):
-                # One read: the head and its scheduler of one version, whatever swap_head does meanwhile.
+                # One read: the head and its scheduler of one version, whatever a swap does meanwhile.
                 scheduler = self.worker.head_schedulers.get(opened.model)
                 if scheduler is None:  # retired since ``serve`` looked
                     raise SessionLimit(f"this worker no longer serves version {opened.model!r}")

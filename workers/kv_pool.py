@@ -19,6 +19,7 @@ regions need.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,12 +41,23 @@ class Budget:
 
     limit_bytes: int
     allocated_bytes: int = 0
+    # A draft worker loads a model's new version (and warms its passes) off the server's loop.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def take(self, nbytes: int) -> bool:
-        if self.allocated_bytes + nbytes > self.limit_bytes:
-            return False
-        self.allocated_bytes += nbytes
-        return True
+        with self._lock:
+            if self.allocated_bytes + nbytes > self.limit_bytes:
+                return False
+            self.allocated_bytes += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.allocated_bytes -= nbytes
+
+    @property
+    def left_bytes(self) -> int:
+        return self.limit_bytes - self.allocated_bytes
 
 
 def device_budget(kv_cache_mib: float, gpu_memory_utilization: float | None, gpus: float,
@@ -158,6 +170,12 @@ class KVPool:
         arena.free[:] = _merged(sorted(arena.free))
         self.in_use -= region.capacity
 
+    def close(self) -> None:
+        """Give all its memory back to the budget (its model no longer served, no session left on it):
+        another pool of the process, a new version's, may take it."""
+        self.budget.give(self.allocated_bytes)
+        self.arenas, self.in_use = [], 0
+
     def keys(self, region: Region, layer: int) -> torch.Tensor:
         """[heads, capacity, head_dim]: a view of the region's keys in ``layer``."""
         return self.arenas[region.arena].keys[layer][:, region.start : region.start + region.capacity]
@@ -176,7 +194,7 @@ class KVPool:
                 tensor.index_copy_(1, destination, tensor.index_select(1, source))
 
     def _new_arena(self, positions: int, needed: int) -> Arena:
-        left = (self.budget.limit_bytes - self.budget.allocated_bytes) // self.shape.bytes_per_position
+        left = self.budget.left_bytes // self.shape.bytes_per_position
         positions = min(positions, left)  # the last arena takes what the budget has left
         if positions < needed or not self.budget.take(positions * self.shape.bytes_per_position):
             raise PoolFull(f"the session needs {needed} positions of KV cache "

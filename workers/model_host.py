@@ -22,7 +22,7 @@ from .calibration import time_pass_widths
 from .config import WorkerConfig
 from .grpc_host import BackgroundServer, Device, advertised_host
 from .kv_cache import session_capacity
-from .kv_pool import KVPool, KVShape, PoolFull, arena_positions, device_budget
+from .kv_pool import ARENA_POSITIONS, KVPool, KVShape, PoolFull, arena_positions, device_budget
 from .loading import gemv_layout
 from .ragged_pass import PooledSequence, use_pooled_attention
 from .wire import sampling_from
@@ -102,7 +102,7 @@ class ModelHost:
 
     def __init__(self, kind: str, worker_id: str, models: dict[str, PreTrainedModel], config: WorkerConfig,
                  registration: Registration, add_servicer: Callable[[grpc.aio.Server], None],
-                 extra: tuple[str, ...] = (), time_passes: bool = False) -> None:
+                 extra: tuple[str, ...] = (), time_passes: bool = False, spare_pools: int = 0) -> None:
         """``extra``: what it also serves, outside the batch schedulers (a draft worker's EAGLE-3 heads);
         ``time_passes``: time a pass of each width before registering (a target replica: the router
         prices load with them until it has timed real passes, workers/calibration.py)."""
@@ -116,9 +116,11 @@ class ModelHost:
         device = next(iter(models.values())).device if models else torch.device("cpu")
         self.budget = device_budget(config.kv_cache_mib, config.gpu_memory_utilization, config.gpus,
                                     device)  # shared by the pools of all its models
-        self.schedulers = {name: Scheduler(use_pooled_attention(gemv_layout(model)), self._pool(model, len(models)),
-                                           self.device, config.batching, config.prefix_caching)
-                           for name, model in models.items()}
+        self.batching, self.prefix_caching = config.batching, config.prefix_caching
+        # On a GPU each pool takes its whole share at its first session: ``spare_pools`` shares stay
+        # free for models added while serving (a draft worker's versions).
+        self.pools = len(models) + spare_pools
+        self.schedulers = {name: self._scheduler(model) for name, model in models.items()}
         compiled = [s.graphs for s in self.schedulers.values() if s.graphs is not None and s.graphs.compiled]
         if compiled:  # before it registers, so no request meets a compile; on this thread, not the device's
             # pinned one, whose pinning the C++ compiler's processes would inherit (a minute cold).
@@ -144,9 +146,32 @@ class ModelHost:
         log.info("%s %s serving %s at %s (cores %s; %s)", kind, worker_id, ", ".join(self.models), self.address,
                  sorted(self.device.cpus) or "unpinned", security.describe_internal())
 
-    def _pool(self, model: PreTrainedModel, pools: int) -> KVPool:
+    def _scheduler(self, model: PreTrainedModel) -> Scheduler:
         shape = KVShape.of(model)
-        return KVPool(shape, self.budget, arena_positions(self.budget, shape, pools))
+        pool = KVPool(shape, self.budget, arena_positions(self.budget, shape, self.pools))
+        return Scheduler(use_pooled_attention(gemv_layout(model)), pool, self.device, self.batching, self.prefix_caching)
+
+    def added_scheduler(self, model: PreTrainedModel) -> Scheduler:
+        """A scheduler, its pool and (compiled) warmed passes for a model loaded while serving; not
+        yet serving anything (``on_loop`` puts it in ``schedulers``). On a GPU it needs a pool's
+        share of the budget free: ValueError otherwise."""
+        scheduler = self._scheduler(model)
+        needed = min(scheduler.pool.arena_positions, ARENA_POSITIONS) * scheduler.pool.shape.bytes_per_position
+        if self.budget.left_bytes < needed:
+            raise ValueError(f"{self.kind} {self.worker_id}: {self.budget.left_bytes / 2**20:.0f} MiB of its KV budget "
+                             f"is free, a new model's pool needs {needed / 2**20:.0f} MiB: wait for the sessions of a "
+                             f"version replaced or retired to end, or keep a share free (draft_pool.version_pools)")
+        if scheduler.graphs is not None and scheduler.graphs.compiled:
+            seconds = scheduler.graphs.warm_up()
+            log.info("%s %s: compiled the decode passes of a model added in %.1f s", self.kind, self.worker_id, seconds)
+        return scheduler
+
+    def on_loop(self, change: Callable[[], T]) -> T:
+        """Run ``change`` on the server's event loop, where sessions open and end, and return what it
+        returns: what serves a name changes between two sessions' opening, never during one."""
+        async def run() -> T:
+            return change()
+        return asyncio.run_coroutine_threadsafe(run(), self.server.loop).result()
 
     def endpoint(self) -> Endpoint:
         counts = _prefix_counts(self.schedulers.values())
@@ -159,9 +184,11 @@ class ModelHost:
                 context: grpc.aio.ServicerContext) -> Iterator[tuple[Scheduler, PooledSequence]]:
         """A session slot and a region of ``model``'s KV pool for the longest sequence ``opened``
         may reach, until the session's stream ends; with the scheduler its steps run on."""
-        scheduler = self.schedulers[model]
+        scheduler = self.schedulers.get(model)
+        if scheduler is None:  # a version retired since the caller looked
+            raise SessionLimit(f"{self.kind} {self.worker_id} no longer serves {model!r}")
         capacity = reserved_length(opened, scheduler.model)
-        with self.slots.hold(lambda: scheduler.pool.take(capacity), scheduler.release,
+        with self.slots.hold(lambda: scheduler.take(capacity), scheduler.release,
                              context.add_done_callback) as region:
             sequence = PooledSequence(region, opened.prompt_ids, scheduler.pool)
             if scheduler.prefix is not None:

@@ -1,5 +1,6 @@
-"""`specserve swap-head`: a running service's draft pool serves a new version of an EAGLE-3 head,
-without a restart and without losing a request (cluster/pool.py ``swap_head``)."""
+"""`specserve swap-draft` (or `swap-head`): a running service's draft pool serves a new version of a
+draft model or an EAGLE-3 head, without a restart and without losing a request (cluster/pool.py
+``swap_draft``)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,25 @@ SWAP_TIMEOUT_SECONDS = 300.0  # what the control deployment waits for every work
 
 def register(commands: argparse._SubParsersAction) -> None:
     swap = commands.add_parser(
-        "swap-head", help="serve a new version of an EAGLE-3 head in a running service, without a restart",
-        description="Load the EAGLE-3 head at --head into every draft worker of a running service as draft --draft: "
-                    "sessions opened from then on draft with it, those already open finish on the version they "
-                    "opened with, and workers the pool starts later load it too. The directory must be readable "
-                    "at the same path on the draft workers' nodes (a shared volume on Kubernetes).")
-    swap.add_argument("--draft", required=True, help="the head's draft name in the service (e.g. eagle3)")
-    swap.add_argument("--head", required=True, type=Path, help="the new version: a speculators-format head directory "
-                                                             "(from `specserve distill --method eagle3`)")
+        "swap-draft", aliases=["swap-head"],
+        help="serve a new version of a draft model or EAGLE-3 head in a running service, without a restart",
+        description="Load the draft model at --model (or the EAGLE-3 head at --head) into every draft worker of a "
+                    "running service as draft --draft: sessions opened from then on draft with it, those already "
+                    "open finish on the version they opened with, and workers the pool starts later load it too. "
+                    "A draft model's tokenizer must be the target's. The directory must be readable at the same "
+                    "path on the draft workers' nodes (a shared volume on Kubernetes).")
+    swap.add_argument("--draft", required=True, help="the draft's name in the service (e.g. eagle3, sql)")
+    add_source_arguments(swap.add_mutually_exclusive_group(required=True))
     add_service_arguments(swap)
     swap.set_defaults(run=run)
+
+
+def add_source_arguments(group: argparse._MutuallyExclusiveGroup) -> None:
+    """--model or --head: the new version's directory (``source`` reads it)."""
+    group.add_argument("--model", type=Path, help="the new version: a draft model directory (from `specserve "
+                                                  "distill`), for a draft that is a model")
+    group.add_argument("--head", type=Path, help="the new version: a speculators-format head directory (from "
+                                                 "`specserve distill --method eagle3`), for a draft that is a head")
 
 
 def add_service_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,13 +41,21 @@ def add_service_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app", default=DEFAULT_APP, help="its Serve application name (default: %(default)s)")
 
 
-def head_directory(path: Path) -> Path:
+def source(args: argparse.Namespace) -> Path:
+    """The directory --model or --head names, checked as far as this machine can: a head directory
+    for --head, a model's (config.json) for --model; the service checks the rest before loading it."""
     from specserve.workers.heads.format import is_head
 
-    if not is_head(path):
-        raise ValueError(f"--head {path}: not an EAGLE-3 head directory (no config.json with "
-                         f"speculators_model_type eagle3); `specserve distill --method eagle3` writes one")
-    return path.resolve()
+    if args.head is not None:
+        if not is_head(args.head):
+            raise ValueError(f"--head {args.head}: not an EAGLE-3 head directory (no config.json with "
+                             f"speculators_model_type eagle3); `specserve distill --method eagle3` writes one")
+        return args.head.resolve()
+    if is_head(args.model):
+        raise ValueError(f"--model {args.model} is an EAGLE-3 head: give it as --head")
+    if not (args.model / "config.json").is_file():
+        raise ValueError(f"--model {args.model}: no config.json there; `specserve distill` writes a draft model")
+    return args.model.resolve()
 
 
 def control(args: argparse.Namespace):
@@ -73,9 +91,9 @@ def answer(response, timeout: float):
 
 
 def run(args: argparse.Namespace) -> int:
-    head = head_directory(args.head)
-    swapped = answer(control(args).swap_head.remote(args.draft, str(head)), SWAP_TIMEOUT_SECONDS + 30)
-    print(f"draft {args.draft} is now the head at {head} on {', '.join(swapped)}; sessions open on the version "
+    directory = source(args)
+    swapped = answer(control(args).swap_draft.remote(args.draft, str(directory)), SWAP_TIMEOUT_SECONDS + 30)
+    print(f"draft {args.draft} is now the one at {directory} on {', '.join(swapped)}; sessions open on the version "
           f"before finish on it")
     return 0
 
