@@ -4,7 +4,8 @@ The service runs on the host-path zoo (cluster/zoo/host_path.py: a target of abo
 whose pass costs next to nothing, drafts that are copies of it, a small EAGLE-3 head), so that its
 ceiling in tokens/s and its CPU per token are those of the host path: gRPC, protobuf, the router's
 bookkeeping, the replica's and the workers' scheduling. At each level of concurrent sessions, for
-each path (speculation OFF; ON with the task's draft, the head, n-gram lookup), clients stream
+each path (speculation OFF; ON with the task's draft, the EAGLE-3 head, n-gram lookup, Medusa heads
+on the target replica), clients stream
 greedy requests back to back, and each process's CPU time over the level is read from /proc:
 router, target replica, draft workers, Ray's daemons (raylet, GCS, Serve's controller, ...), and the
 client (this process: its grpc.aio streams). Per generated token and per round (a target verify
@@ -14,7 +15,7 @@ Then, in this process on the replica's core, the same target in the in-process s
 (target-only, N sessions sharing passes: the ceiling without the service) and the in-process
 engine (one request at a time, OFF and each proposer), side by side with the service's figures.
 
-    specserve host-path [--zoo demo] [--sessions 1,16,64,256] [--paths off,draft,eagle3,ngram]
+    specserve host-path [--zoo demo] [--sessions 1,16,64,256] [--paths off,draft,eagle3,ngram,medusa]
 """
 
 from __future__ import annotations
@@ -59,14 +60,15 @@ from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.request import GenerationParams
 from specserve.workers.verifying import TargetSession
 from specserve.cluster.zoo.head import HEAD
-from specserve.cluster.zoo.host_path import ensure_host_path_zoo
+from specserve.cluster.zoo.host_path import MEDUSA, ensure_host_path_zoo
 from specserve.cluster.zoo.zoo import Zoo
 
 from .cli import module_main
 from .memory import component_of
 from .settings import REPLICA_CORE, RESULTS_DIR, provenance
 
-PATHS = ("off", "draft", HEAD, NGRAM)  # "draft": each request's task draft (a copy of the target here)
+# "draft": each request's task draft (a copy of the target here); MEDUSA: heads on the target replica
+PATHS = ("off", "draft", HEAD, NGRAM, MEDUSA)
 COMPONENTS = ("router", "target replica", "draft worker", "ray daemons", "client")
 GOAL_US_PER_TOKEN = 50  # the issue's bar for each of router, replica and draft worker at 64 sessions
 

@@ -17,7 +17,7 @@ from ray import serve
 
 from .client import READY_TIMEOUT_SECONDS, SpecServeClient
 from .config import DEFAULT_CONFIG_FILE, NAMESPACE, ServiceConfig, load_yaml
-from .models import check_tokenizers, head_layers, resolve_models
+from .models import check_medusa, check_tokenizers, head_layers, resolve_models
 from .placement import check_devices, local_resources
 from specserve.workers.security import SecuritySettings
 
@@ -151,6 +151,7 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
         models = resolve_models(config.models, config.router)
         check_tokenizers(models)
         head_layers(models)  # an EAGLE-3 head for another target, too
+        check_medusa(models)  # and Medusa heads
         check_devices(config, [embedded_node()], embedded=True)  # the real nodes are checked again below
     owns = start_cluster(address, metrics_port)
     if owns:  # an embedded cluster's processes inherit this environment (the router warns if it is open)

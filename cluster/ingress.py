@@ -75,7 +75,8 @@ class Router:
         self.readiness = Readiness(frozenset(needed), ready_size(cfg, models))
         self.readiness.check(())  # what it waits for, before anything registered
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
-                                        priors=models.priors, trees=models.trees, heads=heads, router_id=self.router_id,
+                                        priors=models.priors, trees=models.trees, heads=heads, medusa=models.medusa,
+                                        router_id=self.router_id,
                                         readiness=self.readiness)
         self.health = health_aio.HealthServicer()
         shared = cfg.router.replicas > 1  # the other router processes listen on the same ports

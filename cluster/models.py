@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from specserve.router.config import RouterConfig
 from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE, VERSION_MARK
 from specserve.workers.heads.format import HeadFormatError, is_head, read_config, read_facts
+from specserve.workers.heads.medusa import is_medusa, read_medusa_config
 from specserve.workers.loading import ModelSpec, load_config, load_tokenizer
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 from specserve.cluster.zoo.presets import GENERAL_DRAFT
@@ -29,6 +30,11 @@ class ModelSet:
     priors: dict[str, dict[str, float]] = field(default_factory=dict)
     draft_free: tuple[str, ...] = ()  # the draft-free proposers configured (router.draft_free)
     trees: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task -> its token tree's members
+
+    @property
+    def medusa(self) -> frozenset[str]:
+        """The drafts that are Medusa heads: the target replicas serve them, not the draft pool."""
+        return frozenset(name for name, source in self.drafts.items() if is_medusa(source))
 
     @property
     def proposers(self) -> tuple[str, ...]:
@@ -94,8 +100,8 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
             raise ValueError(f"router.tasks[{task!r}] names {TREE!r}, which needs a draft and router.draft_free")
     if router.default_task not in tasks:
         raise ValueError(f"router.default_task {router.default_task!r} is not a task; tasks: {', '.join(sorted(tasks))}")
-    for name, source in drafts.items():  # an EAGLE-3 head: distill's held-out acceptance, where it serves
-        alpha = read_facts(source).get("held_out_alpha") if is_head(source) else None
+    for name, source in drafts.items():  # heads: distill's held-out acceptance, where they serve
+        alpha = read_facts(source).get("held_out_alpha") if is_head(source) or is_medusa(source) else None
         for task, names in tasks.items():
             if alpha is not None and name in names:
                 priors.setdefault(task, {}).setdefault(name, float(alpha))
@@ -133,6 +139,17 @@ def read_priors(path: str, tasks: dict[str, tuple[str, ...]], drafts: dict[str, 
     return {task: {draft: float(alpha) for draft, alpha in row.items()} for task, row in doc.items()}
 
 
+def check_medusa(models: ModelSet) -> None:
+    """Medusa heads for another target are refused in one line before the replicas load them."""
+    if models.medusa:
+        target = load_config(models.target)
+        for name in sorted(models.medusa):
+            try:
+                read_medusa_config(models.drafts[name], target)
+            except HeadFormatError as exc:
+                raise HeadFormatError(f"draft {name!r}: {exc}") from None
+
+
 def head_layers(models: ModelSet) -> dict[str, tuple[int, ...]]:
     """The drafts that are EAGLE-3 heads, each checked against the target (a head for another target
     is refused in one line), with the target hidden states it reads."""
@@ -152,10 +169,11 @@ def head_layers(models: ModelSet) -> dict[str, tuple[int, ...]]:
 def check_tokenizers(models: ModelSet) -> PreTrainedTokenizerBase:
     """The target's tokenizer, once every draft's is checked against it: token ids cross between the
     models, so a draft of another vocabulary is refused (and a source that is no model fails to load).
-    An EAGLE-3 head has the target's vocabulary by construction (``head_layers`` checks it)."""
+    An EAGLE-3 head has the target's vocabulary by construction (``head_layers`` checks it), and so
+    have Medusa heads (checked as the replicas load them)."""
     tokenizer = load_tokenizer(models.target)
     for name, source in models.drafts.items():
-        if is_head(source):
+        if is_head(source) or name in models.medusa:
             continue
         try:
             check_compatible(tokenizer, load_tokenizer(source))

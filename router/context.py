@@ -47,9 +47,11 @@ class RequestContext:
     # at most half a run: SessionOpen.decode_group).
     decode_group: int = 1
 
-    def opening(self, model: str = "", replaced: int = 0, aux_layers: tuple[int, ...] = ()) -> pb.SessionOpen:
+    def opening(self, model: str = "", replaced: int = 0, aux_layers: tuple[int, ...] = (),
+                medusa: str = "") -> pb.SessionOpen:
         """The open message of a worker's session holding every committed token: the target's
-        (with the hidden states an EAGLE-3 head reads, ``aux_layers``), or the draft ``model``'s.
+        (with the hidden states an EAGLE-3 head reads, ``aux_layers``, or the Medusa heads that
+        guess in its passes, ``medusa``), or the draft ``model``'s.
         A worker replacing ``replaced`` failed ones draws from a seed of its own (fresh draws keep
         the target's distribution), so a replay with the same seed and the same faults gives the
         same output."""
@@ -57,6 +59,7 @@ class RequestContext:
         return pb.SessionOpen(session_id=self.request_id, prompt_ids=self.history.committed_ids(), model=model,
                               sampling=sampling_message(self.params.sampling, seed),
                               max_new_tokens=self.history.remaining, task=self.task, aux_layers=aux_layers,
+                              medusa=medusa,
                               decode_group=0 if model else self.decode_group,
                               logprobs=not model and self.params.logprobs is not None,
                               top_logprobs=0 if model else self.params.logprobs or 0,

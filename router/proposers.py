@@ -1,13 +1,15 @@
 """How a request gets the proposer its route names, in the router: what workers/proposers.py builds
 (a draft-free proposer, or the tree of a task's proposers), with a draft model on a draft worker
-(router/remote_draft.py) where the name is a model's. Every one of them speaks the workers' proposer
-interface (workers/proposing.py)."""
+(router/remote_draft.py) where the name is a model's, and Medusa heads on the target replica (their
+guesses come with each verdict). Every one of them speaks the workers' proposer interface
+(workers/proposing.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from specserve.workers.draft_length import DraftLength
+from specserve.workers.heads.medusa_draft import MedusaDraft
 from specserve.workers.lookup import DraftFree, ProposerKind, base_draft
 from specserve.workers.proposers import Proposers
 from specserve.workers.proposing import Proposer, StepRecorder
@@ -20,18 +22,22 @@ from .remote_draft import RemoteDraft
 @dataclass
 class ProposerFactory:
     """``trees``: task -> the members of its tree, its draft first; ``heads``: the drafts that are
-    EAGLE-3 heads -> the target hidden states they read."""
+    EAGLE-3 heads -> the target hidden states they read; ``medusa``: the drafts that are Medusa
+    heads (the target replicas serve them)."""
 
     draft_free: DraftFree
     trees: dict[str, tuple[str, ...]]
     tree_max_tokens: int = TREE_MAX_TOKENS
     heads: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    medusa: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        self.proposers = Proposers(self.draft_free, self.heads, self.tree_max_tokens)
+        self.proposers = Proposers(self.draft_free, self.heads, self.tree_max_tokens, self.medusa)
 
     def make(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> Proposer:
         def on_a_draft_worker(draft: str, kind: ProposerKind, in_tree: bool) -> Proposer:
+            if kind is ProposerKind.MEDUSA:  # on the target replica, in its verify passes
+                return MedusaDraft(draft, context.params.sampling, recorder, context.history.committed_ids())
             return RemoteDraft(draft, context, length, recorder, self.heads.get(base_draft(draft), ()),
                                branch=not in_tree)
         return self.proposers.build(name, context.task, context.history.committed_ids(), recorder, on_a_draft_worker,

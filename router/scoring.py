@@ -35,8 +35,8 @@ class ContinuationScorer:
         self.fraction = fraction
         self.rng = rng
         self.draft_free = draft_free or DraftFree()
-        # EAGLE-3 heads are priced by serving only: scoring one needs the target's hidden states of
-        # the whole continuation, which no draft worker has.
+        # EAGLE-3 and Medusa heads are priced by serving only: scoring one needs the target's hidden
+        # states of the whole continuation, which no draft worker has.
         self.heads = heads
         self.running: asyncio.Task | None = None  # one scoring job at a time: never a queue
 

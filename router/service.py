@@ -97,7 +97,7 @@ class SpecServeService:
                  priors: dict[str, dict[str, float]] | None = None,
                  trees: dict[str, tuple[str, ...]] | None = None,
                  heads: dict[str, tuple[int, ...]] | None = None, router_id: str = "router",
-                 readiness: Readiness | None = None) -> None:
+                 readiness: Readiness | None = None, medusa: frozenset[str] = frozenset()) -> None:
         self.config = config
         # Whether the configured capacity is up (the ingress keeps it; in process: from the start).
         self.readiness = readiness or Readiness(frozenset(), 0, ready=True, waiting_for="")
@@ -110,7 +110,7 @@ class SpecServeService:
         self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {})
         self.lookahead_budget = LookaheadBudget(config.lookahead_min_hit_rate)
         self.draft_free = DraftFree(config.ngram, config.suffix)
-        proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {})
+        proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {}, medusa)
         # A group of more than half a run would hold the replica's run up at its end (the router
         # tops a run up once half of it has arrived).
         decode_group = min(config.stream_interval_tokens, max(1, config.decode_run_tokens // 2))
@@ -119,7 +119,7 @@ class SpecServeService:
                                config.lookahead_branch_min_odds if config.lookahead_branch else None, decode_group)
         self.learning = LearningBudget(config.learning_cpu_share)
         self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free,
-                                         frozenset(heads or {}))
+                                         frozenset(heads or {}) | medusa)
         self.metrics = RouterMetrics()
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
         self.totals = Totals()  # per (task, draft)

@@ -16,9 +16,9 @@ import time
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.acceptance import Outcome
 from specserve.workers.drafting import DraftTokens
-from specserve.workers.proposing import AUX_HIDDEN, NEEDS_NOTHING, Verified, VerifyNeeds
+from specserve.workers.proposing import AUX_HIDDEN, MEDUSA_NEXT, NEEDS_NOTHING, Verified, VerifyNeeds
 from specserve.workers.logprobs import TokenLogprobs
-from specserve.workers.wire import logprobs_from, proposal_message
+from specserve.workers.wire import logprobs_from, proposal_from, proposal_message
 
 from .context import RequestContext
 from .directory import NoWorker
@@ -48,7 +48,9 @@ class TargetLink:
     def __init__(self, context: RequestContext, recorder: RequestRecorder, needs: VerifyNeeds = NEEDS_NOTHING) -> None:
         self.context = context
         self.recorder = recorder
-        self.needs = needs  # the proposer's: the hidden states its replica sends with each verdict (a head's)
+        # The proposer's: the hidden states its replica sends with each verdict (a head's), or the
+        # guesses of the Medusa heads it serves.
+        self.needs = needs
         self.stream: WorkerStream | None = None
         self.owed = 0  # target-only tokens granted to the replica and not yet received
         self.verdicts = 0  # answered so far (the first is the prefill's: no decode step's price)
@@ -70,7 +72,8 @@ class TargetLink:
         give_up = context.before_deadline(time.monotonic() + context.timeouts.target_wait_seconds)
         while True:
             try:
-                opening = context.opening(replaced=self.resumes, aux_layers=self.needs.hidden_layers)
+                opening = context.opening(replaced=self.resumes, aux_layers=self.needs.hidden_layers,
+                                          medusa=self.needs.medusa)
                 target, self.pick = await directory.pick_for("target", avoid=self.refused_by,
                                                              prompt=opening.prompt_ids)
                 self.replica = target.worker_id
@@ -120,6 +123,9 @@ class TargetLink:
         outcome = Outcome(verdict.num_accepted, verdict.token, tuple(verdict.path))
         if needs.hidden_layers and reply.HasField("aux"):  # forwarded as they came: the router never unpacks them
             return Verified(outcome, reply.seconds, {AUX_HIDDEN: reply.aux}, self._logprobs(reply), reply.ended)
+        if needs.medusa and reply.HasField("next"):  # sent back as it came unless cut shorter
+            return Verified(outcome, reply.seconds, {MEDUSA_NEXT: proposal_from(reply.next)}, self._logprobs(reply),
+                            reply.ended)
         return Verified(outcome, reply.seconds, logprobs=self._logprobs(reply), ended=reply.ended)
 
     def arrived(self) -> Verified | None:

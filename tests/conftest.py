@@ -34,6 +34,32 @@ def tiny_zoo(specserve_home) -> Zoo:
     return build_zoo(get_preset("tiny"), Path(specserve_home) / "zoo" / "tiny")
 
 
+# Medusa heads on the tiny zoo's target, distilled for the session (tests/test_medusa.py, and served
+# by the session's service for MEDUSA_TASK): ~15 s here. The tiny target is predictable: 150 steps
+# reach 0.9-1.0 acceptance.
+MEDUSA_TASKS = ("sql", "code")
+MEDUSA_TASK = "guessed"
+
+
+@pytest.fixture(scope="session")
+def medusa_heads(tiny_zoo, tmp_path_factory):
+    """(their directory, what distill measured of them)."""
+    from specserve.cluster.zoo.head_distill import HeadEvaluation, distill_medusa
+    from specserve.cluster.zoo.medusa_training import MedusaTraining
+    from specserve.cluster.zoo.presets import TrainBudget
+
+    where = tmp_path_factory.mktemp("medusa")
+    corpus = []
+    for task in MEDUSA_TASKS:
+        documents = tiny_zoo.corpus(task)
+        (where / f"{task}.txt").write_text("\n\n".join([*documents.train, *documents.held_out]))
+        corpus.append(str(where / f"{task}.txt"))
+    settings = MedusaTraining(train_tokens=8_000, budget=TrainBudget(steps=150, batch_size=4, learning_rate=1e-3))
+    facts = distill_medusa(str(tiny_zoo.target_dir), corpus, str(where / "heads"), settings,
+                           HeadEvaluation(prompts=4, max_tokens=32))
+    return where / "heads", facts
+
+
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_zoo):
     import torch
@@ -96,10 +122,11 @@ def serve_in_subprocess(args: list[str], env: dict, log: Path | None = None):
 
 
 @pytest.fixture(scope="session")
-def service(tiny_zoo, metrics_port):
+def service(tiny_zoo, metrics_port, medusa_heads):
     """The service on a real embedded Ray cluster, serving the tiny zoo; one per test session.
 
-    The concurrency limit and queue are small so the RESOURCE_EXHAUSTED test can reach them. Besides the zoo's
+    The concurrency limit and queue are small so the RESOURCE_EXHAUSTED test can reach them. Its
+    target replica serves the session's Medusa heads, for MEDUSA_TASK alone. Besides the zoo's
     tasks there is POOR_TASK, served only by the tiny zoo's worst draft, for the fallback tests;
     the policy judges after fewer trials than by default so they need little traffic. The table is
     the operator's and taken as written (router.as_written), so the routing and fallback tests see
@@ -109,7 +136,8 @@ def service(tiny_zoo, metrics_port):
     from specserve.cluster.bringup import start_service
 
     tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
-    tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)], CANARY_TASK: ["eagle3", "sql"]}
+    tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)], CANARY_TASK: ["eagle3", "sql"],
+              MEDUSA_TASK: ["medusa"]}
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
               "as_written": list(tasks),
               "policy": {"min_trials": 32},
@@ -127,7 +155,8 @@ def service(tiny_zoo, metrics_port):
     # fault tests start, seconds), and tests/test_graphs.py checks the compiled passes.
     draft_pool = {"session_idle_seconds": 100.0, "batching": {"compiled": False}}
     target = {"session_idle_seconds": SESSION_IDLE_SECONDS, "max_sessions": TARGET_SESSIONS}
-    running = start_service(port=0, overrides={"models": {"zoo": str(tiny_zoo.root)}, "router": router,
+    models = {"zoo": str(tiny_zoo.root), "drafts": {"medusa": str(medusa_heads[0])}}  # served by the target replica
+    running = start_service(port=0, overrides={"models": models, "router": router,
                                                "target": target, "draft_pool": draft_pool},
                             metrics_port=metrics_port)
     yield running

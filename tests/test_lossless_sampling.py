@@ -108,18 +108,34 @@ def tiny_head(target, draft_vocab: int = 5):
     return head.eval().requires_grad_(False)
 
 
+def tiny_medusa(target):
+    """Random Medusa heads of ``target``, sharp enough to agree with it at times."""
+    from specserve.workers.heads.medusa import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(3)
+    heads = MedusaHeads(MedusaConfig(target.config.hidden_size, target.config.vocab_size, num_heads=3))
+    with torch.no_grad():
+        for lm_head in heads.lm_heads:
+            lm_head.weight.copy_(target.lm_head.weight + 0.5 * torch.randn_like(lm_head.weight))
+    return heads.eval().requires_grad_(False)
+
+
 def _tally_share(sampling: SamplingParams, k: int, max_support: int, seeds: range, proposer: str) -> dict:
     """One process's share of the seeds, on the test's pair built afresh (the same weights: seeded):
     the draft model ("d"), the same with its output head cut to 5 of the 7 tokens ("pruned", as
-    FR-Spec cuts a draft's vocabulary) or an EAGLE-3 head of the target ("head")."""
+    FR-Spec cuts a draft's vocabulary), an EAGLE-3 head of the target ("head") or Medusa heads of it
+    ("medusa")."""
     from specserve.workers.vocabulary import prune_head
 
     torch.set_num_threads(1)
     target = tiny_model(0)
     heads = {"head": tiny_head(target)} if proposer == "head" else {}
+    medusa = {"medusa": tiny_medusa(target)} if proposer == "medusa" else {}
     draft = prune_head(tiny_model(1), torch.arange(5)) if proposer == "pruned" else tiny_model(1)
-    engine = SpecEngine(target, word_tokenizer(), {"d": draft}, draft_max_support=max_support, heads=heads)
-    return _tally(engine, params_for(sampling, k, int(proposer == "head")), seeds, "head" if proposer == "head" else "d")
+    engine = SpecEngine(target, word_tokenizer(), {"d": draft}, draft_max_support=max_support, heads=heads,
+                        medusa=medusa)
+    fed = proposer in ("head", "medusa")  # their first step proposes nothing: no hidden state before a pass
+    return _tally(engine, params_for(sampling, k, int(fed)), seeds, proposer if fed else "d")
 
 
 def sample_distribution_split(sampling: SamplingParams, k: int, max_support: int, n: int, proposer: str = "d",
@@ -210,6 +226,16 @@ def test_sampling_through_an_eagle3_head_matches_target_distribution(tokenizer):
     sampling, k = SamplingParams(temperature=1.0), 2
     exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
     counts, alpha = sample_distribution_split(sampling, k, 32, SAMPLES // 2, proposer="head")
+    assert 0.05 < alpha < 0.98, alpha
+    assert_same_distribution(exact, counts, SAMPLES // 2)
+
+
+def test_sampling_through_medusa_heads_matches_target_distribution(tokenizer):
+    """Medusa heads (a chain when sampled): head i's token drawn from its own distribution, which
+    does not read the tokens drawn before it; q is that distribution, and the output the target's."""
+    sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 3
+    exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    counts, alpha = sample_distribution_split(sampling, k, 32, SAMPLES // 2, proposer="medusa")
     assert 0.05 < alpha < 0.98, alpha
     assert_same_distribution(exact, counts, SAMPLES // 2)
 

@@ -18,6 +18,8 @@ from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftTokens
 from .grammar import GrammarCompiler, GrammarState
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_head_of
+from .heads.medusa import MedusaHeads, is_medusa, load_medusa
+from .heads.medusa_draft import MedusaDraft, MedusaGuesser
 from .heads.proposer import HeadDraft, HeadState
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
@@ -25,7 +27,7 @@ from .local_draft import LocalDraft
 from .lookup import DRAFT_FREE, TREE, DraftFree, ProposerKind
 from .loop import SpeculativeLoop, run_now
 from .proposers import Proposers
-from .proposing import AUX_HIDDEN, Proposer, Verified, VerifyNeeds
+from .proposing import AUX_HIDDEN, MEDUSA_NEXT, Proposer, Verified, VerifyNeeds
 from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .prompt import encode_prompt
 from .request import GenerationParams
@@ -49,16 +51,18 @@ class SpecEngine:
         drafts: dict[str, PreTrainedModel],
         draft_max_support: int = DRAFT_MAX_SUPPORT,
         heads: dict[str, Eagle3Head] | None = None,
+        medusa: dict[str, MedusaHeads] | None = None,
     ) -> None:
         self.target = use_pooled_attention(target)
         self.tokenizer = tokenizer
         self.drafts = {name: use_pooled_attention(model) for name, model in drafts.items()}
         self.heads = dict(heads or {})  # EAGLE-3 heads of this target, drafting from its hidden states
+        self.medusa = dict(medusa or {})  # Medusa heads of this target, guessing from its last hidden state
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.context_window = int(target.config.max_position_embeddings)
         # Prompt lookup and suffix decoding (over the prompt alone: no task's outputs), the heads'
         # names and a tree's size: what each request's proposer is built from.
-        self.proposers = Proposers(DraftFree(), self.heads.keys())
+        self.proposers = Proposers(DraftFree(), self.heads.keys(), medusa=self.medusa.keys())
         self.task = ""  # whose outputs suffix decoding reads, if a caller teaches proposers.draft_free some
         self._grammars: GrammarCompiler | None = None
 
@@ -72,15 +76,18 @@ class SpecEngine:
     @classmethod
     def load(cls, target: ModelSpec, drafts: dict[str, ModelSpec]) -> SpecEngine:
         """Load models and refuse any draft whose tokenizer is not the target's; a draft that is an
-        EAGLE-3 head directory is loaded as a head of the target (refused if it is another's)."""
+        EAGLE-3 head or Medusa heads directory is loaded as heads of the target (refused if they are
+        another's)."""
         tokenizer = load_tokenizer(target.source)
         heads = {name: spec for name, spec in drafts.items() if is_head(spec.source)}
-        models = {name: spec for name, spec in drafts.items() if name not in heads}
+        medusa = {name: spec for name, spec in drafts.items() if is_medusa(spec.source)}
+        models = {name: spec for name, spec in drafts.items() if name not in heads and name not in medusa}
         for spec in models.values():
             check_compatible(tokenizer, load_tokenizer(spec.source))
         model = gemv_layout(load_model(target))  # the layout a model process serves with (ModelHost)
         return cls(model, tokenizer, {name: gemv_layout(load_model(spec)) for name, spec in models.items()},
-                   heads={name: gemv_layout(load_head_of(spec.source, model)) for name, spec in heads.items()})
+                   heads={name: gemv_layout(load_head_of(spec.source, model)) for name, spec in heads.items()},
+                   medusa={name: gemv_layout(load_medusa(spec.source, model)) for name, spec in medusa.items()})
 
     def generate(self, prompt: str | list[int], params: GenerationParams, draft: str | None = None,
                  tree: Sequence[str] = (), first_alone: bool = False) -> Generation:
@@ -101,7 +108,7 @@ class SpecEngine:
         return Generation(self, prompt_ids, params, draft if params.speculation else None, tree, first_alone)
 
     def _check_proposer(self, name: str | None, tree: Sequence[str]) -> None:
-        known = (*sorted(self.drafts), *sorted(self.heads), *DRAFT_FREE)
+        known = (*sorted(self.drafts), *sorted(self.heads), *sorted(self.medusa), *DRAFT_FREE)
         if name == TREE:
             if len(tree) < 2 or not set(tree) <= set(known) or len(set(tree)) < len(tree):
                 raise ValueError(f"a tree needs two or more different ones of {', '.join(known)}; got {list(tree)}")
@@ -127,6 +134,8 @@ class LocalVerifier:
         logprobs, ended = self.session.take_logprobs(), self.session.ended
         if needs.hidden_layers:
             return Verified(verdict, seconds, {AUX_HIDDEN: self.session.take_aux()}, logprobs, ended)
+        if needs.medusa:
+            return Verified(verdict, seconds, {MEDUSA_NEXT: self.session.take_next()}, logprobs, ended)
         return Verified(verdict, seconds, logprobs=logprobs, ended=ended)
 
     def arrived(self) -> Verified | None:
@@ -157,7 +166,7 @@ class Generation:
         pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
         session = TargetSession(sequence, params.sampling, self.verify_generator,
                                 proposer.needs.hidden_layers if proposer else (), params.logprobs, params.processing,
-                                grammar=self._grammar())
+                                grammar=self._grammar(), guesser=self._guesser(proposer.needs.medusa if proposer else ""))
         self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer,
                                     self.length, self.recorder)
 
@@ -166,7 +175,9 @@ class Generation:
                                            self._model_draft, tree)
 
     def _model_draft(self, name: str, kind: ProposerKind, in_tree: bool) -> Proposer:
-        """A draft model or a head in this process, for this request (no lookahead: it runs alone)."""
+        """A draft model or heads in this process, for this request (no lookahead: it runs alone)."""
+        if kind is ProposerKind.MEDUSA:  # guessing in the target session's passes (``_guesser``)
+            return MedusaDraft(name, self.params.sampling, self.recorder, self.decoding.committed_ids())
         if kind is ProposerKind.HEAD:
             state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling,
                               DraftDraws(self.decoding.stats.seed, name), self.engine.draft_max_support)
@@ -177,6 +188,14 @@ class Generation:
                                self.engine.draft_max_support, grammar=self._grammar(),
                                output_start=len(self.decoding.prompt_ids))
         return LocalDraft(name, model, pool, session, self.length, self.recorder, self.first_alone)
+
+    def _guesser(self, medusa: str) -> MedusaGuesser | None:
+        """The target session's side of Medusa heads ``medusa`` (none: ""), drawing as a draft of that name."""
+        if not medusa:
+            return None
+        return MedusaGuesser(self.engine.medusa[medusa], MedusaHeads.reads_layer(self.engine.target.config),
+                             self.params.sampling, DraftDraws(self.decoding.stats.seed, medusa),
+                             self.engine.draft_max_support)
 
     def _grammar(self) -> GrammarState | None:
         """A state of the request's grammar of its own, for the target's session or a draft's."""

@@ -34,18 +34,21 @@ def base_draft(name: str) -> str:
 class ProposerKind(Enum):
     DRAFT = "draft"  # a draft model: on a draft worker, or in process
     HEAD = "head"  # an EAGLE-3 head: a draft fed the target's hidden states (workers/heads/)
+    MEDUSA = "medusa"  # Medusa heads: guesses from the target's last hidden state, where it verifies
     DRAFT_FREE = "draft_free"  # prompt lookup or suffix decoding: no model, wherever the loop runs
     TREE = "tree"  # several of a task's proposers merged into one token tree (workers/token_tree.py)
 
 
-def kind_of(name: str, heads: Container[str] = ()) -> ProposerKind:
+def kind_of(name: str, heads: Container[str] = (), medusa: Container[str] = ()) -> ProposerKind:
     """What a proposer's name makes it: the one place a name is read so (``heads``: the names of
-    the served EAGLE-3 heads). The engine and the router build each kind their own way; the policy
-    and the scorer price and score by kind."""
+    the served EAGLE-3 heads; ``medusa``: of Medusa heads). The engine and the router build each
+    kind their own way; the policy and the scorer price and score by kind."""
     if name in DRAFT_FREE:
         return ProposerKind.DRAFT_FREE
     if name == TREE:
         return ProposerKind.TREE
+    if name in medusa:
+        return ProposerKind.MEDUSA
     return ProposerKind.HEAD if base_draft(name) in heads else ProposerKind.DRAFT
 
 

@@ -2,8 +2,8 @@
 
 A name is read once (``kind_of``, workers/lookup.py). Prompt lookup and suffix decoding are built
 here wherever the loop runs, and so is a token tree of a task's proposers, each member once. Only a
-model's draft (a draft model, or an EAGLE-3 head) is built by where it runs, through the caller's
-``ModelDraft``: in this process (workers/engine.py) or on a draft worker (router/proposers.py).
+model's draft (a draft model, an EAGLE-3 head, Medusa heads) is built by where it runs, through the
+caller's ``ModelDraft``: in this process (workers/engine.py) or on a draft worker (router/proposers.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .token_tree import TREE_MAX_TOKENS, TreeProposer
 
 
 class ModelDraft(Protocol):
-    """Builds one request's proposer for a model's draft (``kind``: DRAFT or HEAD) where it runs.
+    """Builds one request's proposer for a model's draft (``kind``: DRAFT, HEAD or MEDUSA) where it runs.
     ``in_tree``: it is a tree's member, whose lookahead drafts no branch (the k the loop asks after a
     verdict follows the tree's path, not the member's chain, so a branch would not be its fresh draft)."""
 
@@ -28,11 +28,12 @@ class ModelDraft(Protocol):
 @dataclass
 class Proposers:
     """What every request's proposer is built from: the draft-free proposers (and their tasks'
-    outputs), the names of the drafts that are EAGLE-3 heads, and a tree's size."""
+    outputs), the names of the drafts that are EAGLE-3 heads and Medusa heads, and a tree's size."""
 
     draft_free: DraftFree
     heads: Container[str] = ()
     tree_max_tokens: int = TREE_MAX_TOKENS
+    medusa: Container[str] = ()
 
     def build(self, name: str, task: str, committed: Sequence[int], recorder: StepRecorder, model_draft: ModelDraft,
               tree: Sequence[str] = ()) -> Proposer:
@@ -42,7 +43,7 @@ class Proposers:
 
     def _build(self, name: str, task: str, committed: Sequence[int], recorder: StepRecorder, model_draft: ModelDraft,
                tree: Sequence[str], in_tree: bool) -> Proposer:
-        kind = kind_of(name, self.heads)
+        kind = kind_of(name, self.heads, self.medusa)
         if kind is ProposerKind.DRAFT_FREE:
             return self.draft_free.proposer(name, task, recorder, committed)
         if kind is ProposerKind.TREE:

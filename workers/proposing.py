@@ -49,23 +49,27 @@ NO_EXTRAS: Mapping[str, object] = MappingProxyType({})
 # asks for: ``HiddenRows`` in process; through the service, the ``pb.HiddenStates`` its replica sent,
 # forwarded to the draft worker as they came.
 AUX_HIDDEN = "aux_hidden"
+# The key under which a verify pass returns the next proposal of the Medusa heads ``VerifyNeeds``
+# names (``DraftTokens``; through the service, from the replica's ``VerifyReply.next``).
+MEDUSA_NEXT = "medusa_next"
 
 
 @dataclass(frozen=True)
 class VerifyNeeds:
     """What a proposer needs of each verify pass besides the verdict: the target's hidden states of
-    ``hidden_layers`` at the positions the pass committed (an EAGLE-3 head's aux layers; workers/heads/)."""
+    ``hidden_layers`` at the positions the pass committed (an EAGLE-3 head's aux layers; workers/heads/),
+    or the next proposal of the ``medusa`` heads the verifier serves, guessed in the pass."""
 
     hidden_layers: tuple[int, ...] = ()
+    medusa: str = ""
 
     def __bool__(self) -> bool:
-        return bool(self.hidden_layers)
+        return bool(self.hidden_layers or self.medusa)
 
     def with_(self, other: VerifyNeeds) -> VerifyNeeds:
         """Both proposers' needs (a token tree's members): one target pass serves one set of layers."""
-        if self and other and self.hidden_layers != other.hidden_layers:
-            raise ValueError(f"a tree's heads must read the same target layers, got {self.hidden_layers} "
-                             f"and {other.hidden_layers}")
+        if self and other and self != other:
+            raise ValueError(f"a tree's members must need the same of the verify pass, got {self} and {other}")
         return self or other
 
 

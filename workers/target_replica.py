@@ -26,33 +26,50 @@ from .acceptance import Outcome
 from .batching import Scheduler, StepResult
 from .calibration import widest_within
 from .config import TargetConfig
+from .drafting import DRAFT_MAX_SUPPORT
 from .grammar import GrammarCompiler, grammar_compiler, no_grammars, warm_grammars
-from .loading import ModelSpec, load_model
+from .heads.medusa import MedusaHeads, load_medusa
+from .heads.medusa_draft import MedusaGuesser
+from .loading import ModelSpec, gemv_layout, load_model
 from .logs import log_to_stderr
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
 from .multiplexing import serve_multiplexed
 from .ragged_pass import PooledSequence
 from .registry import Registration
-from .seeds import verifier_generator
+from .seeds import DraftDraws, verifier_generator
 from .verifying import DecodeRun, TargetSession
-from .wire import (hidden_message, logprobs_message, pass_info, processing_from, proposal_from, sampling_from,
-                   verdict_message)
+from .wire import (hidden_message, logprobs_message, pass_info, processing_from, proposal_from, proposal_message,
+                   sampling_from, verdict_message)
 
 
 class TargetReplica:
     """The Serve deployment class (options applied in ``cluster/app.py``)."""
 
-    def __init__(self, config: dict, target: ModelSpec, registration: Registration) -> None:
+    def __init__(self, config: dict, target: ModelSpec, registration: Registration,
+                 medusa: dict[str, ModelSpec] | None = None) -> None:
+        """``medusa``: the Medusa heads it serves by name, guessing in its verify passes."""
         log_to_stderr()
         cfg = TargetConfig.model_validate(config)  # plain data across Serve, checked again here
         self.autoscaling = cfg.autoscaling
         # Structured output's grammars, over the target's own tokenizer, built in the background now.
         self.grammars = lambda: grammar_compiler(target.source)
         warm_grammars(target.source)
+        model = load_model(target)
+        self.medusa = {name: gemv_layout(load_medusa(spec.source, model)) for name, spec in (medusa or {}).items()}
+        self.medusa_layer = MedusaHeads.reads_layer(model.config)
         servicer = VerifierServicer(self)
-        self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", {"target": load_model(target)}, cfg,
+        self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", {"target": model}, cfg,
                               registration, lambda server: rpc.add_VerifierServicer_to_server(servicer, server),
                               time_passes=True)
+
+    def guesser(self, name: str, opened: pb.SessionOpen) -> MedusaGuesser:
+        """A session's side of the Medusa heads ``name``: ValueError if it serves none so named."""
+        heads = self.medusa.get(name)
+        if heads is None:
+            raise ValueError(f"this target replica serves no Medusa heads {name!r}; it serves "
+                             f"{', '.join(self.medusa) or 'none'}")
+        return MedusaGuesser(heads, self.medusa_layer, sampling_from(opened.sampling),
+                             DraftDraws(opened.sampling.seed, name), DRAFT_MAX_SUPPORT)
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """What Serve's autoscaler reads of this replica (``cluster/autoscaling.py``): its live
@@ -76,9 +93,12 @@ class TargetReplica:
 
 
 def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
-                   grammars: Callable[[], GrammarCompiler] = no_grammars) -> TargetSession:
+                   grammars: Callable[[], GrammarCompiler] = no_grammars,
+                   medusa: Callable[[str, pb.SessionOpen], MedusaGuesser | None] = lambda name, opened: None,
+                   ) -> TargetSession:
     """The session a Verify stream's open message asks for (with the hidden states its head reads,
-    its processing and its grammar, which has consumed the output the session already holds)."""
+    the Medusa heads that guess in its passes, its processing and its grammar, which has consumed
+    the output the session already holds)."""
     processing = opened.processing
     grammar = None
     if opened.HasField("grammar"):
@@ -87,7 +107,8 @@ def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
     return TargetSession(sequence, sampling_from(opened.sampling), verifier_generator(opened.sampling.seed),
                          tuple(opened.aux_layers), opened.top_logprobs if opened.logprobs else None,
                          processing_from(processing),
-                         processing.output_start if opened.HasField("processing") else None, grammar)
+                         processing.output_start if opened.HasField("processing") else None, grammar,
+                         medusa(opened.medusa, opened) if opened.medusa else None)
 
 
 def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> pb.VerifyReply:
@@ -100,6 +121,8 @@ def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> 
         reply.logprobs.CopyFrom(logprobs_message(logprobs))
     if session.ended:
         reply.ended = session.ended
+    if (guessed := session.take_next()) is not None:
+        reply.next.CopyFrom(proposal_message(guessed, session.sampling.greedy))
     return reply
 
 
@@ -210,7 +233,7 @@ class VerifierServicer(rpc.VerifierServicer):
         host = self.replica.host
         try:
             with host.session("target", opened, context) as (scheduler, sequence):
-                session = target_session(sequence, opened, self.replica.grammars)
+                session = target_session(sequence, opened, self.replica.grammars, self.replica.guesser)
                 inbox = host.steps(requests)
                 async for request in inbox:
                     if request.WhichOneof("kind") == "decode":  # target-only from here to the end

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,6 +16,9 @@ from .logprobs import NO_LOGPROBS, TokenLogprobs, token_logprobs
 from .processors import NO_PROCESSING, LogitsProcessing
 from .proposing import HiddenRows
 from .ragged_pass import PooledSequence, Segment
+
+if TYPE_CHECKING:
+    from .heads.medusa_draft import MedusaGuesser
 
 NO_PROPOSAL = DraftTokens.empty()
 GRAMMAR_ENDED = "grammar"  # Verified.ended, VerifyReply.ended: the grammar could take no further token
@@ -37,7 +41,7 @@ class TargetSession:
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator,
                  aux_layers: tuple[int, ...] = (), logprobs: int | None = None,
                  processing: LogitsProcessing = NO_PROCESSING, output_start: int | None = None,
-                 grammar: GrammarState | None = None) -> None:
+                 grammar: GrammarState | None = None, guesser: MedusaGuesser | None = None) -> None:
         self.sequence = sequence
         # Penalties and a logit bias (workers/processors.py), over the output: the committed tokens
         # from ``output_start`` on (the request's first output token; None: the prompt's end now).
@@ -66,22 +70,40 @@ class TargetSession:
         # computed by another session, so its rows are nobody's here: the head starts after it, as
         # it starts after a long prompt's window (``take_aux``).
         self.aux_start = sequence.reused
+        # For a request drafted by Medusa heads served here: they guess the next proposal from the
+        # hidden state the pass computed for the verdict's last position (``take_next``).
+        self.guesser = guesser
+        self.next: DraftTokens | None = None
 
     def plan(self, segment: Segment | None) -> Segment | None:
         if segment is not None:
             segment.ids_only = self.ids_only
-            segment.aux_layers = self.aux_layers
+            segment.aux_layers = self.aux_layers or ((self.guesser.layer,) if self.guesser is not None else ())
         return segment
 
     def keep_aux(self, segment: Segment, proposed: int, kept: Sequence[int]) -> None:
         """Keep the hidden states of the segment's committed rows: all but its last ``proposed``
         (a proposal), then the proposal's rows ``kept`` (what the verdict accepted)."""
-        if segment.aux is None:
+        if segment.aux is None or not self.aux_layers:
             return
         fixed = len(segment.tokens) - proposed
         self.aux_rows.append(segment.aux[:fixed])
         if kept:
             self.aux_rows.append(segment.aux[fixed + torch.tensor(kept, dtype=torch.long)])
+
+    def guess_next(self, segment: Segment, proposed: int, kept: Sequence[int]) -> None:
+        """The Medusa heads' next proposal, from the hidden state of the verdict's last position:
+        the last of the proposal's rows ``kept``, or the row before the proposal if none was."""
+        if self.guesser is None or segment.aux is None:
+            return
+        fixed = len(segment.tokens) - proposed
+        row = segment.aux[fixed + kept[-1]] if kept else segment.aux[fixed - 1]
+        self.next = self.guesser.guess(row, len(self.sequence.committed))
+
+    def take_next(self) -> DraftTokens | None:
+        """The heads' proposal after the last verdict, once (None: no heads, or no pass since)."""
+        taken, self.next = self.next, None
+        return taken
 
     def take_aux(self) -> HiddenRows | None:
         """The committed positions' hidden states not handed out yet, [n, layers * H] (None: not kept)."""
@@ -207,8 +229,9 @@ class VerifyStep:
             self.session.keep_aux(self.planned, 0, ())
             return False
         self.result = self.session.judge(self.proposal, logits)
-        kept = self.result.path or range(self.result.num_accepted)
-        self.session.keep_aux(self.planned, len(self.proposal.ids), list(kept))
+        kept = list(self.result.path or range(self.result.num_accepted))
+        self.session.keep_aux(self.planned, len(self.proposal.ids), kept)
+        self.session.guess_next(self.planned, len(self.proposal.ids), kept)
         return True
 
 

@@ -1,6 +1,7 @@
 """`specserve distill`: a draft for your target distilled from your corpus, then measured: a small
-model for one task (``--method draft``), or an EAGLE-3 head fed the target's hidden states
-(``--method eagle3``, written in vLLM's speculators format)."""
+model for one task (``--method draft``), an EAGLE-3 head fed the target's hidden states
+(``--method eagle3``, written in vLLM's speculators format), or Medusa heads on its last hidden
+state (``--method medusa``, in vLLM's Medusa format)."""
 
 from __future__ import annotations
 
@@ -16,20 +17,24 @@ from specserve.router.cost_model import best_k
 from specserve.workers.request import MAX_K
 from specserve.cluster.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
 
-METHODS = ("draft", "eagle3")
+METHODS = ("draft", "eagle3", "medusa")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     from specserve.cluster.zoo.head_training import HeadTraining
+    from specserve.cluster.zoo.medusa_training import MedusaTraining
 
-    head = HeadTraining()
+    head, medusa = HeadTraining(), MedusaTraining()
     distill = commands.add_parser(
-        "distill", help="distill a draft (or an EAGLE-3 head) from a target on your own text",
+        "distill", help="distill a draft (or EAGLE-3 or Medusa heads) from a target on your own text",
         description="Distill a draft from a target model and corpus files, then measure it on held-out documents of "
                     "the corpus: its greedy acceptance, its cost per token, and the speedup they predict. --method "
                     "draft: a small model for one task (a Hugging Face directory). --method eagle3: an EAGLE-3 head "
                     "(one layer fed the target's hidden states, over a reduced vocabulary, trained with training-time "
-                    "test) in vLLM's speculators format; serve it like a draft (--draft NAME=DIR).")
+                    "test) in vLLM's speculators format; serve it like a draft (--draft NAME=DIR). --method medusa: "
+                    "Medusa heads (each a residual block and an output layer on the target's last hidden state, "
+                    "guessing the tokens 2, 3, ... ahead; the target frozen) in vLLM's Medusa format; in-process "
+                    "engine only so far (SpecEngine.load).")
     distill.add_argument("--method", choices=METHODS, default="draft", help="(default: %(default)s)")
     distill.add_argument("--target", required=True,
                          help="target model: a Hugging Face directory or hub id, or a .gguf file")
@@ -45,7 +50,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     distill.add_argument("--out", required=True, type=Path, help="directory to write the draft to")
     distill.add_argument("--steps", type=int,
                          help=f"optimiser steps (default: {USER_DRAFT_BUDGET.steps} for a draft, "
-                              f"{head.budget.steps} for a head)")
+                              f"{head.budget.steps} for a head, {medusa.budget.steps} for Medusa heads)")
     distill.add_argument("--tokens", type=int,
                          help=f"tokens labelled by the target (default: {USER_DISTILL_TOKENS} for a draft, "
                               f"{head.train_tokens} for a head)")
@@ -64,11 +69,13 @@ def register(commands: argparse._SubParsersAction) -> None:
                               "(default: %(default)s)")
     distill.add_argument("--aux-layers", metavar="L,L,L",
                          help="eagle3 only: the target's hidden_states the head reads (default: vLLM's 2, L/2, L-3)")
+    distill.add_argument("--medusa-heads", type=int, default=medusa.num_heads,
+                         help="medusa only: heads, the tokens each proposal guesses (default: %(default)s)")
     distill.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("steps", "tokens", "draft_vocab", "ttt_steps"):
+    for name in ("steps", "tokens", "draft_vocab", "ttt_steps", "medusa_heads"):
         if (value := getattr(args, name)) is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.out.exists() and not args.out.is_dir():
@@ -77,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         if args.sample is not None:
             args.corpus = [_sample_corpus(args, Path(scratch))]
-        facts = _head(args) if args.method == "eagle3" else _draft(args)
+        facts = {"eagle3": _head, "medusa": _medusa, "draft": _draft}[args.method](args)
     if args.sample is not None:
         facts["sample"] = {"dir": str(args.sample), "task": args.task, "requests": args.sampled}
     k, speedup = _speedup(facts)
@@ -87,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     facts["expected_speedup"], facts["expected_k"] = speedup, k
     print(json.dumps(facts))
     where = "held-out documents" if facts["held_out_documents"] else "its training text (one document only)"
-    name = f"head {args.out.name}" if args.method == "eagle3" else f"draft {args.task}"
+    name = {"eagle3": f"head {args.out.name}", "medusa": f"Medusa heads {args.out.name}"}.get(args.method,
+                                                                                            f"draft {args.task}")
     print(f"{name}: acceptance {facts['held_out_alpha']:.2f} on {where}, cost {facts['cost_ratio']:.2f} of a target "
           f"step: expected {speedup:.2f}x at k={k} (drafting and verifying in turn); it {_verdict(speedup)}",
           file=sys.stderr)
@@ -152,7 +160,8 @@ def _faster(whole: dict, reduced: dict) -> bool:
 
 
 def _speedup(facts: dict) -> tuple[int, float]:
-    return best_k(facts["held_out_alpha"], facts["cost_ratio"], 1, MAX_K)
+    # Medusa heads guess as many tokens as they are heads; a draft or an EAGLE-3 head drafts on
+    return best_k(facts["held_out_alpha"], facts["cost_ratio"], 1, facts.get("num_heads", MAX_K))
 
 
 def _head(args: argparse.Namespace) -> dict:
@@ -166,6 +175,21 @@ def _head(args: argparse.Namespace) -> dict:
                             ttt_steps=args.ttt_steps, train_tokens=args.tokens or d.train_tokens,
                             budget=replace(d.budget, steps=args.steps or d.budget.steps), seed=args.seed)
     return distill_head(args.target, args.corpus, str(args.out), settings)
+
+
+def _medusa(args: argparse.Namespace) -> dict:
+    from dataclasses import replace
+
+    from specserve.cluster.zoo.head_distill import distill_medusa
+    from specserve.cluster.zoo.medusa_training import MedusaTraining
+
+    if args.aux_layers or args.draft_vocab:
+        raise ValueError("--aux-layers and --draft-vocab shape an EAGLE-3 head: Medusa heads read the target's last "
+                         "hidden state and guess over its whole vocabulary")
+    d = MedusaTraining()
+    settings = MedusaTraining(num_heads=args.medusa_heads, train_tokens=args.tokens or d.train_tokens,
+                              budget=replace(d.budget, steps=args.steps or d.budget.steps), seed=args.seed)
+    return distill_medusa(args.target, args.corpus, str(args.out), settings)
 
 
 def _layers(value: str | None) -> tuple[int, ...] | None:

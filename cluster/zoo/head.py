@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specserve.workers.engine import SpecEngine
 from specserve.workers.heads.eagle3 import Eagle3Head
 
 from .corpora import TASKS, Corpus
@@ -45,8 +46,8 @@ def head_acceptance(preset: ZooPreset, tokenizer: PreTrainedTokenizerBase, targe
     """Greedy acceptance per task on held-out prompts, drafting as it serves (k = its TTT steps)."""
     evaluation = HeadEvaluation(prompts=preset.eval_prompts, max_tokens=preset.eval_tokens)
     k = head_settings(preset).ttt_steps
-    return {task: measure_head(target, tokenizer, head, corpora[task].held_out, k, evaluation)["held_out_alpha"]
-            for task in TASKS}
+    engine = SpecEngine(target, tokenizer, {}, heads={"head": head})
+    return {task: measure_head(engine, corpora[task].held_out, k, evaluation)["held_out_alpha"] for task in TASKS}
 
 
 def head_entry(head: Eagle3Head, facts: dict) -> dict:

@@ -1,4 +1,5 @@
-"""`specserve distill --method eagle3`: a head for a target, trained on a corpus, measured, written.
+"""`specserve distill --method eagle3` (or ``medusa``): heads for a target, trained on a corpus,
+measured, written.
 
 What it made is measured the way it will serve: on held-out documents of the corpus, each prompt
 decoded greedily by the target alone and with the head (the in-process engine, k = its TTT steps),
@@ -20,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specserve.workers.engine import SpecEngine
 from specserve.workers.heads.eagle3 import Eagle3Head, config_for
 from specserve.workers.heads.format import FACTS, save_head
+from specserve.workers.heads.medusa import MedusaHeads, save_medusa
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
@@ -27,6 +29,7 @@ from specserve.workers.vocabulary import choose_vocabulary
 
 from .distill import documents_from_files, held_out_split
 from .head_training import HeadTraining, head_from_target, target_features, train_head, training_sequences
+from .medusa_training import MedusaTraining, medusa_from_target, train_medusa
 
 log = logging.getLogger("specserve.heads")
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ def distill_head(target_source: str, corpus_files: list[str], out_dir: str, sett
     target = load_model(ModelSpec(target_source))
     train, held_out = held_out_split(documents_from_files(corpus_files))
     head, facts = train_head_on(target, tokenizer, train, settings)
-    facts |= measure_head(target, tokenizer, head, held_out, settings.ttt_steps, evaluation)
+    facts |= measure_head(SpecEngine(target, tokenizer, {}, heads={"head": head}), held_out, settings.ttt_steps,
+                          evaluation)
     facts |= {"target": target_source, "held_out_documents": len(held_out) if held_out is not train else 0,
               "seconds": round(time.perf_counter() - started, 1)}
     save_head(head, out_dir, target_source, list(target.config.architectures or []), settings.ttt_steps)
@@ -74,10 +78,48 @@ def train_head_on(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, d
     return head.to(target.dtype).eval().requires_grad_(False), facts
 
 
-def measure_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, head, documents: list[str], k: int,
-                 evaluation: HeadEvaluation) -> dict:
-    """Greedy decoding of held-out prompts with the head and without: what it accepts and costs."""
-    engine = SpecEngine(target, tokenizer, {}, heads={"head": head})
+def distill_medusa(target_source: str, corpus_files: list[str], out_dir: str,
+                   settings: MedusaTraining = MedusaTraining(), evaluation: HeadEvaluation = HeadEvaluation()) -> dict:
+    """Train, measure and write Medusa heads for ``target_source``; returns the facts written beside them."""
+    started = time.perf_counter()
+    tokenizer = load_tokenizer(target_source)
+    target = load_model(ModelSpec(target_source))
+    train, held_out = held_out_split(documents_from_files(corpus_files))
+    heads, facts = train_medusa_on(target, tokenizer, train, settings)
+    facts |= measure_head(SpecEngine(target, tokenizer, {}, medusa={"head": heads}), held_out, settings.num_heads,
+                          evaluation)
+    facts |= {"target": target_source, "held_out_documents": len(held_out) if held_out is not train else 0,
+              "seconds": round(time.perf_counter() - started, 1)}
+    save_medusa(heads, out_dir)
+    (Path(out_dir) / FACTS).write_text(json.dumps(facts, indent=2) + "\n")
+    return facts
+
+
+def train_medusa_on(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, documents: list[str],
+                    settings: MedusaTraining) -> tuple[MedusaHeads, dict]:
+    """Medusa heads for ``target`` trained on ``documents`` (and its own continuations of them), in
+    the target's dtype, and what their training was."""
+    sequences = training_sequences(target, tokenizer, documents, settings, label="medusa heads")
+    layer = MedusaHeads.reads_layer(target.config)
+    features = target_features(target, sequences, (), settings.feature_dtype)
+    log.info("medusa heads: %d heads of %d residual blocks on the target's layer %d; %d training sequences; the "
+             "features hold %.1f MiB", settings.num_heads, settings.num_layers, layer, len(sequences),
+             features.nbytes / 2**20)
+    output = target.get_output_embeddings()
+    heads = medusa_from_target(output, target.config.get_text_config().hidden_size, settings)
+    loss = train_medusa(heads, features, output.weight.detach(), settings)
+    facts = {"method": "medusa", "num_heads": settings.num_heads, "num_layers": settings.num_layers,
+             "reads_layer": layer, "training_sequences": len(sequences), "training_tokens": int(sequences.numel()),
+             "feature_mib": round(features.nbytes / 2**20, 1), "steps": settings.budget.steps,
+             "final_loss": round(loss, 4), "parameters": sum(p.numel() for p in heads.parameters()),
+             "seed": settings.seed}
+    return heads.to(target.dtype).eval().requires_grad_(False), facts
+
+
+def measure_head(engine: SpecEngine, documents: list[str], k: int, evaluation: HeadEvaluation) -> dict:
+    """Greedy decoding of held-out prompts with draft "head" of ``engine`` (an EAGLE-3 head or
+    Medusa heads) and without: what it accepts and costs."""
+    tokenizer = engine.tokenizer
     prompts = [ids[: evaluation.prompt_tokens] for document in documents
                if len(ids := tokenizer.encode(document, add_special_tokens=False)) > evaluation.prompt_tokens]
     prompts = prompts[: evaluation.prompts]

@@ -82,7 +82,7 @@ class Features:
 
 
 def training_sequences(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, documents: list[str],
-                       settings: HeadTraining) -> torch.Tensor:
+                       settings: HeadTraining, label: str = "eagle3 head") -> torch.Tensor:
     """[N, sequence_tokens]: the target's own continuations of prompts from the documents (half of
     them greedy, half sampled at temperature 1: what it will be asked to draft), and windows of the
     documents, about ``train_tokens`` in all."""
@@ -95,8 +95,8 @@ def training_sequences(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
     own = round(count * settings.on_policy_share)
     chat = round(own * settings.chat_share) if getattr(tokenizer, "chat_template", None) else 0
     parts = [random_windows(stream, count - own, n, generator)]
-    log.info("eagle3 head: %d corpus windows of %d tokens; the target writes %d continuations and answers ~%d chat "
-             "instructions (its own text: what it will be asked to draft)", count - own, n, own - chat, chat)
+    log.info("%s: %d corpus windows of %d tokens; the target writes %d continuations and answers ~%d chat "
+             "instructions (its own text: what it will be asked to draft)", label, count - own, n, own - chat, chat)
     if own - chat:
         prompts = fixed_length_prompts(tokenizer, documents, own - chat, min(PROMPT_TOKENS, n - 1))
         half = len(prompts) // 2
@@ -151,9 +151,10 @@ def target_features(target: PreTrainedModel, sequences: torch.Tensor, aux_layers
                   disable=None):
         batch = sequences[i : i + FEATURE_BATCH].to(target.device)
         out = target(input_ids=batch, output_hidden_states=True, logits_to_keep=1)
-        aux.append(torch.cat([out.hidden_states[layer] for layer in aux_layers], -1).to("cpu", dtype))
+        if aux_layers:  # none for Medusa heads: they read the last alone
+            aux.append(torch.cat([out.hidden_states[layer] for layer in aux_layers], -1).to("cpu", dtype))
         last.append(out.hidden_states[-1].to("cpu", dtype))  # after the final norm: logits = lm_head(last)
-    return Features(sequences, torch.cat(aux), torch.cat(last))
+    return Features(sequences, torch.cat(aux) if aux else torch.zeros(0, dtype=dtype), torch.cat(last))
 
 
 def head_from_target(target: PreTrainedModel, config: HeadConfig, vocabulary: torch.Tensor, seed: int) -> Eagle3Head:

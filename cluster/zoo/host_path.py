@@ -12,7 +12,9 @@ routing and detokenizing cost what they cost on that zoo) with:
   about a third of the target's (c ~ 0.3 here): the case where speculation must win if the host
   path is cheap;
 - an EAGLE-3 head trained for a few seconds on the tiny target (it drafts from the target's hidden
-  states: the path that moves them is what costs).
+  states: the path that moves them is what costs);
+- Medusa heads trained as briefly (``medusa``: served by the target replica, guessing in its verify
+  pass; in no task's table, asked for by name).
 The target's end-of-text logit is pinned to 0 so that greedy requests run to their max_tokens
 (a random model's argmax would otherwise end some of them early, by chance).
 """
@@ -29,10 +31,12 @@ from transformers import PreTrainedTokenizerFast
 
 from specserve.workers.heads.format import FACTS as HEAD_FACTS
 from specserve.workers.heads.format import load_head_of, save_head
+from specserve.workers.heads.medusa import save_medusa
 
 from .head import HEAD, HEAD_PATH, head_entry
-from .head_distill import train_head_on
+from .head_distill import train_head_on, train_medusa_on
 from .head_training import HeadTraining
+from .medusa_training import MedusaTraining
 from .presets import GENERAL_DRAFT, ModelShape, TrainBudget
 from .training import new_model, parameter_count
 from .zoo import CLASSIFIER, MANIFEST, Zoo
@@ -43,6 +47,10 @@ HOST_PATH_TARGET = ModelShape(hidden_size=32, num_layers=4, intermediate_size=64
 HOST_PATH_DRAFT = ModelShape(hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2, tie_embeddings=False)
 HOST_PATH_HEAD = HeadTraining(sequence_tokens=64, train_tokens=6_000, on_policy_share=0.75, chat_share=0.0,
                               budget=TrainBudget(steps=300, batch_size=8, learning_rate=3e-3), seed=0)
+HOST_PATH_MEDUSA = MedusaTraining(sequence_tokens=64, train_tokens=6_000, on_policy_share=0.75, chat_share=0.0,
+                                  budget=TrainBudget(steps=300, batch_size=8, learning_rate=3e-3), seed=0)
+MEDUSA = "medusa"  # its Medusa heads' name among the drafts
+MEDUSA_PATH = "heads/medusa"
 SEED = 0
 # An initialised model's logits are near zero, its distributions near uniform: a head trained on
 # them by KL matches them without learning their argmax. Sharpened, the target has a mind of its own.
@@ -70,8 +78,8 @@ def host_path_dir(source: Zoo) -> Path:
 def ensure_host_path_zoo(source: Zoo, out: Path | None = None) -> Zoo:
     """The host-path zoo derived from ``source`` (built on first use, in seconds)."""
     out = out or host_path_dir(source)
-    if (out / MANIFEST).exists():
-        return Zoo.open(out)
+    if (out / MANIFEST).exists() and MEDUSA in json.loads((out / MANIFEST).read_text())["drafts"]:
+        return Zoo.open(out)  # (one built before it had Medusa heads is built again)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -102,6 +110,10 @@ def ensure_host_path_zoo(source: Zoo, out: Path | None = None) -> Zoo:
     save_head(head, partial / HEAD_PATH, "target", list(target.config.architectures or []), HOST_PATH_HEAD.ttt_steps)
     (partial / HEAD_PATH / HEAD_FACTS).write_text(json.dumps(facts, indent=2))
     drafts[HEAD] = head_entry(load_head_of(partial / HEAD_PATH, target), facts)
+    medusa, facts = train_medusa_on(target, tokenizer, documents, HOST_PATH_MEDUSA)
+    save_medusa(medusa, partial / MEDUSA_PATH)
+    (partial / MEDUSA_PATH / HEAD_FACTS).write_text(json.dumps(facts, indent=2))
+    drafts[MEDUSA] = {"path": MEDUSA_PATH, "parameters": facts["parameters"], "method": "medusa"}
     task_drafts = {task: [name for name in source.manifest["task_drafts"][task] if name in drafts] or [GENERAL_DRAFT]
                    for task in source.tasks}
     for names in task_drafts.values():
@@ -117,6 +129,6 @@ def ensure_host_path_zoo(source: Zoo, out: Path | None = None) -> Zoo:
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
-    log.info("host-path zoo in %s: target %d parameters, drafts copies of it, head trained", out,
+    log.info("host-path zoo in %s: target %d parameters, drafts copies of it, EAGLE-3 and Medusa heads trained", out,
              parameter_count(target))
     return Zoo.open(out)
