@@ -15,7 +15,10 @@ Then, in this process on the replica's core, the same target in the in-process s
 (target-only, N sessions sharing passes: the ceiling without the service) and the in-process
 engine (one request at a time, OFF and each proposer), side by side with the service's figures.
 
-    specserve host-path [--zoo demo] [--sessions 1,16,64,256] [--paths off,draft,eagle3,ngram,medusa]
+With ``--on-zoo`` all of it runs on the zoo itself instead (its trained target and drafts, Medusa
+heads distilled beside it on first use): where passes cost what they cost, what each path gains.
+
+    specserve host-path [--zoo demo] [--sessions 1,16,64,256] [--paths off,draft,eagle3,ngram,medusa] [--on-zoo]
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from specserve.cluster.bringup import merge_into, start_service
 from specserve.cluster.commands.common import comma_ints, dotted_overrides
 from specserve.cluster.demo import MEASURED_ON_UNSEEN, ensure_zoo
 from specserve.cluster.local import zoo_engine
+from specserve.workers.engine import SpecEngine
+from specserve.workers.loading import ModelSpec
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.proto.v1 import specserve_pb2_grpc as rpc
 from specserve.workers.acceptance import SamplingParams
@@ -60,7 +65,7 @@ from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.request import GenerationParams
 from specserve.workers.verifying import TargetSession
 from specserve.cluster.zoo.head import HEAD
-from specserve.cluster.zoo.host_path import MEDUSA, ensure_host_path_zoo
+from specserve.cluster.zoo.host_path import MEDUSA, ensure_host_path_zoo, zoo_medusa
 from specserve.cluster.zoo.zoo import Zoo
 
 from .cli import module_main
@@ -88,6 +93,9 @@ class HostPathSettings:
     # session has a connection of its own, so the kernel spreads them over the processes.
     router_replicas: int = 1
     service_overrides: dict = field(default_factory=dict)  # --set: fields of the service's config, over the bench's
+    # On ``zoo`` itself (its trained target and drafts, Medusa heads distilled beside it), not the
+    # host-path zoo: where the models' passes cost what they cost, the paths' speedups.
+    on_zoo: bool = False
 
 
 @dataclass
@@ -301,14 +309,15 @@ async def run_level(address: str, requests: list[pb.GenerateRequest], sessions: 
     return outputs
 
 
-def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path) -> tuple[list[Level], dict, dict]:
+def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path,
+                    medusa: Path) -> tuple[list[Level], dict, dict]:
     widest = max(settings.sessions)
     room = {"max_sessions": 2 * widest, "kv_cache_mib": 1024, "batching": {"max_sessions_per_pass": widest}}
     router = copy.deepcopy(MEASURED_ON_UNSEEN["router"]) | {"max_concurrent_requests": 2 * widest, "http_port": None,
                                                             "stream_interval_tokens": settings.stream_interval,
                                                             "replicas": settings.router_replicas}
-    overrides = {"models": {"zoo": str(zoo.root)}, "target": copy.deepcopy(room), "draft_pool": copy.deepcopy(room),
-                 "router": router}
+    overrides = {"models": {"zoo": str(zoo.root), "drafts": {MEDUSA: str(medusa)}}, "target": copy.deepcopy(room),
+                 "draft_pool": copy.deepcopy(room), "router": router}
     merge_into(overrides, copy.deepcopy(settings.service_overrides))
     service = start_service(port=0, overrides=overrides)
     prompts = [(task, p) for task in zoo.tasks for p in zoo.prompts(task)[:8]]
@@ -393,9 +402,11 @@ def scheduler_target_only(zoo: Zoo, sessions: int, max_tokens: int) -> dict:
             "cpu_us_per_token": 1e6 * cpu / tokens, "device_us_per_token": 1e6 * device / tokens}
 
 
-def engine_single_stream(zoo: Zoo, settings: HostPathSettings) -> list[dict]:
+def engine_single_stream(zoo: Zoo, settings: HostPathSettings, medusa: Path) -> list[dict]:
     """One request at a time through the in-process engine: OFF and each proposer (k as the service's)."""
-    engine = zoo_engine(zoo, zoo.draft_names)
+    engine = SpecEngine.load(ModelSpec(str(zoo.target_dir)), {name: ModelSpec(str(zoo.draft_dir(name)))
+                                                              for name in zoo.draft_names if name != MEDUSA}
+                             | {MEDUSA: ModelSpec(str(medusa))})
     rows = []
     prompts = [(task, encode_prompt(engine.tokenizer, p)) for task in zoo.tasks for p in zoo.prompts(task)[:4]]
     for path in settings.paths:
@@ -418,8 +429,8 @@ def engine_single_stream(zoo: Zoo, settings: HostPathSettings) -> list[dict]:
 
 def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -> str:
     lines = [f"# Host path: {meta['when']}", "",
-             f"Zoo: {meta['zoo']} (target {meta['target_parameters']:,} parameters; drafts of one layer computing "
-             f"its function bit for bit; an EAGLE-3 head). Greedy, {meta['max_tokens']} tokens a request, k = {meta['k']} ON. "
+             f"Zoo: {meta['zoo']} (target {meta['target_parameters']:,} parameters; {meta['models']}). "
+             f"Greedy, {meta['max_tokens']} tokens a request, k = {meta['k']} ON. "
              f"Command: `{meta['command']}`. Machine: {meta['machine']}.", "",
              "CPU time of each process over a level (user + system, from /proc), per generated token and per round "
              "(a verify step; target-only, a token); for the replica and the draft workers also what they spend off "
@@ -516,7 +527,9 @@ def profile_report(profiles: dict) -> str:
 
 
 def run(settings: HostPathSettings, command: str) -> Path:
-    zoo = ensure_host_path_zoo(ensure_zoo(settings.zoo))
+    source = ensure_zoo(settings.zoo)
+    zoo = source if settings.on_zoo else ensure_host_path_zoo(source)
+    medusa = zoo_medusa(zoo)
     when = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = settings.out / f"{when}-host-path"
     print(f"host path: zoo {zoo.root}; levels {settings.sessions} sessions x paths {settings.paths}", flush=True)
@@ -525,16 +538,19 @@ def run(settings: HostPathSettings, command: str) -> Path:
         print(f"  {lv.path:7s} {lv.sessions:4d} sessions: {lv.tokens_per_second:8,.0f} tok/s; us/token "
               + ", ".join(f"{c} {lv.us_per_token(c):,.0f}" for c in COMPONENTS), flush=True)
 
-    levels, identical, profiles = measure_service(zoo, settings, progress, out)
+    levels, identical, profiles = measure_service(zoo, settings, progress, out, medusa)
     print("in process, on the replica's core:", flush=True)
     affinity = pinned_here()
     try:
         scheduler = [scheduler_target_only(zoo, n, settings.max_tokens) for n in settings.sessions]
-        engine = engine_single_stream(zoo, settings)
+        engine = engine_single_stream(zoo, settings, medusa)
     finally:
         os.sched_setaffinity(0, affinity)
     in_process = {"scheduler": scheduler, "engine": engine}
     meta = {"when": when, "zoo": str(zoo.root), "target_parameters": zoo.manifest["target"]["parameters"],
+            "models": ("the zoo's own trained target and drafts, its EAGLE-3 head, Medusa heads distilled for it"
+                       if settings.on_zoo else "drafts of one layer computing its function bit for bit; an EAGLE-3 "
+                       "head; Medusa heads"),
             "max_tokens": settings.max_tokens, "k": settings.k, "paths": list(settings.paths),
             "sessions": list(settings.sessions), "command": command, "provenance": provenance(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"}
@@ -575,6 +591,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--router-replicas", type=int, default=d.router_replicas, metavar="N",
                         help="router processes sharing the client port (router.replicas); with more than one, each "
                              "client session connects on its own (default: %(default)s)")
+    parser.add_argument("--on-zoo", action="store_true",
+                        help="run on the zoo itself (its trained models; Medusa heads distilled beside it on first "
+                             "use), not the host-path zoo derived from it: the paths' speedups where passes cost what "
+                             "they cost")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="override a field of the service's config, e.g. target.prefix_caching=false (repeatable; "
                              "VALUE is YAML)")
@@ -590,12 +610,12 @@ def _run_command(args: argparse.Namespace) -> int:
                                 max_tokens=args.max_tokens, k=args.k, min_tokens=args.min_tokens, out=args.out,
                                 profile_sessions=args.profile_sessions or None, stream_interval=args.stream_interval,
                                 router_replicas=args.router_replicas,
-                                service_overrides=dotted_overrides(args.overrides))
+                                service_overrides=dotted_overrides(args.overrides), on_zoo=args.on_zoo)
     run(settings, "specserve host-path " + " ".join(
         f"--{name.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
         for name, v in (("zoo", args.zoo), ("sessions", tuple(args.sessions)), ("paths", tuple(args.paths)),
                         ("stream_interval", args.stream_interval), ("router_replicas", args.router_replicas)))
-        + "".join(f" --set {item}" for item in args.overrides))
+        + (" --on-zoo" if args.on_zoo else "") + "".join(f" --set {item}" for item in args.overrides))
     return 0
 
 

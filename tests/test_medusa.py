@@ -145,3 +145,21 @@ def test_a_proposal_is_cut_at_a_depth_with_its_tree_renumbered():
     assert cut(tree, 3) is tree and cut(tree, 1).ids == [5, 6]
     chain = DraftTokens([1, 2, 3], tree.q.__class__(torch.tensor([[1], [2], [3]]), torch.ones(3, 1)))
     assert cut(chain, 2).ids == [1, 2] and cut(chain, 2).q.ids.tolist() == [[1], [2]] and cut(chain, 5) is chain
+
+
+def test_the_proposer_relays_the_last_passes_guesses_cut_to_k_and_nothing_before_a_pass():
+    import asyncio
+
+    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.heads.medusa_draft import MedusaDraft, _tree
+    from specserve.workers.proposing import MEDUSA_NEXT, Committed
+    from specserve.workers.recording import StatsRecorder
+    from specserve.workers.stats import SpecStats
+
+    draft = MedusaDraft("m", SamplingParams(), StatsRecorder(SpecStats()), [1, 2, 3])
+    assert draft.needs.medusa == "m" and draft.needs
+    assert asyncio.run(draft.propose(3)).ids == []  # no pass yet: target-only
+    draft.commit(Committed((), (4,), {MEDUSA_NEXT: _tree([[5, 6], [7, 8]])}))
+    assert asyncio.run(draft.propose(1)).ids == [5, 6] and asyncio.run(draft.propose(0)).ids == []
+    draft.commit(Committed((0,), (9,)))  # a pass that guessed nothing (its heads gone): nothing proposed
+    assert asyncio.run(draft.propose(2)).ids == []

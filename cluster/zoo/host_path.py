@@ -132,3 +132,25 @@ def ensure_host_path_zoo(source: Zoo, out: Path | None = None) -> Zoo:
     log.info("host-path zoo in %s: target %d parameters, drafts copies of it, EAGLE-3 and Medusa heads trained", out,
              parameter_count(target))
     return Zoo.open(out)
+
+
+def zoo_medusa(zoo: Zoo) -> Path:
+    """Medusa heads of ``zoo``'s target: its own (the host-path zoo's), else distilled beside it on
+    first use from its corpora (``<zoo>-medusa``; a minute or two on the demo zoo's target)."""
+    if MEDUSA in zoo.draft_names:
+        return zoo.draft_dir(MEDUSA)
+    out = zoo.root.parent / f"{zoo.root.name}-medusa"
+    if not (out / "config.json").exists():
+        from specserve.workers.loading import ModelSpec, load_model
+
+        log.info("distilling Medusa heads for %s into %s (once)", zoo.root, out)
+        target = load_model(ModelSpec(str(zoo.target_dir)))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(zoo.target_dir)
+        documents = [doc for task in zoo.tasks for doc in zoo.corpus(task).train]
+        medusa, facts = train_medusa_on(target, tokenizer, documents, MedusaTraining())
+        partial = out.with_name(out.name + ".partial")
+        save_medusa(medusa, partial)
+        (partial / HEAD_FACTS).write_text(json.dumps(facts, indent=2))
+        shutil.rmtree(out, ignore_errors=True)
+        partial.rename(out)
+    return out
