@@ -323,11 +323,14 @@ def _pending_tokens(ticket: Ticket) -> int:
 
 def advance_all(members: list[tuple[Ticket, Segment]], outputs: list) -> list:
     """Each step's advance on what the pass computed for it (its acceptance rule, its draws); a
-    step whose advance fails fails alone."""
+    step whose advance fails fails alone. Then, once each, what the steps ask to run after the
+    pass's advances (``after_pass``: work they share, as Medusa heads' guesses)."""
     outcomes: list = []
     for (ticket, _), rows in zip(members, outputs, strict=True):
         try:
             outcomes.append(ticket.step.advance(rows))
         except (ValueError, RuntimeError) as exc:
             outcomes.append(exc)
+    for after in {after for ticket, _ in members if (after := getattr(ticket.step, "after_pass", None)) is not None}:
+        after()
     return outcomes

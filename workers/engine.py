@@ -19,7 +19,7 @@ from .grammar import GrammarCompiler, GrammarState
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_head_of
 from .heads.medusa import MedusaHeads, is_medusa, load_medusa
-from .heads.medusa_draft import MedusaDraft, MedusaGuesser
+from .heads.medusa_draft import GuessBatch, MedusaDraft, MedusaGuesser
 from .heads.proposer import HeadDraft, HeadState
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
@@ -58,6 +58,7 @@ class SpecEngine:
         self.drafts = {name: use_pooled_attention(model) for name, model in drafts.items()}
         self.heads = dict(heads or {})  # EAGLE-3 heads of this target, drafting from its hidden states
         self.medusa = dict(medusa or {})  # Medusa heads of this target, guessing from its last hidden state
+        self.guesses = {name: GuessBatch(heads) for name, heads in self.medusa.items()}
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.context_window = int(target.config.max_position_embeddings)
         # Prompt lookup and suffix decoding (over the prompt alone: no task's outputs), the heads'
@@ -193,7 +194,7 @@ class Generation:
         """The target session's side of Medusa heads ``medusa`` (none: ""), drawing as a draft of that name."""
         if not medusa:
             return None
-        return MedusaGuesser(self.engine.medusa[medusa], MedusaHeads.reads_layer(self.engine.target.config),
+        return MedusaGuesser(self.engine.guesses[medusa], MedusaHeads.reads_layer(self.engine.target.config),
                              self.params.sampling, DraftDraws(self.decoding.stats.seed, medusa),
                              self.engine.draft_max_support)
 

@@ -39,5 +39,8 @@ def run_alone(model: PreTrainedModel, pool: KVPool, step: Step) -> object:
     """Every pass of ``step`` on its own: a batch of one, with no limit on a pass's tokens."""
     while True:
         segment = step.plan(2**31)
-        if step.advance(run_pass(model, pool, [segment])[0]):
+        done = step.advance(run_pass(model, pool, [segment])[0])
+        if (after := getattr(step, "after_pass", None)) is not None:
+            after()
+        if done:
             return step.result

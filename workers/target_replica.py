@@ -29,7 +29,7 @@ from .config import TargetConfig
 from .drafting import DRAFT_MAX_SUPPORT
 from .grammar import GrammarCompiler, grammar_compiler, no_grammars, warm_grammars
 from .heads.medusa import MedusaHeads, load_medusa
-from .heads.medusa_draft import MedusaGuesser
+from .heads.medusa_draft import GuessBatch, MedusaGuesser
 from .loading import ModelSpec, gemv_layout, load_model
 from .logs import log_to_stderr
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
@@ -55,7 +55,8 @@ class TargetReplica:
         self.grammars = lambda: grammar_compiler(target.source)
         warm_grammars(target.source)
         model = load_model(target)
-        self.medusa = {name: gemv_layout(load_medusa(spec.source, model)) for name, spec in (medusa or {}).items()}
+        self.medusa = {name: GuessBatch(gemv_layout(load_medusa(spec.source, model)))
+                       for name, spec in (medusa or {}).items()}
         self.medusa_layer = MedusaHeads.reads_layer(model.config)
         servicer = VerifierServicer(self)
         self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", {"target": model}, cfg,
@@ -64,11 +65,11 @@ class TargetReplica:
 
     def guesser(self, name: str, opened: pb.SessionOpen) -> MedusaGuesser:
         """A session's side of the Medusa heads ``name``: ValueError if it serves none so named."""
-        heads = self.medusa.get(name)
-        if heads is None:
+        batch = self.medusa.get(name)
+        if batch is None:
             raise ValueError(f"this target replica serves no Medusa heads {name!r}; it serves "
                              f"{', '.join(self.medusa) or 'none'}")
-        return MedusaGuesser(heads, self.medusa_layer, sampling_from(opened.sampling),
+        return MedusaGuesser(batch, self.medusa_layer, sampling_from(opened.sampling),
                              DraftDraws(opened.sampling.seed, name), DRAFT_MAX_SUPPORT)
 
     def record_autoscaling_stats(self) -> dict[str, float]:

@@ -92,13 +92,14 @@ class TargetSession:
             self.aux_rows.append(segment.aux[fixed + torch.tensor(kept, dtype=torch.long)])
 
     def guess_next(self, segment: Segment, proposed: int, kept: Sequence[int]) -> None:
-        """The Medusa heads' next proposal, from the hidden state of the verdict's last position:
-        the last of the proposal's rows ``kept``, or the row before the proposal if none was."""
+        """Owe the Medusa heads' next proposal, from the hidden state of the verdict's last position:
+        the last of the proposal's rows ``kept``, or the row before the proposal if none was. Made
+        with the pass's other sessions' once its verdicts are in (``after_pass``)."""
         if self.guesser is None or segment.aux is None:
             return
         fixed = len(segment.tokens) - proposed
         row = segment.aux[fixed + kept[-1]] if kept else segment.aux[fixed - 1]
-        self.next = self.guesser.guess(row, len(self.sequence.committed))
+        self.guesser.batch.owe(self.guesser, self, row, len(self.sequence.committed))
 
     def take_next(self) -> DraftTokens | None:
         """The heads' proposal after the last verdict, once (None: no heads, or no pass since)."""
@@ -222,6 +223,11 @@ class VerifyStep:
         ids = self.proposal.ids
         self.planned = self.session.plan(self.session.sequence.segment(ids, len(ids) + 1, room, self.proposal.parents))
         return self.planned
+
+    @property
+    def after_pass(self):
+        """Once every step of the pass advanced: its Medusa sessions' guesses, made together."""
+        return self.session.guesser.batch.flush if self.session.guesser is not None else None
 
     def advance(self, logits: torch.Tensor) -> bool:
         self.session.sequence.ran(self.planned)

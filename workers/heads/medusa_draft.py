@@ -21,6 +21,7 @@ each token was drawn from the q it is sent with.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 
@@ -32,31 +33,64 @@ from ..proposing import MEDUSA_NEXT, Committed, Proposer, StepRecorder, VerifyNe
 from ..seeds import DraftDraws
 from .medusa import MedusaHeads
 
+log = logging.getLogger("specserve.workers")
 # Guesses per depth of a greedy proposal's tree (1: a chain). Two: a head's runner-up is right
 # often enough (Medusa's trees take the top few per head) for k more rows in the pass.
 TREE_WIDTH = 2
 
 
-class MedusaGuesser:
-    """One session's guesses: ``name`` keys its draws (workers/seeds.py), as a draft's name does."""
+class GuessBatch:
+    """The guesses one set of heads owes the sessions a pass verified, made together once the pass's
+    verdicts are in (``flush``, the steps' ``after_pass``): one product of the heads for every
+    session, one top-k for the greedy ones. Per session they would cost more than the pass."""
 
-    def __init__(self, heads: MedusaHeads, layer: int, sampling: SamplingParams, draws: DraftDraws,
-                 max_support: int = DRAFT_MAX_SUPPORT, width: int = TREE_WIDTH) -> None:
+    def __init__(self, heads: MedusaHeads) -> None:
         self.heads = heads
+        self.pending: list[tuple[MedusaGuesser, object, torch.Tensor, int]] = []
+
+    def owe(self, guesser: MedusaGuesser, owner, hidden: torch.Tensor, position: int) -> None:
+        """``owner.next`` gets the heads' guesses from ``hidden`` [H], the first at ``position``."""
+        self.pending.append((guesser, owner, hidden, position))
+
+    @torch.inference_mode()
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        weight = self.heads.lm_heads[0].weight
+        try:
+            rows = torch.stack([hidden for _, _, hidden, _ in pending]).to(weight.device, weight.dtype)
+            logits = self.heads(rows).float()  # [K, n, V]
+            greedy = [i for i, (guesser, _, _, _) in enumerate(pending) if guesser.width > 1]
+            if greedy:  # [n_greedy, K, width], best first: one top-k and one copy for all of them
+                tops = logits[:, greedy].topk(TREE_WIDTH, -1).indices.transpose(0, 1).tolist()
+                for i, top in zip(greedy, tops, strict=True):
+                    pending[i][1].next = _tree(top)
+            for i, (guesser, owner, _, position) in enumerate(pending):
+                if guesser.width == 1:
+                    owner.next = guesser.drawn(logits[:, i], position)
+        except Exception:  # noqa: BLE001 - no guesses is a target-only step, never another output
+            log.exception("Medusa heads failed to guess for %d sessions; their next steps go target-only",
+                          len(pending))
+            for _, owner, _, _ in pending:
+                owner.next = None
+
+
+class MedusaGuesser:
+    """One session's side of the heads (``batch``'s); ``draws`` keyed as a draft's of their name."""
+
+    def __init__(self, batch: GuessBatch, layer: int, sampling: SamplingParams, draws: DraftDraws,
+                 max_support: int = DRAFT_MAX_SUPPORT) -> None:
+        self.batch = batch
         self.layer = layer  # the target's hidden_states index they read (its last)
         self.sampling = sampling
         self.draws = draws
         self.max_support = max_support
-        self.width = width if sampling.greedy else 1
+        self.width = TREE_WIDTH if sampling.greedy else 1
 
-    @torch.inference_mode()
-    def guess(self, hidden: torch.Tensor, position: int) -> DraftTokens:
-        """Every head's guess after the verdict: ``hidden`` [H] of the position before the appended
-        token, ``position`` the first guessed token's."""
-        weight = self.heads.lm_heads[0].weight
-        logits = self.heads(hidden[None].to(weight.device, weight.dtype))[:, 0].float()  # [K, V]
-        if self.width > 1:
-            return _tree(logits.topk(self.width, -1).indices.tolist())
+    def drawn(self, logits: torch.Tensor, position: int) -> DraftTokens:
+        """A sampled chain from the heads' logits [K, V]: head i's token drawn at ``position`` + i
+        from its warped distribution, which is its q."""
         drawn = [draw(row[None], self.sampling, self.draws.uniform(position + i), self.max_support)
                  for i, row in enumerate(logits)]
         return DraftTokens([token for token, _ in drawn], stack_rows([q for _, q in drawn]))
