@@ -42,16 +42,36 @@ class HeadEvaluation:
 def distill_head(target_source: str, corpus_files: list[str], out_dir: str, settings: HeadTraining = HeadTraining(),
                  evaluation: HeadEvaluation = HeadEvaluation()) -> dict:
     """Train, measure and write a head for ``target_source``; returns the facts written beside it."""
+    return _distill(target_source, corpus_files, evaluation, settings.ttt_steps,
+                    lambda target, tokenizer, documents: train_head_on(target, tokenizer, documents, settings),
+                    lambda target, tokenizer, head: SpecEngine(target, tokenizer, {}, heads={"head": head}),
+                    lambda target, head: save_head(head, out_dir, target_source,
+                                                   list(target.config.architectures or []), settings.ttt_steps),
+                    out_dir)
+
+
+def distill_medusa(target_source: str, corpus_files: list[str], out_dir: str,
+                   settings: MedusaTraining = MedusaTraining(), evaluation: HeadEvaluation = HeadEvaluation()) -> dict:
+    """Train, measure and write Medusa heads for ``target_source``; returns the facts written beside them."""
+    return _distill(target_source, corpus_files, evaluation, settings.num_heads,
+                    lambda target, tokenizer, documents: train_medusa_on(target, tokenizer, documents, settings),
+                    lambda target, tokenizer, heads: SpecEngine(target, tokenizer, {}, medusa={"head": heads}),
+                    lambda target, heads: save_medusa(heads, out_dir), out_dir)
+
+
+def _distill(target_source: str, corpus_files: list[str], evaluation: HeadEvaluation, k: int, train, serve, save,
+             out_dir: str) -> dict:
+    """Heads trained on the corpus's training documents (``train``), measured on its held-out ones
+    as ``serve`` serves them at ``k``, written (``save``) with what was measured beside them."""
     started = time.perf_counter()
     tokenizer = load_tokenizer(target_source)
     target = load_model(ModelSpec(target_source))
-    train, held_out = held_out_split(documents_from_files(corpus_files))
-    head, facts = train_head_on(target, tokenizer, train, settings)
-    facts |= measure_head(SpecEngine(target, tokenizer, {}, heads={"head": head}), held_out, settings.ttt_steps,
-                          evaluation)
-    facts |= {"target": target_source, "held_out_documents": len(held_out) if held_out is not train else 0,
+    documents, held_out = held_out_split(documents_from_files(corpus_files))
+    heads, facts = train(target, tokenizer, documents)
+    facts |= measure_head(serve(target, tokenizer, heads), held_out, k, evaluation)
+    facts |= {"target": target_source, "held_out_documents": len(held_out) if held_out is not documents else 0,
               "seconds": round(time.perf_counter() - started, 1)}
-    save_head(head, out_dir, target_source, list(target.config.architectures or []), settings.ttt_steps)
+    save(target, heads)
     (Path(out_dir) / FACTS).write_text(json.dumps(facts, indent=2) + "\n")
     return facts
 
@@ -76,23 +96,6 @@ def train_head_on(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, d
              "feature_mib": round(features.nbytes / 2**20, 1), "steps": settings.budget.steps,
              "final_loss": round(loss, 4), "parameters": head.parameters_of_its_own(), "seed": settings.seed}
     return head.to(target.dtype).eval().requires_grad_(False), facts
-
-
-def distill_medusa(target_source: str, corpus_files: list[str], out_dir: str,
-                   settings: MedusaTraining = MedusaTraining(), evaluation: HeadEvaluation = HeadEvaluation()) -> dict:
-    """Train, measure and write Medusa heads for ``target_source``; returns the facts written beside them."""
-    started = time.perf_counter()
-    tokenizer = load_tokenizer(target_source)
-    target = load_model(ModelSpec(target_source))
-    train, held_out = held_out_split(documents_from_files(corpus_files))
-    heads, facts = train_medusa_on(target, tokenizer, train, settings)
-    facts |= measure_head(SpecEngine(target, tokenizer, {}, medusa={"head": heads}), held_out, settings.num_heads,
-                          evaluation)
-    facts |= {"target": target_source, "held_out_documents": len(held_out) if held_out is not train else 0,
-              "seconds": round(time.perf_counter() - started, 1)}
-    save_medusa(heads, out_dir)
-    (Path(out_dir) / FACTS).write_text(json.dumps(facts, indent=2) + "\n")
-    return facts
 
 
 def train_medusa_on(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, documents: list[str],

@@ -80,6 +80,12 @@ class Features:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.tokens, self.aux, self.last))
 
+    def batches(self, budget: TrainBudget, seed: int):
+        """A function of the step: ``budget.batch_size`` sequences drawn at random, as indices."""
+        rng = random.Random(seed)
+        size = min(budget.batch_size, len(self.tokens))
+        return lambda step: torch.tensor(rng.sample(range(len(self.tokens)), size))
+
 
 def training_sequences(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, documents: list[str],
                        settings: HeadTraining, label: str = "eagle3 head") -> torch.Tensor:
@@ -180,12 +186,11 @@ def _init_weights(head: Eagle3Head) -> None:
 def train_head(head: Eagle3Head, features: Features, target_rows: torch.Tensor, settings: HeadTraining) -> float:
     """TTT on random batches of ``features``; ``target_rows``: the target's output rows of the draft
     vocabulary [Vd, H]. Returns the last smoothed loss."""
-    rng = random.Random(settings.seed)
     rows = target_rows.float()
+    batch = features.batches(settings.budget, settings.seed)
 
     def loss_at(step: int) -> torch.Tensor:
-        picked = torch.tensor(rng.sample(range(len(features.tokens)), min(settings.budget.batch_size,
-                                                                            len(features.tokens))))
+        picked = batch(step)
         return ttt_loss(head, features.tokens[picked], features.aux[picked].float(),
                         features.last[picked].float() @ rows.T, settings.ttt_steps, agreement=False)[0]
 

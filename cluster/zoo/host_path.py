@@ -143,7 +143,7 @@ def zoo_medusa(zoo: Zoo) -> Path:
     if not (out / "config.json").exists():
         from specserve.workers.loading import ModelSpec, load_model
 
-        log.info("distilling Medusa heads for %s into %s (once)", zoo.root, out)
+        print(f"distilling Medusa heads for {zoo.root} into {out} (once, minutes)", flush=True)
         target = load_model(ModelSpec(str(zoo.target_dir)))
         tokenizer = PreTrainedTokenizerFast.from_pretrained(zoo.target_dir)
         documents = [doc for task in zoo.tasks for doc in zoo.corpus(task).train]

@@ -12,7 +12,6 @@ the target guesses next, and learns from there.
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass
 
 import torch
@@ -79,13 +78,11 @@ def medusa_loss(heads: MedusaHeads, last: torch.Tensor, target_logits: torch.Ten
 def train_medusa(heads: MedusaHeads, features: Features, target_head: torch.Tensor, settings: MedusaTraining) -> float:
     """Random batches of ``features``' last hidden states; ``target_head``: the target's output
     weights [V, H]. Returns the last smoothed loss."""
-    rng = random.Random(settings.seed)
     weights = target_head.float()
+    batch = features.batches(settings.budget, settings.seed)
 
     def loss_at(step: int) -> torch.Tensor:
-        picked = torch.tensor(rng.sample(range(len(features.tokens)), min(settings.budget.batch_size,
-                                                                            len(features.tokens))))
-        last = features.last[picked].float()
+        last = features.last[batch(step)].float()
         with torch.no_grad():
             target_logits = last @ weights.T
         return medusa_loss(heads, last, target_logits, settings.decay)[0]
