@@ -75,6 +75,7 @@ from .settings import REPLICA_CORE, RESULTS_DIR, provenance
 # "draft": each request's task draft (a copy of the target here); MEDUSA: heads on the target replica
 PATHS = ("off", "draft", HEAD, NGRAM, MEDUSA)
 COMPONENTS = ("router", "target replica", "draft worker", "ray daemons", "client")
+HOST_PATH_MODELS = "drafts of one layer computing its function bit for bit; an EAGLE-3 head; Medusa heads"
 GOAL_US_PER_TOKEN = 50  # the bar for each of router, replica and draft worker at 64 sessions
 
 
@@ -429,7 +430,7 @@ def engine_single_stream(zoo: Zoo, settings: HostPathSettings, medusa: Path) -> 
 
 def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -> str:
     lines = [f"# Host path: {meta['when']}", "",
-             f"Zoo: {meta['zoo']} (target {meta['target_parameters']:,} parameters; {meta['models']}). "
+             f"Zoo: {meta['zoo']} (target {meta['target_parameters']:,} parameters; {meta.get('models', HOST_PATH_MODELS)}). "
              f"Greedy, {meta['max_tokens']} tokens a request, k = {meta['k']} ON. "
              f"Command: `{meta['command']}`. Machine: {meta['machine']}.", "",
              "CPU time of each process over a level (user + system, from /proc), per generated token and per round "
@@ -549,8 +550,7 @@ def run(settings: HostPathSettings, command: str) -> Path:
     in_process = {"scheduler": scheduler, "engine": engine}
     meta = {"when": when, "zoo": str(zoo.root), "target_parameters": zoo.manifest["target"]["parameters"],
             "models": ("the zoo's own trained target and drafts, its EAGLE-3 head, Medusa heads distilled for it"
-                       if settings.on_zoo else "drafts of one layer computing its function bit for bit; an EAGLE-3 "
-                       "head; Medusa heads"),
+                       if settings.on_zoo else HOST_PATH_MODELS),
             "max_tokens": settings.max_tokens, "k": settings.k, "paths": list(settings.paths),
             "sessions": list(settings.sessions), "command": command, "provenance": provenance(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"}

@@ -40,7 +40,7 @@ from .config import ModelsConfig, ServiceConfig
 from .canary import REPORT_SECONDS
 from .control import find_registry
 from .local import open_zoo, zoo_location
-from .models import ModelSet, check_tokenizers, head_layers
+from .models import ModelSet, check_medusa, check_tokenizers, head_layers
 from .pool import ready_size, served_drafts
 
 log = logging.getLogger("specserve.router")
@@ -63,6 +63,7 @@ class Router:
         self.models = models
         tokenizer = check_tokenizers(models)  # before any worker loads a model
         heads = head_layers(models)
+        check_medusa(models)  # heads of another target: one line here, not a replica's traceback
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
         registry = find_registry(cfg.namespace)
         self.router_id = f"router-{uuid.uuid4().hex[:6]}"

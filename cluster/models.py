@@ -89,7 +89,8 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
              for task, names in tasks.items()}
     trees = {}  # a task's tree (its first draft and the draft-free proposers), for a request that asks for one
     for task, names in tasks.items():
-        own = next((name for name in names if name in drafts), None)
+        # Medusa heads propose a tree of their own, which a token tree would verify as a chain.
+        own = next((name for name in names if name in drafts and not is_medusa(drafts[name])), None)
         if own and router.draft_free:
             trees[task] = (own, *router.draft_free)
             # AUTO serves it only where offered. No prior: it accepts at least what its draft does,

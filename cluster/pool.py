@@ -19,18 +19,18 @@ import logging
 import time
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
 from specserve.router.metrics import PoolMetrics
-from specserve.workers.draft_worker import DraftWorker
+from specserve.workers.draft_worker import DraftWorker, check_version_tokenizer
 from specserve.workers.heads.format import is_head
-from specserve.workers.loading import load_tokenizer
+from specserve.workers.heads.medusa import is_medusa
 from specserve.workers.lookup import VERSION_MARK, base_draft
 from specserve.workers.model_host import DRAIN_SECONDS, HostLoad
 from specserve.workers.registry import Registration
-from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 
 from .autoscaling import Hysteresis, pool_load, pool_wanted
 from .config import ServiceConfig
@@ -104,21 +104,21 @@ class DraftPool:
 
     def check_source(self, name: str, source: str) -> None:
         """What a worker would find wrong in the draft at ``source`` as a new version of ``name``, said
-        before any worker loads it: a model for a model and a head for a head, and a model's
-        tokenizer the target's (heads are checked against the target by each worker as it loads)."""
+        before any worker loads it, where this process can read it (else the workers check as they
+        load): a model for a model and a head for a head, and a model's tokenizer the target's."""
+        if not Path(source).exists():
+            log.info("draft pool: %s is not readable here; the workers check it as they load it", source)
+            return
+        if is_medusa(source):
+            raise ValueError(f"{source} holds Medusa heads: the target replicas serve those (models.drafts, a "
+                             f"restart), not the draft pool")
         head = is_head(self.specs[name].source)
         if is_head(source) != head:
             what = "an EAGLE-3 head" if head else "a draft model"
             raise ValueError(f"draft {name!r} is {what}; {source} is not: a new version must be {what} too "
                              f"(`specserve distill --method {'eagle3' if head else 'draft'}` writes one)")
         if not head:
-            try:
-                check_compatible(load_tokenizer(self.target.source), load_tokenizer(source))
-            except TokenizerMismatch as exc:
-                raise TokenizerMismatch(f"the draft at {source} cannot serve as {name!r}: {exc}") from None
-            except OSError as exc:
-                raise ValueError(f"no draft model at {source} ({exc}): give a directory `specserve distill` wrote, "
-                                 f"readable at that path on the draft workers' nodes") from None
+            check_version_tokenizer(self.target.source, source, name)
 
     async def retire_version(self, name: str) -> list[str]:
         """Stop serving version ``name`` on every worker (their sessions on it finish on it)."""

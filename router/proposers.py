@@ -37,7 +37,7 @@ class ProposerFactory:
     def make(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> Proposer:
         def on_a_draft_worker(draft: str, kind: ProposerKind, in_tree: bool) -> Proposer:
             if kind is ProposerKind.MEDUSA:  # on the target replica, in its verify passes
-                return MedusaDraft(draft, context.params.sampling, recorder, context.history.committed_ids())
+                return MedusaDraft(draft, context.params.sampling, recorder)
             return RemoteDraft(draft, context, length, recorder, self.heads.get(base_draft(draft), ()),
                                branch=not in_tree)
         return self.proposers.build(name, context.task, context.history.committed_ids(), recorder, on_a_draft_worker,

@@ -124,7 +124,7 @@ class TargetLink:
         if needs.hidden_layers and reply.HasField("aux"):  # forwarded as they came: the router never unpacks them
             return Verified(outcome, reply.seconds, {AUX_HIDDEN: reply.aux}, self._logprobs(reply), reply.ended)
         if needs.medusa and reply.HasField("next"):  # sent back as it came unless cut shorter
-            return Verified(outcome, reply.seconds, {MEDUSA_NEXT: proposal_from(reply.next)}, self._logprobs(reply),
+            return Verified(outcome, reply.seconds, {MEDUSA_NEXT: _guesses(reply.next)}, self._logprobs(reply),
                             reply.ended)
         return Verified(outcome, reply.seconds, logprobs=self._logprobs(reply), ended=reply.ended)
 
@@ -230,3 +230,12 @@ class TargetLink:
         """Forget the refusals: every replica may have room for this request again."""
         self.refused_by.clear()
         self.all_full_since = None
+
+
+def _guesses(message: pb.Proposal) -> DraftTokens | None:
+    """The Medusa heads' proposal a reply carried; a malformed one is none (a target-only step)."""
+    try:
+        return proposal_from(message)
+    except ValueError as exc:
+        log.warning("a target replica sent malformed Medusa guesses (%s); the next step goes target-only", exc)
+        return None

@@ -156,10 +156,21 @@ def test_the_proposer_relays_the_last_passes_guesses_cut_to_k_and_nothing_before
     from specserve.workers.recording import StatsRecorder
     from specserve.workers.stats import SpecStats
 
-    draft = MedusaDraft("m", SamplingParams(), StatsRecorder(SpecStats()), [1, 2, 3])
+    draft = MedusaDraft("m", SamplingParams(), StatsRecorder(SpecStats()))
     assert draft.needs.medusa == "m" and draft.needs
     assert asyncio.run(draft.propose(3)).ids == []  # no pass yet: target-only
     draft.commit(Committed((), (4,), {MEDUSA_NEXT: _tree([[5, 6], [7, 8]])}))
     assert asyncio.run(draft.propose(1)).ids == [5, 6] and asyncio.run(draft.propose(0)).ids == []
     draft.commit(Committed((0,), (9,)))  # a pass that guessed nothing (its heads gone): nothing proposed
     assert asyncio.run(draft.propose(2)).ids == []
+
+
+def test_medusa_heads_join_no_token_tree_and_a_session_asks_for_them_or_for_hidden_states(tiny_zoo, medusa):
+    from specserve.proto.v1 import internal_pb2 as ipb
+    from specserve.workers.target_replica import target_session
+
+    engine = SpecEngine.load(ModelSpec(str(tiny_zoo.target_dir)), {"medusa": ModelSpec(str(medusa[0]))})
+    with pytest.raises(ValueError, match="join no token tree"):
+        engine.generate("SELECT", GenerationParams(max_tokens=4), draft="tree", tree=("medusa", "ngram"))
+    with pytest.raises(ValueError, match="not both"):
+        target_session(None, ipb.SessionOpen(medusa="medusa", aux_layers=[1]))

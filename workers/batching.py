@@ -126,6 +126,7 @@ class Scheduler:
         self._left_out = False  # the running pass left a pending step out (limits, a task's wait)
         self.sessions = 0  # sessions holding a region of its pool (``take`` to ``release``)
         self.retired = False  # its model no longer serves new sessions: its pool closes after the last
+        self.weight_bytes = 0  # of the budget, its model's weights (a model added on a GPU): given back at close
 
     async def run(self, step: Step, task: str = "", on_pass: PassCallback | None = None) -> StepResult:
         """Run ``step`` in as many passes as it needs, sharing them with other sessions' steps.
@@ -185,6 +186,8 @@ class Scheduler:
                 self.prefix.clear()
             self.graphs = None  # its buckets and scratch slot point into the arenas
             self.pool.close()
+            self.pool.budget.give(self.weight_bytes)
+            self.weight_bytes = 0
 
     def _give_back(self, region: Region) -> None:
         if self.prefix is None or not self.prefix.release(region):
@@ -326,11 +329,14 @@ def advance_all(members: list[tuple[Ticket, Segment]], outputs: list) -> list:
     step whose advance fails fails alone. Then, once each, what the steps ask to run after the
     pass's advances (``after_pass``: work they share, as Medusa heads' guesses)."""
     outcomes: list = []
-    for (ticket, _), rows in zip(members, outputs, strict=True):
-        try:
-            outcomes.append(ticket.step.advance(rows))
-        except (ValueError, RuntimeError) as exc:
-            outcomes.append(exc)
-    for after in {after for ticket, _ in members if (after := getattr(ticket.step, "after_pass", None)) is not None}:
-        after()
+    try:
+        for (ticket, _), rows in zip(members, outputs, strict=True):
+            try:
+                outcomes.append(ticket.step.advance(rows))
+            except (ValueError, RuntimeError) as exc:
+                outcomes.append(exc)
+    finally:  # nothing owed by this pass is left for the next
+        for after in {after for ticket, _ in members
+                      if (after := getattr(ticket.step, "after_pass", None)) is not None}:
+            after()
     return outcomes

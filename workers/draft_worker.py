@@ -28,7 +28,7 @@ from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
 from .heads.proposer import HeadRun, HeadScheduler, HeadState
 from .kv_cache import session_capacity
-from .loading import ModelSpec, gemv_layout, load_model
+from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .logs import log_to_stderr
 from .lookup import VERSION_MARK, base_draft
 from .model_host import HostLoad, ModelHost, SessionIdle, SessionLimit, first_open
@@ -36,6 +36,7 @@ from .multiplexing import serve_multiplexed
 from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import DraftDraws
+from .tokenizer_check import TokenizerMismatch, check_compatible
 from .proposing import ProposerGone
 from .wire import alternatives_message, hidden_from, pass_info, proposal_message, sampling_from
 
@@ -129,6 +130,8 @@ class DraftWorker:
         if adopted is not None:  # a canary promoted: its model and scheduler, as measured
             model, scheduler = self.models[adopted], self.host.schedulers[adopted]
         else:
+            if self.target is not None:
+                check_version_tokenizer(self.target.source, source, base)
             model = load_model(spec)
             scheduler = self.host.added_scheduler(model)
             warm_grammars(source)
@@ -179,7 +182,7 @@ class DraftWorker:
 
     def load(self) -> HostLoad:
         """What the pool's autoscaling reads (``cluster/pool.py``)."""
-        return self.host.load(self.head_schedulers.values())
+        return self.host.load(tuple(self.head_schedulers.values()))  # a snapshot: versions come and go on the loop
 
     def drain(self) -> int:
         """Before the pool removes it: take no new sessions and let the live ones end (up to
@@ -189,6 +192,17 @@ class DraftWorker:
 
     def shutdown(self) -> None:
         self.host.shutdown()
+
+
+def check_version_tokenizer(target: str, source: str, name: str) -> None:
+    """A new version of draft model ``name`` at ``source`` speaks the target's tokenizer, or ValueError."""
+    try:
+        check_compatible(load_tokenizer(target), load_tokenizer(source))
+    except TokenizerMismatch as exc:
+        raise TokenizerMismatch(f"the draft at {source} cannot serve as {name!r}: {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"no draft model at {source} ({exc}): give a directory `specserve distill` wrote, "
+                         f"readable at that path on the draft workers' nodes") from None
 
 
 def draft_grammar(opened: pb.SessionOpen, grammars: Callable[[], GrammarCompiler]) -> GrammarState | None:

@@ -113,6 +113,8 @@ class SpecEngine:
         if name == TREE:
             if len(tree) < 2 or not set(tree) <= set(known) or len(set(tree)) < len(tree):
                 raise ValueError(f"a tree needs two or more different ones of {', '.join(known)}; got {list(tree)}")
+            if medusa := sorted(set(tree) & set(self.medusa)):
+                raise ValueError(f"Medusa heads {medusa} guess a tree of their own and join no token tree")
         elif name not in known:
             raise ValueError(f"unknown draft {name!r}; available: {', '.join(known)}, or {TREE}")
 
@@ -178,7 +180,7 @@ class Generation:
     def _model_draft(self, name: str, kind: ProposerKind, in_tree: bool) -> Proposer:
         """A draft model or heads in this process, for this request (no lookahead: it runs alone)."""
         if kind is ProposerKind.MEDUSA:  # guessing in the target session's passes (``_guesser``)
-            return MedusaDraft(name, self.params.sampling, self.recorder, self.decoding.committed_ids())
+            return MedusaDraft(name, self.params.sampling, self.recorder)
         if kind is ProposerKind.HEAD:
             state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling,
                               DraftDraws(self.decoding.stats.seed, name), self.engine.draft_max_support)

@@ -153,16 +153,28 @@ class ModelHost:
 
     def added_scheduler(self, model: PreTrainedModel) -> Scheduler:
         """A scheduler, its pool and (compiled) warmed passes for a model loaded while serving; not
-        yet serving anything (``on_loop`` puts it in ``schedulers``). On a GPU it needs a pool's
-        share of the budget free: ValueError otherwise."""
+        yet serving anything (``on_loop`` puts it in ``schedulers``). It needs room in the budget for
+        a pool, and on a GPU for the model's weights too (taken from the budget until it closes, as
+        the budget was sized without them): ValueError otherwise."""
         scheduler = self._scheduler(model)
+        cuda = scheduler.pool.shape.device.type == "cuda"
+        weights = sum(p.numel() * p.element_size() for p in model.parameters()) if cuda else 0
         needed = min(scheduler.pool.arena_positions, ARENA_POSITIONS) * scheduler.pool.shape.bytes_per_position
-        if self.budget.left_bytes < needed:
+        if self.budget.left_bytes < needed + weights or not self.budget.take(weights):
+            room = ("keep a share free for versions (draft_pool.version_pools), or wait for the sessions of a version "
+                    "replaced or retired to end" if cuda else
+                    "raise kv_cache_mib (a pool's memory, once grown, stays until its model goes)")
             raise ValueError(f"{self.kind} {self.worker_id}: {self.budget.left_bytes / 2**20:.0f} MiB of its KV budget "
-                             f"is free, a new model's pool needs {needed / 2**20:.0f} MiB: wait for the sessions of a "
-                             f"version replaced or retired to end, or keep a share free (draft_pool.version_pools)")
+                             f"is free, a new model needs {(needed + weights) / 2**20:.0f} MiB: {room}")
+        scheduler.weight_bytes = weights
         if scheduler.graphs is not None and scheduler.graphs.compiled:
-            seconds = scheduler.graphs.warm_up()
+            # On the device thread, between passes: compiling (or capturing graphs) beside a running
+            # pass is not safe. Slower there (the compiler's processes inherit its pinning), but once.
+            try:
+                seconds = self.device.executor.submit(scheduler.graphs.warm_up).result()
+            except BaseException:
+                scheduler.retire()  # nothing serves it: its memory goes back now
+                raise
             log.info("%s %s: compiled the decode passes of a model added in %.1f s", self.kind, self.worker_id, seconds)
         return scheduler
 
@@ -174,7 +186,7 @@ class ModelHost:
         return asyncio.run_coroutine_threadsafe(run(), self.server.loop).result()
 
     def endpoint(self) -> Endpoint:
-        counts = _prefix_counts(self.schedulers.values())
+        counts = _prefix_counts(tuple(self.schedulers.values()))  # a snapshot: versions come and go on the loop
         return Endpoint(self.kind, self.worker_id, self.address, self.models, self.slots.live, self.node_id,
                         pass_sessions=self.pass_sessions, pass_times=self.pass_times,
                         prefix_tokens=(counts["prefix_prompt_tokens"], counts["prefix_reused_tokens"]))
@@ -231,7 +243,7 @@ class ModelHost:
             pass
 
     def state(self) -> pb.WorkerState:
-        schedulers = self.schedulers.values()
+        schedulers = tuple(self.schedulers.values())
         counts = [s.counts for s in schedulers]
         return pb.WorkerState(
             worker_id=self.worker_id, models=self.models, live_sessions=self.slots.live, resources=self.resources,
@@ -245,7 +257,7 @@ class ModelHost:
 
     def load(self, schedulers: Iterable[Scheduler] = ()) -> HostLoad:
         """Its load now (``schedulers``: those it runs outside ``self.schedulers``, a draft worker's heads')."""
-        counts = [s.counts for s in (*self.schedulers.values(), *schedulers)]
+        counts = [s.counts for s in (*tuple(self.schedulers.values()), *schedulers)]
         return HostLoad(self.slots.live, sum(c.steps for c in counts), sum(c.queue_seconds for c in counts))
 
     def drain(self, timeout: float = DRAIN_SECONDS) -> None:

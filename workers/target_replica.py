@@ -100,6 +100,9 @@ def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
     """The session a Verify stream's open message asks for (with the hidden states its head reads,
     the Medusa heads that guess in its passes, its processing and its grammar, which has consumed
     the output the session already holds)."""
+    if opened.medusa and opened.aux_layers:
+        raise ValueError("a session drafts with Medusa heads or with an EAGLE-3 head's hidden states, not both: "
+                         "give SessionOpen.medusa or aux_layers")
     processing = opened.processing
     grammar = None
     if opened.HasField("grammar"):

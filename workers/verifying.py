@@ -78,7 +78,9 @@ class TargetSession:
     def plan(self, segment: Segment | None) -> Segment | None:
         if segment is not None:
             segment.ids_only = self.ids_only
-            segment.aux_layers = self.aux_layers or ((self.guesser.layer,) if self.guesser is not None else ())
+            # Medusa heads read the row a verdict comes from: none of a prefill chunk's.
+            medusa = (self.guesser.layer,) if self.guesser is not None and segment.logits else ()
+            segment.aux_layers = self.aux_layers or medusa
         return segment
 
     def keep_aux(self, segment: Segment, proposed: int, kept: Sequence[int]) -> None:

@@ -33,8 +33,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "(one layer fed the target's hidden states, over a reduced vocabulary, trained with training-time "
                     "test) in vLLM's speculators format; serve it like a draft (--draft NAME=DIR). --method medusa: "
                     "Medusa heads (each a residual block and an output layer on the target's last hidden state, "
-                    "guessing the tokens 2, 3, ... ahead; the target frozen) in vLLM's Medusa format; in-process "
-                    "engine only so far (SpecEngine.load).")
+                    "guessing the tokens 2, 3, ... ahead; the target frozen) in vLLM's Medusa format; served like a "
+                    "draft, by the target replicas (--draft NAME=DIR).")
     distill.add_argument("--method", choices=METHODS, default="draft", help="(default: %(default)s)")
     distill.add_argument("--target", required=True,
                          help="target model: a Hugging Face directory or hub id, or a .gguf file")

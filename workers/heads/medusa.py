@@ -64,10 +64,9 @@ class MedusaHeads(nn.Module):
         self.lm_heads = nn.ModuleList(nn.Linear(config.hidden_size, config.vocab_size, bias=False)
                                       for _ in range(config.num_heads))
 
-    def forward(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
-        """[..., H] -> the first ``heads`` heads' logits (default all), [heads, ..., V]."""
-        count = self.config.num_heads if heads is None else heads
-        return torch.stack([self.lm_heads[i](self.blocks[i](hidden)) for i in range(count)])
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> every head's logits, [K, ..., V]."""
+        return torch.stack([lm_head(block(hidden)) for block, lm_head in zip(self.blocks, self.lm_heads, strict=True)])
 
     @staticmethod
     def reads_layer(target: PretrainedConfig) -> int:

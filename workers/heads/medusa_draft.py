@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
 import torch
 
@@ -60,20 +59,21 @@ class GuessBatch:
         weight = self.heads.lm_heads[0].weight
         try:
             rows = torch.stack([hidden for _, _, hidden, _ in pending]).to(weight.device, weight.dtype)
-            logits = self.heads(rows).float()  # [K, n, V]
+            logits = self.heads(rows)  # [K, n, V]
             greedy = [i for i, (guesser, _, _, _) in enumerate(pending) if guesser.width > 1]
-            if greedy:  # [n_greedy, K, width], best first: one top-k and one copy for all of them
-                tops = logits[:, greedy].topk(TREE_WIDTH, -1).indices.transpose(0, 1).tolist()
-                for i, top in zip(greedy, tops, strict=True):
-                    pending[i][1].next = _tree(top)
-            for i, (guesser, owner, _, position) in enumerate(pending):
-                if guesser.width == 1:
-                    owner.next = guesser.drawn(logits[:, i], position)
+            # [n_greedy, K, width], best first: one top-k and one copy for all of them
+            tops = logits[:, greedy].topk(TREE_WIDTH, -1).indices.transpose(0, 1).tolist() if greedy else []
         except Exception:  # noqa: BLE001 - no guesses is a target-only step, never another output
-            log.exception("Medusa heads failed to guess for %d sessions; their next steps go target-only",
-                          len(pending))
-            for _, owner, _, _ in pending:
-                owner.next = None
+            log.exception("Medusa heads failed to guess for %d sessions; their next steps go target-only", len(pending))
+            return
+        for i, top in zip(greedy, tops, strict=True):
+            pending[i][1].next = _tree(top)
+        for i, (guesser, owner, _, position) in enumerate(pending):
+            if guesser.width == 1:
+                try:
+                    owner.next = guesser.drawn(logits[:, i].float(), position)
+                except Exception:  # noqa: BLE001 - this session's next step goes target-only, the others' not
+                    log.exception("Medusa heads failed to draw a session's guesses; its next step goes target-only")
 
 
 class MedusaGuesser:
@@ -130,7 +130,7 @@ def cut(proposal: DraftTokens, depth: int) -> DraftTokens:
 class MedusaDraft(Proposer):
     """A request's proposer over Medusa heads that run where its target session does."""
 
-    def __init__(self, name: str, sampling: SamplingParams, recorder: StepRecorder, committed: Sequence[int]) -> None:
+    def __init__(self, name: str, sampling: SamplingParams, recorder: StepRecorder) -> None:
         self.name = name
         self.recorder = recorder
         self.deterministic = sampling.greedy
@@ -141,7 +141,12 @@ class MedusaDraft(Proposer):
         if k < 1 or self.next is None:  # before the first pass: nothing guessed yet
             return DraftTokens.empty()
         started = time.perf_counter()
-        proposal = cut(self.next, k)
+        try:
+            proposal = cut(self.next, k)
+        except (IndexError, KeyError, ValueError):  # a malformed tree from the wire: a target-only step
+            log.warning("Medusa heads' guesses came malformed (parents %s); this step goes target-only",
+                        self.next.parents)
+            return DraftTokens.empty()
         self.recorder.waited(time.perf_counter() - started)
         self.recorder.drafted(proposal_depth(proposal), 0.0)  # guessed in the verify pass: its time is the pass's
         return proposal
