@@ -107,7 +107,7 @@ class SpecServeService:
         self.directory = directory
         self.resolver = resolver
         rng = rng or random.Random()
-        self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {})
+        self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {}, medusa=medusa)
         self.lookahead_budget = LookaheadBudget(config.lookahead_min_hit_rate)
         self.draft_free = DraftFree(config.ngram, config.suffix)
         proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {}, medusa)

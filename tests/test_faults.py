@@ -124,6 +124,18 @@ def test_target_replica_killed_mid_request_resumes_with_identical_output(client,
     assert stats.target_resumes == 1 and stats.draft == request.draft
 
 
+def test_a_request_drafted_by_the_replicas_medusa_heads_resumes_on_the_restarted_replica_unchanged(
+        client, tiny_zoo, recovered):
+    """Medusa heads live on the target replica: the one Serve starts in its place loads them too, and
+    the request's guesses come from there after its re-prefill."""
+    request = long_request(tiny_zoo, draft="medusa")
+    undisturbed = client.generate(request)
+    (target,) = workers(client, "target")
+    tokens, stats = stream_with_fault(client, request, lambda: kill(target))
+    assert tokens == list(undisturbed.token_ids), "the resumed request lost, repeated or changed tokens"
+    assert stats.target_resumes == 1 and stats.draft == "medusa" and stats.accepted_tokens > 0, stats
+
+
 def test_health_is_not_serving_while_no_target_replica_is_registered(client, service, recovered):
     """With its only replica gone the router cannot serve: health (and so the Kubernetes readiness
     probe, and the HTTP API's /health) says so until Serve's replacement registers."""

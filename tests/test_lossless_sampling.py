@@ -230,6 +230,10 @@ def test_sampling_through_an_eagle3_head_matches_target_distribution(tokenizer):
     assert_same_distribution(exact, counts, SAMPLES // 2)
 
 
+# With the slow suite (25-50 s here): the default run samples Medusa heads end to end through the
+# service (tests/test_medusa.py, validate's two-sample test); their q is a draft's kind, whose rule
+# tests/test_acceptance_distribution.py checks case by case.
+@pytest.mark.slow
 def test_sampling_through_medusa_heads_matches_target_distribution(tokenizer):
     """Medusa heads (a chain when sampled): head i's token drawn from its own distribution, which
     does not read the tokens drawn before it; q is that distribution, and the output the target's."""

@@ -456,3 +456,14 @@ def test_the_learning_budget_holds_learning_to_its_share_of_a_core():
         ran += budget.run(job(0.01))
     assert ran == pytest.approx(10 / 0.5, abs=2)
     assert not LearningBudget(0.0, clock=lambda: now[0]).run(job(0.001))  # 0: learning off
+
+
+def test_medusa_heads_are_priced_with_no_drafting_time_of_their_own_from_the_start():
+    """They guess in the verify pass: c 0 before any timing (a draft model starts at the prior c),
+    and their c stays out of the typical c other drafts are priced at."""
+    tasks = {"t": ("d", "m")}
+    p = Policy(PolicyConfig(probe_fraction=0.0), tasks, random.Random(0), priors={"t": {"d": 0.7, "m": 0.7}},
+               medusa=frozenset({"m"}))
+    arms = {arm.draft: arm for arm in p.view("t").arms}
+    assert arms["m"].c == 0.0 and arms["d"].c == PolicyConfig().prior_cost_ratio
+    assert arms["m"].expected_speedup > arms["d"].expected_speedup and p.route("t").draft == "m"
