@@ -145,6 +145,8 @@ def test_a_proposal_is_cut_at_a_depth_with_its_tree_renumbered():
     assert cut(tree, 3) is tree and cut(tree, 1).ids == [5, 6]
     chain = DraftTokens([1, 2, 3], tree.q.__class__(torch.tensor([[1], [2], [3]]), torch.ones(3, 1)))
     assert cut(chain, 2).ids == [1, 2] and cut(chain, 2).q.ids.tolist() == [[1], [2]] and cut(chain, 5) is chain
+    sampled = DraftTokens(tree.ids, tree.q.__class__(torch.arange(12).view(6, 2), torch.full((6, 2), 0.5)), tree.parents)
+    assert cut(sampled, 2).q.ids.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]  # each kept node's own q
 
 
 def test_the_proposer_relays_the_last_passes_guesses_cut_to_k_and_nothing_before_a_pass():

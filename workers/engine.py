@@ -19,7 +19,7 @@ from .grammar import GrammarCompiler, GrammarState
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_head_of
 from .heads.medusa import MedusaHeads, is_medusa, load_medusa
-from .heads.medusa_draft import GuessBatch, MedusaDraft, MedusaGuesser
+from .heads.medusa_draft import GuessBatch, MedusaDraft, MedusaGuesser, runner_up
 from .heads.proposer import HeadDraft, HeadState
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
@@ -198,7 +198,7 @@ class Generation:
             return None
         return MedusaGuesser(self.engine.guesses[medusa], MedusaHeads.reads_layer(self.engine.target.config),
                              self.params.sampling, DraftDraws(self.decoding.stats.seed, medusa),
-                             self.engine.draft_max_support)
+                             self.engine.draft_max_support, DraftDraws(self.decoding.stats.seed, runner_up(medusa)))
 
     def _grammar(self) -> GrammarState | None:
         """A state of the request's grammar of its own, for the target's session or a draft's."""

@@ -29,7 +29,7 @@ from .config import TargetConfig
 from .drafting import DRAFT_MAX_SUPPORT
 from .grammar import GrammarCompiler, grammar_compiler, no_grammars, warm_grammars
 from .heads.medusa import MedusaHeads, load_medusa
-from .heads.medusa_draft import GuessBatch, MedusaGuesser
+from .heads.medusa_draft import GuessBatch, MedusaGuesser, runner_up
 from .loading import ModelSpec, gemv_layout, load_model
 from .logs import log_to_stderr
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
@@ -70,7 +70,8 @@ class TargetReplica:
             raise ValueError(f"this target replica serves no Medusa heads {name!r}; it serves "
                              f"{', '.join(self.medusa) or 'none'}")
         return MedusaGuesser(batch, self.medusa_layer, sampling_from(opened.sampling),
-                             DraftDraws(opened.sampling.seed, name), DRAFT_MAX_SUPPORT)
+                             DraftDraws(opened.sampling.seed, name), DRAFT_MAX_SUPPORT,
+                             DraftDraws(opened.sampling.seed, runner_up(name)))
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """What Serve's autoscaler reads of this replica (``cluster/autoscaling.py``): its live

@@ -10,13 +10,13 @@ products on one row, with no draft pass, no cache of its own and no trip to a dr
 ``needs`` and proposes what the last verify pass sent, cut to the k asked. The first step of a
 request, before any pass, is target-only.
 
-Greedy, a proposal is a token tree: each head's best guess as the main chain, and beside each its
-next ``width - 1`` guesses as leaves (the heads do not read each other's guesses, so a runner-up
-at one depth has no guess after it). The verifier keeps the longest path the target agrees with:
-the target's own tokens. Sampled, a chain: head i's token drawn from its own distribution, warped
-as the request's sampling says, which is the q the rejection rule needs; that a head's
-distribution does not depend on the tokens drawn before it does not matter to the rule, only that
-each token was drawn from the q it is sent with.
+A proposal is a token tree: a main chain, one token a head, and beside each of its tokens a
+runner-up as a leaf (the heads do not read each other's guesses, so a runner-up at one depth has no
+guess after it). Greedy, each head's best guess and its second best; the verifier keeps the longest
+path the target agrees with: the target's own tokens. Sampled, both drawn independently from the
+head's own distribution, warped as the request's sampling says, which is the q each is sent with;
+the tree rule (workers/acceptance.py) needs only that every candidate was drawn from its q
+independently of the others, not that a head's distribution read the tokens drawn before it.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ import time
 
 import torch
 
-from ..acceptance import SamplingParams, SparseDist
+from ..acceptance import SamplingParams, SparseDist, sample_sparse
 from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
 from ..proposing import MEDUSA_NEXT, Committed, Proposer, StepRecorder, VerifyNeeds, proposal_depth
 from ..seeds import DraftDraws
 from .medusa import MedusaHeads
 
 log = logging.getLogger("specserve.workers")
-# Guesses per depth of a greedy proposal's tree (1: a chain). Two: a head's runner-up is right
-# often enough (Medusa's trees take the top few per head) for k more rows in the pass.
+# Candidates per depth of a proposal's tree (1: a chain). Two: a head's runner-up is right often
+# enough (Medusa's trees take the top few per head) for k more rows in the pass.
 TREE_WIDTH = 2
 
 
@@ -60,7 +60,7 @@ class GuessBatch:
         try:
             rows = torch.stack([hidden for _, _, hidden, _ in pending]).to(weight.device, weight.dtype)
             logits = self.heads(rows)  # [K, n, V]
-            greedy = [i for i, (guesser, _, _, _) in enumerate(pending) if guesser.width > 1]
+            greedy = [i for i, (guesser, _, _, _) in enumerate(pending) if guesser.sampling.greedy]
             # [n_greedy, K, width], best first: one top-k and one copy for all of them
             tops = logits[:, greedy].topk(TREE_WIDTH, -1).indices.transpose(0, 1).tolist() if greedy else []
         except Exception:  # noqa: BLE001 - no guesses is a target-only step, never another output
@@ -69,7 +69,7 @@ class GuessBatch:
         for i, top in zip(greedy, tops, strict=True):
             pending[i][1].next = _tree(top)
         for i, (guesser, owner, _, position) in enumerate(pending):
-            if guesser.width == 1:
+            if not guesser.sampling.greedy:
                 try:
                     owner.next = guesser.drawn(logits[:, i].float(), position)
                 except Exception:  # noqa: BLE001 - this session's next step goes target-only, the others' not
@@ -77,23 +77,41 @@ class GuessBatch:
 
 
 class MedusaGuesser:
-    """One session's side of the heads (``batch``'s); ``draws`` keyed as a draft's of their name."""
+    """One session's side of the heads (``batch``'s); ``draws`` keyed as a draft's of their name (a
+    depth's runner-up draws of its own, independent of them)."""
 
     def __init__(self, batch: GuessBatch, layer: int, sampling: SamplingParams, draws: DraftDraws,
-                 max_support: int = DRAFT_MAX_SUPPORT) -> None:
+                 max_support: int = DRAFT_MAX_SUPPORT, runner_up: DraftDraws | None = None) -> None:
         self.batch = batch
         self.layer = layer  # the target's hidden_states index they read (its last)
         self.sampling = sampling
         self.draws = draws
+        self.runner_up = runner_up
         self.max_support = max_support
-        self.width = TREE_WIDTH if sampling.greedy else 1
 
     def drawn(self, logits: torch.Tensor, position: int) -> DraftTokens:
-        """A sampled chain from the heads' logits [K, V]: head i's token drawn at ``position`` + i
-        from its warped distribution, which is its q."""
-        drawn = [draw(row[None], self.sampling, self.draws.uniform(position + i), self.max_support)
-                 for i, row in enumerate(logits)]
-        return DraftTokens([token for token, _ in drawn], stack_rows([q for _, q in drawn]))
+        """A sampled tree from the heads' logits [K, V]: at depth i, at ``position`` + i, two tokens
+        drawn independently from head i's warped distribution, their q (one, without runner-up draws)."""
+        ids: list[int] = []
+        rows: list[SparseDist] = []
+        parents: list[int] = []
+        parent = -1
+        for i, row in enumerate(logits):
+            token, q = draw(row[None], self.sampling, self.draws.uniform(position + i), self.max_support)
+            main = len(ids)
+            ids.append(token)
+            rows.append(q)
+            if self.runner_up is not None:
+                ids.append(sample_sparse(q, self.runner_up.uniform(position + i)))
+                rows.append(q)
+            parents += [parent] * (len(ids) - main)
+            parent = main
+        return DraftTokens(ids, stack_rows(rows), parents if self.runner_up is not None else None)
+
+
+def runner_up(name: str) -> str:
+    """The name a depth's runner-up draws are keyed by: another draft's, as far as the draws go."""
+    return f"{name}/runner-up"
 
 
 def _tree(guesses: list[list[int]]) -> DraftTokens:
@@ -110,7 +128,8 @@ def _tree(guesses: list[list[int]]) -> DraftTokens:
 
 
 def cut(proposal: DraftTokens, depth: int) -> DraftTokens:
-    """The proposal's tokens at most ``depth`` deep (a chain's first ``depth``), parents renumbered."""
+    """The proposal's tokens at most ``depth`` deep, with their q (a chain's first ``depth``; a
+    tree's nodes renumbered)."""
     if proposal.parents is None:
         if len(proposal.ids) <= depth:
             return proposal
@@ -123,8 +142,9 @@ def cut(proposal: DraftTokens, depth: int) -> DraftTokens:
             kept[node] = len(kept)
     if len(kept) == len(proposal.ids):
         return proposal
-    return DraftTokens.of_ids([proposal.ids[n] for n in kept],
-                              [-1 if proposal.parents[n] < 0 else kept[proposal.parents[n]] for n in kept])
+    rows = torch.tensor(list(kept))
+    return DraftTokens([proposal.ids[n] for n in kept], SparseDist(proposal.q.ids[rows], proposal.q.probs[rows]),
+                       [-1 if proposal.parents[n] < 0 else kept[proposal.parents[n]] for n in kept])
 
 
 class MedusaDraft(Proposer):
