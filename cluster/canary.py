@@ -5,7 +5,8 @@ draft worker beside the draft (``draft@version``), then
 marks it running: each router, reporting every REPORT_SECONDS (cluster/ingress.py), learns it and
 routes a share of the draft's requests of its tasks to it (router/canary.py says how, and how the
 arms are tested). The routers' counts are summed here and tested at each look; the first decision
-(or an operator's, ``end``) settles it:
+(or an operator's, ``end``) settles it (its state, arms and z also in the ``specserve_canary_*``
+gauges):
 
     promoted     the draft becomes the new version (the pool swaps it: sessions open on the old
                  one finish on it), then the version's own name is retired
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from specserve.router.canary import (FAILED, FINISHED, PROMOTE, PROMOTED, PROMOTING, ROLLED_BACK,
                                      ROLLING_BACK, RUNNING, ArmSums, CanaryConfig, CanaryStatus, decide)
+from specserve.router.metrics import CanaryMetrics
 from specserve.workers.lookup import VERSION_MARK, base_draft
 
 from .pool import DraftPool
@@ -45,8 +47,10 @@ KEEP_FINISHED = 8  # finished canaries kept for stats
 class Canaries:
     """``tasks``: task -> the drafts allowed to serve it (a canary's tasks are its draft's)."""
 
-    def __init__(self, pool: DraftPool, tasks: Mapping[str, Sequence[str]]) -> None:
+    def __init__(self, pool: DraftPool, tasks: Mapping[str, Sequence[str]],
+                 metrics: CanaryMetrics | None = None) -> None:
         self.pool = pool
+        self.metrics = metrics  # None: no gauges (tests without Ray)
         self.tasks = {task: tuple(names) for task, names in tasks.items()}
         self.statuses: dict[str, CanaryStatus] = {}  # canary id -> its status, in the order started
         self.reports: dict[str, dict[str, tuple[ArmSums, ArmSums]]] = {}  # canary id -> router id -> its arms
@@ -157,6 +161,8 @@ class Canaries:
 
     def _set(self, canary_id: str, **changes) -> CanaryStatus:
         self.statuses[canary_id] = replace(self.statuses[canary_id], **changes)
+        if self.metrics is not None:
+            self.metrics.record(self.statuses[canary_id])
         return self.statuses[canary_id]
 
     def _forget_finished(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import ray
 
 from specserve.router.canary import ArmSums, CanaryConfig, CanaryStatus
+from specserve.router.metrics import CanaryMetrics
 from specserve.workers.logs import log_to_stderr
 from specserve.workers.registry import REGISTRY_NAME, Registration, start_registry
 
@@ -38,7 +39,7 @@ class Control:
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
         self.registry = start_registry(registration, router_options(cfg.router)["resources"])
         self.pool = DraftPool(cfg, models)
-        self.canaries = Canaries(self.pool, models.tasks)
+        self.canaries = Canaries(self.pool, models.tasks, CanaryMetrics())
         # The pool's supervision and autoscaling run on a loop of their own: Serve's replica loop
         # is for the calls Serve makes.
         self.loop = asyncio.new_event_loop()

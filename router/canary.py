@@ -51,6 +51,7 @@ from .policy import Route
 LOADING, RUNNING, PROMOTING, PROMOTED, ROLLING_BACK, ROLLED_BACK, FAILED = (
     "loading", "running", "promoting", "promoted", "rolling back", "rolled back", "failed")
 FINISHED = (PROMOTED, ROLLED_BACK, FAILED)
+STATES = (LOADING, RUNNING, PROMOTING, PROMOTED, ROLLING_BACK, ROLLED_BACK, FAILED)
 PROMOTE, ROLL_BACK = "promote", "roll back"
 MIN_REQUESTS = 5  # per arm at a look
 

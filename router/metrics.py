@@ -97,6 +97,7 @@ END PROMQL
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -104,6 +105,7 @@ from ray.util import metrics
 
 from specserve.workers.stats import time_per_output_token
 
+from .canary import STATES, CanaryStatus
 from .load_check import LoadCheck
 from .passes import PassLog
 from .policy import LOW_SPEEDUP, LOWERED_K, MEASURED_SLOWER, RAISED_K, TARGET_SATURATED, TaskView
@@ -350,6 +352,34 @@ class RouterMetrics:
             tags = {"task": view.task, "draft": arm.draft}
             self.expected_speedup.set(arm.expected_speedup, tags)
             self.alpha.set(arm.alpha, tags)
+
+
+class CanaryMetrics:
+    """The canaries', set by the control deployment as each one changes (cluster/canary.py): what
+    `specserve stats` shows, for alerts and dashboards. A version's requests also carry
+    draft="<draft>@<version>" in every per-draft series above."""
+
+    def __init__(self) -> None:
+        self.state = RefreshedGauge("specserve_canary_state", "1 for a canary's state now, 0 for the others "
+                                    f"({', '.join(STATES)})", tag_keys=("draft", "version", "state"))
+        self.alpha = RefreshedGauge("specserve_canary_alpha", "A canary's acceptance on the requests counted so "
+                                    "far, by arm: base (the draft as it serves) or canary (the new version)",
+                                    tag_keys=("draft", "version", "arm"))
+        self.requests = RefreshedGauge("specserve_canary_requests", "Requests a canary's arms have counted",
+                                       tag_keys=("draft", "version", "arm"))
+        self.z = RefreshedGauge("specserve_canary_z", "The canary's alpha above the base's in standard errors (the "
+                                "test that decides it)", tag_keys=("draft", "version"))
+        keep_refreshed([self.state, self.alpha, self.requests, self.z])
+
+    def record(self, status: CanaryStatus) -> None:
+        tags = {"draft": status.draft, "version": status.version}
+        for state in STATES:
+            self.state.set(int(state == status.state), tags | {"state": state})
+        for arm, sums in (("base", status.base), ("canary", status.canary)):
+            self.alpha.set(sums.alpha, tags | {"arm": arm})
+            self.requests.set(sums.requests, tags | {"arm": arm})
+        if math.isfinite(status.z):
+            self.z.set(status.z, tags)
 
 
 class PoolMetrics:

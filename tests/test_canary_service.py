@@ -67,6 +67,27 @@ def check_lossless(client, replies) -> None:
         assert reply.stats.route != "lost"
 
 
+def canary_gauges(metrics_port: int, version: str, wait: float = 60.0) -> dict[str, float]:
+    """The control's specserve_canary_* gauges of ``version`` on the service's scrape, once they
+    say it finished: 'name{label="value"}' (the version's other labels left out) -> value."""
+    import re
+    import urllib.request
+
+    deadline = time.monotonic() + wait
+    while True:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        found = {}
+        for line in body.splitlines():
+            match = re.match(r'ray_(specserve_canary_\w+)\{(.*)\} (\S+)$', line)
+            if match and f'version="{version}"' in match[2]:
+                label = re.search(r'(state|arm)="([^"]*)"', match[2])
+                found[match[1] + (f'{{{label[1]}="{label[2]}"}}' if label else "")] = float(match[3])
+        if any(found.get(f'specserve_canary_state{{state="{s}"}}') == 1.0 for s in FINISHED):
+            return found
+        assert time.monotonic() < deadline, f"no finished canary {version} in the scrape: {found}"
+        time.sleep(1.0)
+
+
 def sources(client, draft: str = "eagle3") -> list[dict[str, str]]:
     """Each draft worker's ``draft`` and its versions, and where each was loaded from."""
     served = [ray.get(ray.get_actor(w.worker_id, namespace=NAMESPACE).sources.remote(), timeout=30)
@@ -75,7 +96,7 @@ def sources(client, draft: str = "eagle3") -> list[dict[str, str]]:
 
 
 def test_a_canary_that_accepts_less_is_rolled_back_and_the_draft_serves_on_unchanged(service, client, tiny_zoo,
-                                                                                    tmp_path):
+                                                                                    tmp_path, metrics_port):
     zoo_head = str(tiny_zoo.root / HEAD_PATH)
     status, replies = run_canary(service, client, tiny_zoo, negated_head(tiny_zoo.root / HEAD_PATH, tmp_path / "neg"),
                                  "negated")
@@ -88,6 +109,9 @@ def test_a_canary_that_accepts_less_is_rolled_back_and_the_draft_serves_on_uncha
     assert all(heads == {"eagle3": zoo_head} for heads in sources(client)), sources(client)  # retired, unchanged
     rows = [c for c in client.stats().canaries if c.version == "eagle3@negated"]
     assert rows and rows[-1].state == "rolled back" and rows[-1].canary_alpha < rows[-1].base_alpha
+    scraped = canary_gauges(metrics_port, "eagle3@negated")
+    assert scraped['specserve_canary_state{state="rolled back"}'] == 1.0, scraped
+    assert scraped['specserve_canary_alpha{arm="canary"}'] < 0.2 < scraped['specserve_canary_alpha{arm="base"}']
 
 
 def test_a_canary_that_accepts_more_is_promoted_and_serves_the_draft_from_then_on(service, client, tiny_zoo,
