@@ -235,8 +235,9 @@ def test_sampling_through_an_eagle3_head_matches_target_distribution(tokenizer):
 # tests/test_acceptance_distribution.py checks case by case.
 @pytest.mark.slow
 def test_sampling_through_medusa_heads_matches_target_distribution(tokenizer):
-    """Medusa heads (a chain when sampled): head i's token drawn from its own distribution, which
-    does not read the tokens drawn before it; q is that distribution, and the output the target's."""
+    """Medusa heads' sampled trees: a depth's two candidates drawn independently from head i's
+    distribution, which does not read the tokens drawn before it; q is that distribution, the tree
+    rule verifies them, and the output is the target's."""
     sampling, k, n = SamplingParams(temperature=1.0, top_p=0.9), 3, SAMPLES // 4  # the bounds are n's
     exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
     counts, alpha = sample_distribution_split(sampling, k, 32, n, proposer="medusa")
