@@ -58,7 +58,8 @@ class SpecEngine:
         self.drafts = {name: use_pooled_attention(model) for name, model in drafts.items()}
         self.heads = dict(heads or {})  # EAGLE-3 heads of this target, drafting from its hidden states
         self.medusa = dict(medusa or {})  # Medusa heads of this target, guessing from its last hidden state
-        self.guesses = {name: GuessBatch(heads) for name, heads in self.medusa.items()}
+        self.guesses = {name: GuessBatch(heads, MedusaHeads.reads_layer(target.config))
+                        for name, heads in self.medusa.items()}
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.context_window = int(target.config.max_position_embeddings)
         # Prompt lookup and suffix decoding (over the prompt alone: no task's outputs), the heads'
@@ -196,9 +197,9 @@ class Generation:
         """The target session's side of Medusa heads ``medusa`` (none: ""), drawing as a draft of that name."""
         if not medusa:
             return None
-        return MedusaGuesser(self.engine.guesses[medusa], MedusaHeads.reads_layer(self.engine.target.config),
-                             self.params.sampling, DraftDraws(self.decoding.stats.seed, medusa),
-                             self.engine.draft_max_support, DraftDraws(self.decoding.stats.seed, runner_up(medusa)))
+        seed = self.decoding.stats.seed
+        return MedusaGuesser(self.engine.guesses[medusa], self.params.sampling, DraftDraws(seed, medusa),
+                             self.engine.draft_max_support, DraftDraws(seed, runner_up(medusa)))
 
     def _grammar(self) -> GrammarState | None:
         """A state of the request's grammar of its own, for the target's session or a draft's."""

@@ -55,21 +55,22 @@ class TargetReplica:
         self.grammars = lambda: grammar_compiler(target.source)
         warm_grammars(target.source)
         model = load_model(target)
-        self.medusa = {name: GuessBatch(gemv_layout(load_medusa(spec.source, model)))
+        layer = MedusaHeads.reads_layer(model.config)
+        self.medusa = {name: GuessBatch(gemv_layout(load_medusa(spec.source, model)), layer)
                        for name, spec in (medusa or {}).items()}
-        self.medusa_layer = MedusaHeads.reads_layer(model.config)
         servicer = VerifierServicer(self)
         self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", {"target": model}, cfg,
                               registration, lambda server: rpc.add_VerifierServicer_to_server(servicer, server),
                               time_passes=True)
 
-    def guesser(self, name: str, opened: pb.SessionOpen) -> MedusaGuesser:
-        """A session's side of the Medusa heads ``name``: ValueError if it serves none so named."""
+    def guesser(self, opened: pb.SessionOpen) -> MedusaGuesser:
+        """A session's side of the Medusa heads it names: ValueError if it serves none so named."""
+        name = opened.medusa
         batch = self.medusa.get(name)
         if batch is None:
             raise ValueError(f"this target replica serves no Medusa heads {name!r}; it serves "
                              f"{', '.join(self.medusa) or 'none'}")
-        return MedusaGuesser(batch, self.medusa_layer, sampling_from(opened.sampling),
+        return MedusaGuesser(batch, sampling_from(opened.sampling),
                              DraftDraws(opened.sampling.seed, name), DRAFT_MAX_SUPPORT,
                              DraftDraws(opened.sampling.seed, runner_up(name)))
 
@@ -96,7 +97,7 @@ class TargetReplica:
 
 def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
                    grammars: Callable[[], GrammarCompiler] = no_grammars,
-                   medusa: Callable[[str, pb.SessionOpen], MedusaGuesser | None] = lambda name, opened: None,
+                   medusa: Callable[[pb.SessionOpen], MedusaGuesser | None] = lambda opened: None,
                    ) -> TargetSession:
     """The session a Verify stream's open message asks for (with the hidden states its head reads,
     the Medusa heads that guess in its passes, its processing and its grammar, which has consumed
@@ -113,7 +114,7 @@ def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
                          tuple(opened.aux_layers), opened.top_logprobs if opened.logprobs else None,
                          processing_from(processing),
                          processing.output_start if opened.HasField("processing") else None, grammar,
-                         medusa(opened.medusa, opened) if opened.medusa else None)
+                         medusa(opened) if opened.medusa else None)
 
 
 def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> pb.VerifyReply:

@@ -79,7 +79,7 @@ class TargetSession:
         if segment is not None:
             segment.ids_only = self.ids_only
             # Medusa heads read the row a verdict comes from: none of a prefill chunk's.
-            medusa = (self.guesser.layer,) if self.guesser is not None and segment.logits else ()
+            medusa = (self.guesser.batch.layer,) if self.guesser is not None and segment.logits else ()
             segment.aux_layers = self.aux_layers or medusa
         return segment
 

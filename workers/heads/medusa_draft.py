@@ -43,8 +43,9 @@ class GuessBatch:
     verdicts are in (``flush``, the steps' ``after_pass``): one product of the heads for every
     session, one top-k for the greedy ones. Per session they would cost more than the pass."""
 
-    def __init__(self, heads: MedusaHeads) -> None:
+    def __init__(self, heads: MedusaHeads, layer: int) -> None:
         self.heads = heads
+        self.layer = layer  # the target's hidden_states index they read (its last)
         self.pending: list[tuple[MedusaGuesser, object, torch.Tensor, int]] = []
 
     def owe(self, guesser: MedusaGuesser, owner, hidden: torch.Tensor, position: int) -> None:
@@ -80,10 +81,9 @@ class MedusaGuesser:
     """One session's side of the heads (``batch``'s); ``draws`` keyed as a draft's of their name (a
     depth's runner-up draws of its own, independent of them)."""
 
-    def __init__(self, batch: GuessBatch, layer: int, sampling: SamplingParams, draws: DraftDraws,
+    def __init__(self, batch: GuessBatch, sampling: SamplingParams, draws: DraftDraws,
                  max_support: int = DRAFT_MAX_SUPPORT, runner_up: DraftDraws | None = None) -> None:
         self.batch = batch
-        self.layer = layer  # the target's hidden_states index they read (its last)
         self.sampling = sampling
         self.draws = draws
         self.runner_up = runner_up
