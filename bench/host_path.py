@@ -5,7 +5,7 @@ whose pass costs next to nothing, drafts that are copies of it, a small EAGLE-3 
 ceiling in tokens/s and its CPU per token are those of the host path: gRPC, protobuf, the router's
 bookkeeping, the replica's and the workers' scheduling. At each level of concurrent sessions, for
 each path (speculation OFF; ON with the task's draft, the EAGLE-3 head, n-gram lookup, Medusa heads
-on the target replica), clients stream
+on the target replica, an MTP module), clients stream
 greedy requests back to back, and each process's CPU time over the level is read from /proc:
 router, target replica, draft workers, Ray's daemons (raylet, GCS, Serve's controller, ...), and the
 client (this process: its grpc.aio streams). Per generated token and per round (a target verify
@@ -16,9 +16,9 @@ Then, in this process on the replica's core, the same target in the in-process s
 engine (one request at a time, OFF and each proposer), side by side with the service's figures.
 
 With ``--on-zoo`` all of it runs on the zoo itself instead (its trained target and drafts, Medusa
-heads distilled beside it on first use): where passes cost what they cost, what each path gains.
+heads and an MTP module distilled beside it on first use): where passes cost what they cost, what each path gains.
 
-    specserve host-path [--zoo demo] [--sessions 1,16,64,256] [--paths off,draft,eagle3,ngram,medusa] [--on-zoo]
+    specserve host-path [--zoo demo] [--sessions 1,16,64,256] [--paths off,draft,eagle3,ngram,medusa,mtp] [--on-zoo]
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.request import GenerationParams
 from specserve.workers.verifying import TargetSession
 from specserve.cluster.zoo.head import HEAD
-from specserve.cluster.zoo.host_path import MEDUSA, ensure_host_path_zoo, zoo_medusa
+from specserve.cluster.zoo.host_path import MEDUSA, ensure_host_path_zoo, zoo_heads
+from specserve.workers.heads.mtp import MTP
 from specserve.cluster.zoo.zoo import Zoo
 
 from .cli import module_main
@@ -73,9 +74,11 @@ from .memory import component_of
 from .settings import REPLICA_CORE, RESULTS_DIR, provenance
 
 # "draft": each request's task draft (a copy of the target here); MEDUSA: heads on the target replica
-PATHS = ("off", "draft", HEAD, NGRAM, MEDUSA)
+# (their guesses ride its verify pass); MTP: a module on the draft workers, fed the last hidden states
+PATHS = ("off", "draft", HEAD, NGRAM, MEDUSA, MTP)
 COMPONENTS = ("router", "target replica", "draft worker", "ray daemons", "client")
-HOST_PATH_MODELS = "drafts of one layer computing its function bit for bit; an EAGLE-3 head; Medusa heads"
+HOST_PATH_MODELS = ("drafts of one layer computing its function bit for bit; an EAGLE-3 head; Medusa heads; an "
+                    "MTP module")
 GOAL_US_PER_TOKEN = 50  # the issue's bar for each of router, replica and draft worker at 64 sessions
 
 
@@ -311,13 +314,14 @@ async def run_level(address: str, requests: list[pb.GenerateRequest], sessions: 
 
 
 def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path,
-                    medusa: Path) -> tuple[list[Level], dict, dict]:
+                    heads: dict[str, Path]) -> tuple[list[Level], dict, dict]:
     widest = max(settings.sessions)
     room = {"max_sessions": 2 * widest, "kv_cache_mib": 1024, "batching": {"max_sessions_per_pass": widest}}
     router = copy.deepcopy(MEASURED_ON_UNSEEN["router"]) | {"max_concurrent_requests": 2 * widest, "http_port": None,
                                                             "stream_interval_tokens": settings.stream_interval,
                                                             "replicas": settings.router_replicas}
-    overrides = {"models": {"zoo": str(zoo.root), "drafts": {MEDUSA: str(medusa)}}, "target": copy.deepcopy(room),
+    overrides = {"models": {"zoo": str(zoo.root), "drafts": {name: str(where) for name, where in heads.items()}},
+                 "target": copy.deepcopy(room),
                  "draft_pool": copy.deepcopy(room), "router": router}
     merge_into(overrides, copy.deepcopy(settings.service_overrides))
     service = start_service(port=0, overrides=overrides)
@@ -403,11 +407,11 @@ def scheduler_target_only(zoo: Zoo, sessions: int, max_tokens: int) -> dict:
             "cpu_us_per_token": 1e6 * cpu / tokens, "device_us_per_token": 1e6 * device / tokens}
 
 
-def engine_single_stream(zoo: Zoo, settings: HostPathSettings, medusa: Path) -> list[dict]:
+def engine_single_stream(zoo: Zoo, settings: HostPathSettings, heads: dict[str, Path]) -> list[dict]:
     """One request at a time through the in-process engine: OFF and each proposer (k as the service's)."""
     engine = SpecEngine.load(ModelSpec(str(zoo.target_dir)), {name: ModelSpec(str(zoo.draft_dir(name)))
-                                                              for name in zoo.draft_names if name != MEDUSA}
-                             | {MEDUSA: ModelSpec(str(medusa))})
+                                                              for name in zoo.draft_names if name not in heads}
+                             | {name: ModelSpec(str(where)) for name, where in heads.items()})
     rows = []
     prompts = [(task, encode_prompt(engine.tokenizer, p)) for task in zoo.tasks for p in zoo.prompts(task)[:4]]
     for path in settings.paths:
@@ -530,7 +534,7 @@ def profile_report(profiles: dict) -> str:
 def run(settings: HostPathSettings, command: str) -> Path:
     source = ensure_zoo(settings.zoo)
     zoo = source if settings.on_zoo else ensure_host_path_zoo(source)
-    medusa = zoo_medusa(zoo)
+    heads = zoo_heads(zoo)
     when = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = settings.out / f"{when}-host-path"
     print(f"host path: zoo {zoo.root}; levels {settings.sessions} sessions x paths {settings.paths}", flush=True)
@@ -539,17 +543,18 @@ def run(settings: HostPathSettings, command: str) -> Path:
         print(f"  {lv.path:7s} {lv.sessions:4d} sessions: {lv.tokens_per_second:8,.0f} tok/s; us/token "
               + ", ".join(f"{c} {lv.us_per_token(c):,.0f}" for c in COMPONENTS), flush=True)
 
-    levels, identical, profiles = measure_service(zoo, settings, progress, out, medusa)
+    levels, identical, profiles = measure_service(zoo, settings, progress, out, heads)
     print("in process, on the replica's core:", flush=True)
     affinity = pinned_here()
     try:
         scheduler = [scheduler_target_only(zoo, n, settings.max_tokens) for n in settings.sessions]
-        engine = engine_single_stream(zoo, settings, medusa)
+        engine = engine_single_stream(zoo, settings, heads)
     finally:
         os.sched_setaffinity(0, affinity)
     in_process = {"scheduler": scheduler, "engine": engine}
     meta = {"when": when, "zoo": str(zoo.root), "target_parameters": zoo.manifest["target"]["parameters"],
-            "models": ("the zoo's own trained target and drafts, its EAGLE-3 head, Medusa heads distilled for it"
+            "models": ("the zoo's own trained target and drafts, its EAGLE-3 head, Medusa heads and an MTP module "
+                       "distilled for it"
                        if settings.on_zoo else HOST_PATH_MODELS),
             "max_tokens": settings.max_tokens, "k": settings.k, "paths": list(settings.paths),
             "sessions": list(settings.sessions), "command": command, "provenance": provenance(),

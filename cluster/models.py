@@ -12,6 +12,7 @@ from specserve.router.config import RouterConfig
 from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE, VERSION_MARK
 from specserve.workers.heads.format import HeadFormatError, is_head, read_config, read_facts
 from specserve.workers.heads.medusa import is_medusa, read_medusa_config
+from specserve.workers.heads.mtp import MTP, is_mtp
 from specserve.workers.loading import ModelSpec, load_config, load_tokenizer
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 from specserve.cluster.zoo.presets import GENERAL_DRAFT
@@ -62,6 +63,13 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
         tasks = tasks or {task: tuple(names) for task, names in zoo.manifest["task_drafts"].items()}
         if GENERAL_DRAFT in drafts:  # prompts of no particular task
             tasks.setdefault(GENERAL_DRAFT, (GENERAL_DRAFT,))
+    # A target that carries an MTP module drafts with it: draft "mtp", after each task's own drafts
+    # (an operator's table serves it where it names it).
+    if (target and MTP not in drafts and is_mtp(target)
+            and (not listed or any(MTP in names for names in tasks.values()))):
+        drafts[MTP] = str(target)
+        if not listed:  # a target alone: one task, the default, served by its module
+            tasks = {task: (*names, MTP) for task, names in tasks.items()} or {router.default_task: (MTP,)}
     tasks = tasks or {name: (name,) for name in drafts}  # explicit drafts, no table: one task per draft
     if not tasks:  # no drafts at all: one task, served by the draft-free proposers
         if not router.draft_free:
@@ -161,7 +169,7 @@ def head_layers(models: ModelSet) -> dict[str, tuple[int, ...]]:
     layers = {}
     for name, source in heads.items():
         try:
-            layers[name] = read_config(source, target)[0].aux_layers
+            layers[name] = read_config(source, target).aux_layers
         except HeadFormatError as exc:
             raise HeadFormatError(f"draft {name!r}: {exc}") from None
     return layers

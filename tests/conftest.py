@@ -60,6 +60,26 @@ def medusa_heads(tiny_zoo, tmp_path_factory):
     return where / "heads", facts
 
 
+# The tiny zoo's target written again carrying an MTP module distilled for the session
+# (tests/test_mtp.py, and served by the session's service for MTP_TASK, from the draft workers).
+MTP_TASK = "predicted"
+
+
+@pytest.fixture(scope="session")
+def mtp_target(tiny_zoo, medusa_heads, tmp_path_factory):
+    """(the target carrying its module, what distill measured of it); trained on Medusa's text."""
+    from specserve.cluster.zoo.head_distill import HeadEvaluation, distill_mtp
+    from specserve.cluster.zoo.head_training import HeadTraining
+    from specserve.cluster.zoo.presets import TrainBudget
+
+    corpus = [str(medusa_heads[0].parent / f"{task}.txt") for task in MEDUSA_TASKS]
+    where = tmp_path_factory.mktemp("mtp") / "target"
+    settings = HeadTraining(sequence_tokens=64, train_tokens=8_000,
+                            budget=TrainBudget(steps=80, batch_size=8, learning_rate=3e-3))
+    facts = distill_mtp(str(tiny_zoo.target_dir), corpus, str(where), settings, HeadEvaluation(prompts=4, max_tokens=32))
+    return where, facts
+
+
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_zoo):
     import torch
@@ -122,11 +142,12 @@ def serve_in_subprocess(args: list[str], env: dict, log: Path | None = None):
 
 
 @pytest.fixture(scope="session")
-def service(tiny_zoo, metrics_port, medusa_heads):
+def service(tiny_zoo, metrics_port, medusa_heads, mtp_target):
     """The service on a real embedded Ray cluster, serving the tiny zoo; one per test session.
 
     The concurrency limit and queue are small so the RESOURCE_EXHAUSTED test can reach them. Its
-    target replica serves the session's Medusa heads, for MEDUSA_TASK alone. Besides the zoo's
+    target replica serves the session's Medusa heads, for MEDUSA_TASK alone; its draft workers the MTP
+    module of the session's target that carries one, for MTP_TASK alone. Besides the zoo's
     tasks there is POOR_TASK, served only by the tiny zoo's worst draft, for the fallback tests;
     the policy judges after fewer trials than by default so they need little traffic. The table is
     the operator's and taken as written (router.as_written), so the routing and fallback tests see
@@ -137,7 +158,7 @@ def service(tiny_zoo, metrics_port, medusa_heads):
 
     tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
     tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)], CANARY_TASK: ["eagle3", "sql"],
-              MEDUSA_TASK: ["medusa"]}
+              MEDUSA_TASK: ["medusa"], MTP_TASK: ["mtp"]}
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
               "as_written": list(tasks),
               "policy": {"min_trials": 32},
@@ -155,7 +176,9 @@ def service(tiny_zoo, metrics_port, medusa_heads):
     # fault tests start, seconds), and tests/test_graphs.py checks the compiled passes.
     draft_pool = {"session_idle_seconds": 100.0, "batching": {"compiled": False}}
     target = {"session_idle_seconds": SESSION_IDLE_SECONDS, "max_sessions": TARGET_SESSIONS}
-    models = {"zoo": str(tiny_zoo.root), "drafts": {"medusa": str(medusa_heads[0])}}  # served by the target replica
+    models = {"zoo": str(tiny_zoo.root),
+              "drafts": {"medusa": str(medusa_heads[0]),  # served by the target replica
+                         "mtp": str(mtp_target[0])}}  # the same target carrying a module: drafts with it
     running = start_service(port=0, overrides={"models": models, "router": router,
                                                "target": target, "draft_pool": draft_pool},
                             metrics_port=metrics_port)

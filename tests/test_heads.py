@@ -211,7 +211,7 @@ def test_a_head_written_by_hand_from_the_documented_keys_loads(tiny_zoo, engine,
                                      "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
                                      "verifier": {"name_or_path": "elsewhere", "architectures": ["LlamaForCausalLM"]}}}
     (tmp_path / CONFIG).write_text(json.dumps(config))
-    head_config, _ = read_config(tmp_path, t)
+    head_config = read_config(tmp_path, t)
     assert head_config.norm_before_residual and head_config.head_dim == t.hidden_size // 2
     torch.manual_seed(0)
     weights = Eagle3Head(head_config, target.get_input_embeddings()).state_dict()

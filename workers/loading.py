@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub.errors import StrictDataclassError
 import torch
 from tokenizers import Tokenizer
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel,
@@ -146,7 +147,7 @@ def _from_pretrained(auto, source: str, what: str, **kwargs):
     _check_local(source, what)
     try:
         return auto.from_pretrained(where, **extra, **kwargs, local_files_only=_is_local(source))
-    except (OSError, ValueError, ImportError) as exc:
+    except (OSError, ValueError, ImportError, StrictDataclassError) as exc:  # the last: a config.json transformers finds invalid
         raise ModelLoadError(f"cannot load {what} from {source!r}: {exc}") from exc
 
 

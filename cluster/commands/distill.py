@@ -1,7 +1,8 @@
 """`specserve distill`: a draft for your target distilled from your corpus, then measured: a small
 model for one task (``--method draft``), an EAGLE-3 head fed the target's hidden states
-(``--method eagle3``, written in vLLM's speculators format), or Medusa heads on its last hidden
-state (``--method medusa``, in vLLM's Medusa format)."""
+(``--method eagle3``, written in vLLM's speculators format), Medusa heads on its last hidden state
+(``--method medusa``, in vLLM's Medusa format), or an MTP module (``--method mtp``: the target
+written again carrying one, in DeepSeek-V3's layout)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from specserve.router.cost_model import best_k
 from specserve.workers.request import MAX_K
 from specserve.cluster.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
 
-METHODS = ("draft", "eagle3", "medusa")
+METHODS = ("draft", "eagle3", "medusa", "mtp")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -26,7 +27,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     head, medusa = HeadTraining(), MedusaTraining()
     distill = commands.add_parser(
-        "distill", help="distill a draft (or EAGLE-3 or Medusa heads) from a target on your own text",
+        "distill", help="distill a draft (or an EAGLE-3 head, Medusa heads, an MTP module) from a target on your own text",
         description="Distill a draft from a target model and corpus files, then measure it on held-out documents of "
                     "the corpus: its greedy acceptance, its cost per token, and the speedup they predict. --method "
                     "draft: a small model for one task (a Hugging Face directory). --method eagle3: an EAGLE-3 head "
@@ -34,7 +35,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "test) in vLLM's speculators format; serve it like a draft (--draft NAME=DIR). --method medusa: "
                     "Medusa heads (each a residual block and an output layer on the target's last hidden state, "
                     "guessing the tokens 2, 3, ... ahead; the target frozen) in vLLM's Medusa format; served like a "
-                    "draft, by the target replicas (--draft NAME=DIR).")
+                    "draft, by the target replicas (--draft NAME=DIR). --method mtp: a multi-token-prediction module "
+                    "(the next-but-one token from the target's last hidden state and the next token, one decoder "
+                    "layer; the target frozen), written with the target into --out in DeepSeek-V3's layout: serve "
+                    "--out as the target and it drafts with its module (draft 'mtp'), or give it as a draft "
+                    "(--draft NAME=DIR) of the same target.")
     distill.add_argument("--method", choices=METHODS, default="draft", help="(default: %(default)s)")
     distill.add_argument("--target", required=True,
                          help="target model: a Hugging Face directory or hub id, or a .gguf file")
@@ -65,7 +70,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                               "than 8192 tokens, the draft is measured with its whole head and with the cut one, and "
                               "the faster kept)")
     distill.add_argument("--ttt-steps", type=int, default=head.ttt_steps,
-                         help="eagle3 only: training-time-test steps, the tokens it learns to draft in a row "
+                         help="eagle3 and mtp: training-time-test steps, the tokens it learns to draft in a row "
                               "(default: %(default)s)")
     distill.add_argument("--aux-layers", metavar="L,L,L",
                          help="eagle3 only: the target's hidden_states the head reads (default: vLLM's 2, L/2, L-3)")
@@ -84,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         if args.sample is not None:
             args.corpus = [_sample_corpus(args, Path(scratch))]
-        facts = {"eagle3": _head, "medusa": _medusa, "draft": _draft}[args.method](args)
+        facts = {"eagle3": _head, "medusa": _medusa, "mtp": _mtp, "draft": _draft}[args.method](args)
     if args.sample is not None:
         facts["sample"] = {"dir": str(args.sample), "task": args.task, "requests": args.sampled}
     k, speedup = _speedup(facts)
@@ -94,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
     facts["expected_speedup"], facts["expected_k"] = speedup, k
     print(json.dumps(facts))
     where = "held-out documents" if facts["held_out_documents"] else "its training text (one document only)"
-    name = {"eagle3": f"head {args.out.name}", "medusa": f"Medusa heads {args.out.name}"}.get(args.method,
-                                                                                            f"draft {args.task}")
+    name = {"eagle3": f"head {args.out.name}", "medusa": f"Medusa heads {args.out.name}",
+            "mtp": f"MTP module of {args.out.name}"}.get(args.method, f"draft {args.task}")
     print(f"{name}: acceptance {facts['held_out_alpha']:.2f} on {where}, cost {facts['cost_ratio']:.2f} of a target "
           f"step: expected {speedup:.2f}x at k={k} (drafting and verifying in turn); it {_verdict(speedup)}",
           file=sys.stderr)
@@ -190,6 +195,21 @@ def _medusa(args: argparse.Namespace) -> dict:
     settings = MedusaTraining(num_heads=args.medusa_heads, train_tokens=args.tokens or d.train_tokens,
                               budget=replace(d.budget, steps=args.steps or d.budget.steps), seed=args.seed)
     return distill_medusa(args.target, args.corpus, str(args.out), settings)
+
+
+def _mtp(args: argparse.Namespace) -> dict:
+    from dataclasses import replace
+
+    from specserve.cluster.zoo.head_distill import distill_mtp
+    from specserve.cluster.zoo.head_training import HeadTraining
+
+    if args.aux_layers or args.draft_vocab:
+        raise ValueError("--aux-layers and --draft-vocab shape an EAGLE-3 head: an MTP module reads the target's last "
+                         "hidden state and predicts over its whole vocabulary")
+    d = HeadTraining()
+    settings = HeadTraining(ttt_steps=args.ttt_steps, train_tokens=args.tokens or d.train_tokens,
+                            budget=replace(d.budget, steps=args.steps or d.budget.steps), seed=args.seed)
+    return distill_mtp(args.target, args.corpus, str(args.out), settings)
 
 
 def _layers(value: str | None) -> tuple[int, ...] | None:

@@ -1,5 +1,5 @@
-"""`specserve distill --method eagle3` (or ``medusa``): heads for a target, trained on a corpus,
-measured, written.
+"""`specserve distill --method eagle3` (or ``medusa``, or ``mtp``): heads for a target, trained on a
+corpus, measured, written.
 
 What it made is measured the way it will serve: on held-out documents of the corpus, each prompt
 decoded greedily by the target alone and with the head (the in-process engine, k = its TTT steps),
@@ -16,19 +16,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specserve.workers.engine import SpecEngine
 from specserve.workers.heads.eagle3 import Eagle3Head, config_for
 from specserve.workers.heads.format import FACTS, save_head
 from specserve.workers.heads.medusa import MedusaHeads, save_medusa
+from specserve.workers.heads.mtp import MtpModule, mtp_config_for, save_mtp
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
 from specserve.workers.vocabulary import choose_vocabulary
 
 from .distill import documents_from_files, held_out_split
-from .head_training import HeadTraining, head_from_target, target_features, train_head, training_sequences
+from .head_training import (Features, HeadTraining, head_from_target, init_linear, target_features, train_head,
+                            training_sequences)
 from .medusa_training import MedusaTraining, medusa_from_target, train_medusa
 
 log = logging.getLogger("specserve.heads")
@@ -57,6 +60,19 @@ def distill_medusa(target_source: str, corpus_files: list[str], out_dir: str,
                     lambda target, tokenizer, documents: train_medusa_on(target, tokenizer, documents, settings),
                     lambda target, tokenizer, heads: SpecEngine(target, tokenizer, {}, medusa={"head": heads}),
                     lambda target, heads: save_medusa(heads, out_dir), out_dir)
+
+
+def distill_mtp(target_source: str, corpus_files: list[str], out_dir: str, settings: HeadTraining = HeadTraining(),
+                evaluation: HeadEvaluation = HeadEvaluation()) -> dict:
+    """Train an MTP module for ``target_source`` (a directory) and write the target carrying it to
+    ``out_dir``, with what was measured beside it."""
+    if not Path(target_source).is_dir():
+        raise ValueError(f"--method mtp writes the target carrying its module: give the target as a Hugging Face "
+                         f"directory, not {target_source!r}")
+    return _distill(target_source, corpus_files, evaluation, settings.ttt_steps,
+                    lambda target, tokenizer, documents: train_mtp_on(target, tokenizer, documents, settings),
+                    lambda target, tokenizer, module: SpecEngine(target, tokenizer, {}, heads={"head": module}),
+                    lambda target, module: save_mtp(module, target_source, out_dir), out_dir)
 
 
 def _distill(target_source: str, corpus_files: list[str], evaluation: HeadEvaluation, k: int, train, serve, save,
@@ -117,6 +133,33 @@ def train_medusa_on(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
              "final_loss": round(loss, 4), "parameters": sum(p.numel() for p in heads.parameters()),
              "seed": settings.seed}
     return heads.to(target.dtype).eval().requires_grad_(False), facts
+
+
+def train_mtp_on(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, documents: list[str],
+                 settings: HeadTraining) -> tuple[MtpModule, dict]:
+    """An MTP module for the frozen ``target`` (DeepSeek's train with the model; a served model's
+    backbone stays as it is), trained as an EAGLE-3 head is (training-time test over its own
+    outputs, the target's distribution over its whole vocabulary), in the target's dtype."""
+    sequences = training_sequences(target, tokenizer, documents, settings, label="mtp module")
+    features = target_features(target, sequences, (), settings.feature_dtype)
+    log.info("mtp module: %d training sequences of %d tokens; the target's last hidden states hold %.1f MiB",
+             len(sequences), settings.sequence_tokens, features.nbytes / 2**20)
+    torch.manual_seed(settings.seed)
+    module = MtpModule(mtp_config_for(target.config), target.get_input_embeddings())  # shared, frozen
+    init_linear(module)
+    output = target.get_output_embeddings().weight.detach()
+    with torch.no_grad():
+        module.lm_head.weight.copy_(output)  # the model's output head, shared as published modules do
+    module.embed_tokens.requires_grad_(False)
+    module.lm_head.requires_grad_(False)
+    module.float()
+    # The feature it reads is the target's last hidden state itself.
+    loss = train_head(module, Features(features.tokens, features.last, features.last), output, settings)
+    facts = {"method": "mtp", "ttt_steps": settings.ttt_steps, "training_sequences": len(sequences),
+             "training_tokens": int(sequences.numel()), "feature_mib": round(features.nbytes / 2**20, 1),
+             "steps": settings.budget.steps, "final_loss": round(loss, 4),
+             "parameters": module.parameters_of_its_own(), "seed": settings.seed}
+    return module.to(target.dtype).eval().requires_grad_(False), facts
 
 
 def measure_head(engine: SpecEngine, documents: list[str], k: int, evaluation: HeadEvaluation) -> dict:

@@ -25,7 +25,7 @@ from torch import nn
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specserve.workers.heads.eagle3 import Eagle3Head, HeadConfig
+from specserve.workers.heads.eagle3 import Eagle3Head, FedHead, HeadConfig
 
 from .presets import TrainBudget
 from .rollout import continue_all
@@ -168,7 +168,7 @@ def head_from_target(target: PreTrainedModel, config: HeadConfig, vocabulary: to
     torch.manual_seed(seed)
     embeddings = target.get_input_embeddings()
     head = Eagle3Head(config, embeddings)
-    _init_weights(head)
+    init_linear(head)
     head.set_vocabulary(vocabulary)
     with torch.no_grad():
         head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocabulary])
@@ -177,13 +177,14 @@ def head_from_target(target: PreTrainedModel, config: HeadConfig, vocabulary: to
     return head.float()
 
 
-def _init_weights(head: Eagle3Head) -> None:
+def init_linear(head: nn.Module) -> None:
+    """A new head's linear layers as transformers initialises a Llama's."""
     for module in head.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=0.02)  # transformers' initializer_range for Llama
 
 
-def train_head(head: Eagle3Head, features: Features, target_rows: torch.Tensor, settings: HeadTraining) -> float:
+def train_head(head: FedHead, features: Features, target_rows: torch.Tensor, settings: HeadTraining) -> float:
     """TTT on random batches of ``features``; ``target_rows``: the target's output rows of the draft
     vocabulary [Vd, H]. Returns the last smoothed loss."""
     rows = target_rows.float()
@@ -197,7 +198,7 @@ def train_head(head: Eagle3Head, features: Features, target_rows: torch.Tensor, 
     return fit(head, settings.budget, loss_at, desc="eagle3 head")
 
 
-def ttt_loss(head: Eagle3Head, tokens: torch.Tensor, aux: torch.Tensor, target_logits: torch.Tensor,
+def ttt_loss(head: FedHead, tokens: torch.Tensor, aux: torch.Tensor, target_logits: torch.Tensor,
              steps: int, agreement: bool = True) -> tuple[torch.Tensor, list[float]]:
     """(the summed KL loss, each step's top-1 agreement with the target, when asked for) over a batch:
     tokens [B, n], aux [B, n, 3Ht], the target's logits over the draft vocabulary [B, n, Vd]."""

@@ -14,7 +14,9 @@ routing and detokenizing cost what they cost on that zoo) with:
 - an EAGLE-3 head trained for a few seconds on the tiny target (it drafts from the target's hidden
   states: the path that moves them is what costs);
 - Medusa heads trained as briefly (``medusa``: served by the target replica, guessing in its verify
-  pass; in no task's table, asked for by name).
+  pass; in no task's table, asked for by name);
+- an MTP module trained as briefly, carried by a copy of the target (``mtp``: drafting on the draft
+  workers from the target's last hidden states; in no task's table either).
 The target's end-of-text logit is pinned to 0 so that greedy requests run to their max_tokens
 (a random model's argmax would otherwise end some of them early, by chance).
 """
@@ -32,9 +34,10 @@ from transformers import PreTrainedTokenizerFast
 from specserve.workers.heads.format import FACTS as HEAD_FACTS
 from specserve.workers.heads.format import load_head_of, save_head
 from specserve.workers.heads.medusa import save_medusa
+from specserve.workers.heads.mtp import MTP, save_mtp
 
-from .head import HEAD, HEAD_PATH, head_entry
-from .head_distill import train_head_on, train_medusa_on
+from .head import HEAD, HEAD_PATH, HEAD_TRAINING, head_entry
+from .head_distill import train_head_on, train_medusa_on, train_mtp_on
 from .head_training import HeadTraining
 from .medusa_training import MedusaTraining
 from .presets import GENERAL_DRAFT, ModelShape, TrainBudget
@@ -51,6 +54,7 @@ HOST_PATH_MEDUSA = MedusaTraining(sequence_tokens=64, train_tokens=6_000, on_pol
                                   budget=TrainBudget(steps=300, batch_size=8, learning_rate=3e-3), seed=0)
 MEDUSA = "medusa"  # its Medusa heads' name among the drafts
 MEDUSA_PATH = "heads/medusa"
+MTP_PATH = "heads/mtp"  # a copy of the target (hard links) carrying the module
 SEED = 0
 # An initialised model's logits are near zero, its distributions near uniform: a head trained on
 # them by KL matches them without learning their argmax. Sharpened, the target has a mind of its own.
@@ -78,8 +82,8 @@ def host_path_dir(source: Zoo) -> Path:
 def ensure_host_path_zoo(source: Zoo, out: Path | None = None) -> Zoo:
     """The host-path zoo derived from ``source`` (built on first use, in seconds)."""
     out = out or host_path_dir(source)
-    if (out / MANIFEST).exists() and MEDUSA in json.loads((out / MANIFEST).read_text())["drafts"]:
-        return Zoo.open(out)  # (one built before it had Medusa heads is built again)
+    if (out / MANIFEST).exists() and MTP in json.loads((out / MANIFEST).read_text())["drafts"]:
+        return Zoo.open(out)  # (one built before it had an MTP module is built again)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -114,6 +118,10 @@ def ensure_host_path_zoo(source: Zoo, out: Path | None = None) -> Zoo:
     save_medusa(medusa, partial / MEDUSA_PATH)
     (partial / MEDUSA_PATH / HEAD_FACTS).write_text(json.dumps(facts, indent=2))
     drafts[MEDUSA] = {"path": MEDUSA_PATH, "parameters": facts["parameters"], "method": "medusa"}
+    module, facts = train_mtp_on(target, tokenizer, documents, HOST_PATH_HEAD)
+    save_mtp(module, partial / "target", partial / MTP_PATH)
+    (partial / MTP_PATH / HEAD_FACTS).write_text(json.dumps(facts, indent=2))
+    drafts[MTP] = {"path": MTP_PATH, "parameters": facts["parameters"], "method": "mtp"}
     task_drafts = {task: [name for name in source.manifest["task_drafts"][task] if name in drafts] or [GENERAL_DRAFT]
                    for task in source.tasks}
     for names in task_drafts.values():
@@ -129,27 +137,48 @@ def ensure_host_path_zoo(source: Zoo, out: Path | None = None) -> Zoo:
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
-    log.info("host-path zoo in %s: target %d parameters, drafts copies of it, EAGLE-3 and Medusa heads trained", out,
+    log.info("host-path zoo in %s: target %d parameters, drafts copies of it, EAGLE-3 and Medusa heads and an MTP "
+             "module trained", out,
              parameter_count(target))
     return Zoo.open(out)
 
 
-def zoo_medusa(zoo: Zoo) -> Path:
-    """Medusa heads of ``zoo``'s target: its own (the host-path zoo's), else distilled beside it on
-    first use from its corpora (``<zoo>-medusa``; a minute or two on the demo zoo's target)."""
-    if MEDUSA in zoo.draft_names:
-        return zoo.draft_dir(MEDUSA)
-    out = zoo.root.parent / f"{zoo.root.name}-medusa"
+def zoo_heads(zoo: Zoo) -> dict[str, Path]:
+    """Medusa heads and an MTP module of ``zoo``'s target (a copy of it carrying one): its own (the
+    host-path zoo's), else distilled beside it on first use from its corpora (``<zoo>-medusa``,
+    ``<zoo>-mtp``; a few minutes each on the demo zoo's target)."""
+    return {MEDUSA: _beside(zoo, MEDUSA, _medusa), MTP: _beside(zoo, MTP, _mtp)}
+
+
+def _medusa(zoo: Zoo, target, tokenizer, documents: list[str], out: Path) -> dict:
+    heads, facts = train_medusa_on(target, tokenizer, documents, MedusaTraining())
+    save_medusa(heads, out)
+    return facts
+
+
+def _mtp(zoo: Zoo, target, tokenizer, documents: list[str], out: Path) -> dict:
+    # The budget the zoo's own EAGLE-3 head trained on (its preset's), or distill's default.
+    settings = HEAD_TRAINING.get(zoo.manifest.get("preset", ""), HeadTraining())
+    module, facts = train_mtp_on(target, tokenizer, documents, settings)
+    save_mtp(module, zoo.target_dir, out)
+    return facts
+
+
+def _beside(zoo: Zoo, name: str, distill) -> Path:
+    """The zoo's own draft ``name``, else ``distill``'s, made once beside the zoo."""
+    if name in zoo.draft_names:
+        return zoo.draft_dir(name)
+    out = zoo.root.parent / f"{zoo.root.name}-{name}"
     if not (out / "config.json").exists():
         from specserve.workers.loading import ModelSpec, load_model
 
-        print(f"distilling Medusa heads for {zoo.root} into {out} (once, minutes)", flush=True)
+        print(f"distilling {name} for {zoo.root} into {out} (once, minutes)", flush=True)
         target = load_model(ModelSpec(str(zoo.target_dir)))
         tokenizer = PreTrainedTokenizerFast.from_pretrained(zoo.target_dir)
         documents = [doc for task in zoo.tasks for doc in zoo.corpus(task).train]
-        medusa, facts = train_medusa_on(target, tokenizer, documents, MedusaTraining())
         partial = out.with_name(out.name + ".partial")
-        save_medusa(medusa, partial)
+        shutil.rmtree(partial, ignore_errors=True)
+        facts = distill(zoo, target, tokenizer, documents, partial)
         (partial / HEAD_FACTS).write_text(json.dumps(facts, indent=2))
         shutil.rmtree(out, ignore_errors=True)
         partial.rename(out)

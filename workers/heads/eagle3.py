@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -47,10 +48,13 @@ class HeadConfig:
     norm_before_fc: bool = False  # one RMSNorm over the 3Ht aux hidden states before fc (``input_norm``)
     fc_norm: bool = False  # an RMSNorm per aux hidden state before fc (``fc_norm.{0,1,2}``)
     norm_output: bool = False  # the next position's feature is the normed output, not the one before the norm
+    AUX_STATES: ClassVar[int] = 3  # the target's hidden states a position's feature is made of
+    KIND: ClassVar[str] = "an EAGLE-3 head"
 
     def __post_init__(self) -> None:
-        if len(self.aux_layers) != 3:
-            raise ValueError(f"an EAGLE-3 head reads 3 aux hidden states, got layers {list(self.aux_layers)}")
+        if len(self.aux_layers) != self.AUX_STATES:
+            raise ValueError(f"{self.KIND} reads {self.AUX_STATES} of the target's hidden states, got layers "
+                             f"{list(self.aux_layers)}")
         if self.norm_before_fc and self.fc_norm:
             raise ValueError("norm_before_fc and fc_norm are two ways to norm fc's input: set one")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
@@ -58,14 +62,16 @@ class HeadConfig:
                              f"{self.draft_vocab_size}")
 
 
-def config_for(target, draft_vocab_size: int, aux_layers: tuple[int, ...] | None = None) -> HeadConfig:
-    """A head of the target's own shape (a transformers config of the Llama family)."""
+def config_for(target, draft_vocab_size: int, aux_layers: tuple[int, ...] | None = None,
+               kind: type[HeadConfig] = HeadConfig) -> HeadConfig:
+    """A head of the target's own shape (a transformers config of the Llama family); ``kind``: an
+    EAGLE-3 head's config or another head's of the same shape (mtp.py's)."""
     t = target.get_text_config()
     heads = t.num_attention_heads
     if aux_layers and (beyond := [layer for layer in aux_layers if not 0 <= layer <= t.num_hidden_layers]):
         raise ValueError(f"aux layers {beyond} do not exist in a target of {t.num_hidden_layers} layers "
                          f"(its hidden_states are 0..{t.num_hidden_layers})")
-    return HeadConfig(hidden_size=t.hidden_size, target_hidden_size=t.hidden_size,
+    return kind(hidden_size=t.hidden_size, target_hidden_size=t.hidden_size,
                       intermediate_size=t.intermediate_size, num_attention_heads=heads,
                       num_key_value_heads=getattr(t, "num_key_value_heads", None) or heads,
                       head_dim=getattr(t, "head_dim", None) or t.hidden_size // heads, vocab_size=t.vocab_size,
@@ -124,17 +130,17 @@ class HeadCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: HeadConfig) -> None:
+    def __init__(self, config: HeadConfig, width: int) -> None:
         super().__init__()
         c = config
         self.config = c
-        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.q_proj = nn.Linear(width, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x [..., T, 2H] -> queries [..., Hq, T, D], keys and values [..., Hkv, T, D], rotated."""
+        """x [..., T, width] -> queries [..., Hq, T, D], keys and values [..., Hkv, T, D], rotated."""
         c = self.config
         split = lambda t, heads: t.unflatten(-1, (heads, c.head_dim)).transpose(-3, -2)  # noqa: E731
         q = rotate(split(self.q_proj(x), c.num_attention_heads), positions, c.rope_theta)
@@ -142,7 +148,7 @@ class Attention(nn.Module):
         return q, k, split(self.v_proj(x), c.num_key_value_heads)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HeadCache) -> torch.Tensor:
-        """x [T, 2H] at ``positions`` (the cache's next T slots); each row attends to every slot
+        """x [T, width] at ``positions`` (the cache's next T slots); each row attends to every slot
         before it and to itself."""
         return self.o_proj(self.attend(*self.project(x, positions), cache))
 
@@ -167,7 +173,7 @@ class Layer(nn.Module):
         c = config
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)  # the token's embedding
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)  # the feature
-        self.self_attn = Attention(c)
+        self.self_attn = Attention(c, 2 * c.hidden_size)  # EAGLE-3's: over the embedding and the feature side by side
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c)
         self.norm_before_residual = c.norm_before_residual
@@ -194,58 +200,44 @@ class MLP(nn.Module):
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Eagle3Head(nn.Module):
-    """The head's weights under the speculators format's names (``fc``, ``layers.0.*``, ``norm``,
-    ``lm_head``, ``d2t``, ``t2d``, and ``embed_tokens`` when it has embeddings of its own)."""
+class FedHead(nn.Module):
+    """A head fed by the target's hidden states (EAGLE-3's; mtp.py's MTP module): one decoder layer
+    (``layers.0``) over a token's embedding and a feature of the position before it, with a cache of
+    its own, drafting on from its own output. Subclasses make the feature of the target's hidden
+    states (``fuse``) and say which target tokens their logits are over."""
 
-    def __init__(self, config: HeadConfig, embed_tokens: nn.Embedding | None = None) -> None:
-        super().__init__()
-        c = config
-        self.config = c
-        # Without embeddings of its own a head uses the target's (frozen, shared: not saved with it).
-        self.own_embeddings = embed_tokens is None
-        self.embed_tokens = embed_tokens if embed_tokens is not None else nn.Embedding(c.vocab_size, c.hidden_size)
-        if c.norm_before_fc:
-            self.input_norm = RMSNorm(len(c.aux_layers) * c.target_hidden_size, c.rms_norm_eps)
-        if c.fc_norm:
-            self.fc_norm = nn.ModuleList([RMSNorm(c.target_hidden_size, c.rms_norm_eps) for _ in c.aux_layers])
-        self.fc = nn.Linear(len(c.aux_layers) * c.target_hidden_size, c.hidden_size, bias=False)
-        self.layers = nn.ModuleList([Layer(c)])
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+    config: HeadConfig
+    embed_tokens: nn.Embedding
+    layers: nn.ModuleList
+    norm: RMSNorm
+    lm_head: nn.Linear
 
     @property
-    def layer(self) -> Layer:
+    def layer(self) -> nn.Module:
         return self.layers[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A weight of the head: its dtype and device are the head's."""
+        return self.lm_head.weight
 
     def parameters_of_its_own(self) -> int:
         """Its size beside the target: everything but the embeddings (the target's, or a copy)."""
         return sum(p.numel() for name, p in self.named_parameters() if not name.startswith("embed_tokens."))
 
-    def set_vocabulary(self, target_ids: torch.Tensor) -> None:
-        """The draft vocabulary: the target ids it covers, in draft-id order (ascending, as published)."""
-        target_ids = target_ids.to(torch.long).sort().values
-        if target_ids.numel() != self.config.draft_vocab_size:
-            raise ValueError(f"the draft vocabulary has {target_ids.numel()} tokens, the head "
-                             f"{self.config.draft_vocab_size}")
-        self.d2t.copy_(target_ids - torch.arange(target_ids.numel(), device=target_ids.device))
-        self.t2d.zero_()
-        self.t2d[target_ids] = True
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """[..., states x Ht] the target's hidden states of a position -> [..., H] its feature."""
+        raise NotImplementedError
 
     def target_ids(self) -> torch.Tensor:
-        """[Vd]: the target id of each draft id."""
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+        """[Vd]: the target id of each of its logits' columns (all of them, in order: a head over the
+        target's whole vocabulary)."""
+        return torch.arange(self.config.draft_vocab_size, device=self.weight.device)
 
-    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
-        """[..., 3Ht] aux hidden states (low, middle, high) -> [..., H] features."""
-        aux = aux.to(self.fc.weight.dtype)
-        if self.config.norm_before_fc:
-            aux = self.input_norm(aux)
-        elif self.config.fc_norm:
-            aux = torch.cat([norm(part) for norm, part in zip(self.fc_norm, aux.chunk(3, -1), strict=True)], -1)
-        return self.fc(aux)
+    def to_target(self, logits: torch.Tensor) -> torch.Tensor:
+        """Its logits [T, Vd] -> target-vocabulary logits [T, V] in float32: its distribution as the
+        verifier must see it."""
+        return logits.float()
 
     def step(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
              cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,9 +267,53 @@ class Eagle3Head(nn.Module):
         normed = self.norm(h)
         return self.lm_head(normed), normed if self.config.norm_output else h
 
+
+class Eagle3Head(FedHead):
+    """The head's weights under the speculators format's names (``fc``, ``layers.0.*``, ``norm``,
+    ``lm_head``, ``d2t``, ``t2d``, and ``embed_tokens`` when it has embeddings of its own)."""
+
+    def __init__(self, config: HeadConfig, embed_tokens: nn.Embedding | None = None) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        # Without embeddings of its own a head uses the target's (frozen, shared: not saved with it).
+        self.own_embeddings = embed_tokens is None
+        self.embed_tokens = embed_tokens if embed_tokens is not None else nn.Embedding(c.vocab_size, c.hidden_size)
+        if c.norm_before_fc:
+            self.input_norm = RMSNorm(len(c.aux_layers) * c.target_hidden_size, c.rms_norm_eps)
+        if c.fc_norm:
+            self.fc_norm = nn.ModuleList([RMSNorm(c.target_hidden_size, c.rms_norm_eps) for _ in c.aux_layers])
+        self.fc = nn.Linear(len(c.aux_layers) * c.target_hidden_size, c.hidden_size, bias=False)
+        self.layers = nn.ModuleList([Layer(c)])
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+
+    def set_vocabulary(self, target_ids: torch.Tensor) -> None:
+        """The draft vocabulary: the target ids it covers, in draft-id order (ascending, as published)."""
+        target_ids = target_ids.to(torch.long).sort().values
+        if target_ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"the draft vocabulary has {target_ids.numel()} tokens, the head "
+                             f"{self.config.draft_vocab_size}")
+        self.d2t.copy_(target_ids - torch.arange(target_ids.numel(), device=target_ids.device))
+        self.t2d.zero_()
+        self.t2d[target_ids] = True
+
+    def target_ids(self) -> torch.Tensor:
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """[..., 3Ht] aux hidden states (low, middle, high) -> [..., H] features."""
+        aux = aux.to(self.fc.weight.dtype)
+        if self.config.norm_before_fc:
+            aux = self.input_norm(aux)
+        elif self.config.fc_norm:
+            aux = torch.cat([norm(part) for norm, part in zip(self.fc_norm, aux.chunk(3, -1), strict=True)], -1)
+        return self.fc(aux)
+
     def to_target(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits [T, Vd] -> target-vocabulary logits [T, V], -inf elsewhere: the
-        head's distribution as the verifier must see it (zero mass outside the draft vocabulary)."""
+        """-inf outside the draft vocabulary: the head gives those tokens no mass."""
         full = torch.full((logits.shape[0], self.config.vocab_size), -math.inf, dtype=torch.float32,
                           device=logits.device)
         full[:, self.target_ids()] = logits.float()

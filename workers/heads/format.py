@@ -19,6 +19,9 @@ Weights: ``fc``, ``layers.0.*`` (q/k/v over 2H), ``norm``, ``lm_head`` [Vd, H], 
 (target id = draft id + d2t), ``t2d`` [V] (bool), ``embed_tokens`` or none (then the target's),
 ``input_norm`` with norm_before_fc, ``fc_norm.{0,1,2}`` with fc_norm. A key specserve does not
 implement (several layers, biases, rope scaling, another layer type) is refused in one line.
+
+``is_head``, ``read_config`` and ``load_head`` also take a model that carries an MTP module
+(mtp.py): a head fed by the target as well, which serves through the same path.
 """
 
 from __future__ import annotations
@@ -35,32 +38,22 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from ..loading import ModelSpec, load_config, load_model, resolve_device, resolve_dtype
 
-from .eagle3 import Eagle3Head, HeadConfig, default_aux_layers
+from .checkpoint import CONFIG, FACTS, LAYER_TYPES, WEIGHTS, HeadFormatError, read_facts, rope_type
+from .eagle3 import Eagle3Head, FedHead, HeadConfig, default_aux_layers
+from .mtp import is_mtp, load_mtp, read_mtp_config
 
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
 SPECULATIVE_TOKENS = 3  # what the head was trained to draft (its TTT steps): vLLM's k for it
 FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
-LAYER_TYPES = ("llama", "mistral")  # decoder layers of Llama's shape (Qwen3's adds q/k norms: not here)
-
-
-class HeadFormatError(ValueError):
-    """A directory that is not an EAGLE-3 head specserve can run, or a head for another target."""
-
-
-FACTS = "specserve_head.json"  # what distill measured, beside the head (read by the zoo and the policy's priors)
-
-
-def read_facts(directory: str | Path) -> dict:
-    """What distill measured of the head in ``directory`` ({} for a head it did not write)."""
-    try:
-        return json.loads((Path(directory) / FACTS).read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def is_head(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a speculators EAGLE-3 head (and not a causal LM)."""
+    """Whether ``directory`` holds a head fed by the target's hidden states, served as such (not as a
+    causal LM): a speculators EAGLE-3 head, or a model that carries an MTP module (mtp.py)."""
+    return is_eagle3(directory) or is_mtp(directory)
+
+
+def is_eagle3(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a speculators EAGLE-3 head."""
     path = Path(directory) / CONFIG
     try:
         return json.loads(path.read_text()).get("speculators_model_type") == "eagle3"
@@ -99,8 +92,16 @@ def config_json(c: HeadConfig, verifier: str, architectures: list[str], speculat
                                    "verifier": {"name_or_path": verifier, "architectures": architectures}}}
 
 
-def read_config(directory: str | Path, target: PretrainedConfig) -> tuple[HeadConfig, dict]:
-    """The head's config checked against ``target`` (the verifier it will serve), and the raw JSON."""
+def read_config(directory: str | Path, target: PretrainedConfig) -> HeadConfig:
+    """The head's config (an EAGLE-3 head's or an MTP module's) checked against ``target``, the
+    verifier it will serve."""
+    if is_mtp(directory):
+        return read_mtp_config(directory, target)
+    return read_eagle3_config(directory, target)[0]
+
+
+def read_eagle3_config(directory: str | Path, target: PretrainedConfig) -> tuple[HeadConfig, dict]:
+    """An EAGLE-3 head's config checked against ``target``, and the raw JSON."""
     where = Path(directory)
     try:
         doc = json.loads((where / CONFIG).read_text())
@@ -147,7 +148,7 @@ def _refuse_unsupported(where: Path, doc: dict, layer: dict) -> None:
          f"its layer is {layer.get('model_type')!r}; specserve runs Llama-shaped layers ({', '.join(LAYER_TYPES)})"),
         (layer.get("num_hidden_layers", 1) == 1, f"it has {layer.get('num_hidden_layers')} layers; specserve runs one"),
         (not layer.get("attention_bias") and not layer.get("mlp_bias"), "its layer has biases"),
-        (_rope_type(layer) == "default", f"its rope is {_rope_type(layer)!r}; specserve runs the default rope"),
+        (rope_type(layer) == "default", f"its rope is {rope_type(layer)!r}; specserve runs the default rope"),
         (layer.get("hidden_act", "silu") == "silu", f"its activation is {layer.get('hidden_act')!r}, not silu"),
         (not (doc.get("norm_before_fc") and doc.get("fc_norm")), "it sets both norm_before_fc and fc_norm"),
     ]
@@ -156,16 +157,14 @@ def _refuse_unsupported(where: Path, doc: dict, layer: dict) -> None:
             raise HeadFormatError(f"{where}: specserve cannot run this head: {why}")
 
 
-def _rope_type(layer: dict) -> str:
-    scaling = layer.get("rope_scaling") or layer.get("rope_parameters") or {}
-    return scaling.get("rope_type") or scaling.get("type") or "default"
-
-
 def load_head(directory: str | Path, target: PretrainedConfig, embeddings: Callable[[], nn.Embedding],
-              dtype: torch.dtype, device: torch.device) -> Eagle3Head:
-    """The head in ``directory``, checked against the ``target`` it will serve; a head without
-    embeddings of its own takes ``embeddings()`` (the target's)."""
-    config, _ = read_config(directory, target)
+              dtype: torch.dtype, device: torch.device) -> FedHead:
+    """The head in ``directory`` (an EAGLE-3 head, or the MTP module of the model there), checked
+    against the ``target`` it will serve; a head without embeddings of its own takes ``embeddings()``
+    (the target's)."""
+    if is_mtp(directory):
+        return load_mtp(directory, target, embeddings, dtype, device)
+    config, _ = read_eagle3_config(directory, target)
     where = Path(directory)
     files = sorted(where.glob("*.safetensors"))
     if not files:
@@ -187,16 +186,16 @@ def load_head(directory: str | Path, target: PretrainedConfig, embeddings: Calla
     return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def load_head_of(directory: str | Path, target: PreTrainedModel) -> Eagle3Head:
+def load_head_of(directory: str | Path, target: PreTrainedModel) -> FedHead:
     """The head in ``directory`` for a target loaded in this process (its dtype, device, embeddings)."""
     return load_head(directory, target.config, target.get_input_embeddings, target.dtype, target.device)
 
 
-def load_heads(heads: dict[str, ModelSpec], target: ModelSpec | None) -> dict[str, Eagle3Head]:
+def load_heads(heads: dict[str, ModelSpec], target: ModelSpec | None) -> dict[str, FedHead]:
     """Heads for a target loaded elsewhere (a draft worker's): its config is read, its embeddings
     only for a head that has none of its own."""
     if target is None:
-        raise HeadFormatError(f"EAGLE-3 heads {sorted(heads)} need their target's config: none was given")
+        raise HeadFormatError(f"heads {sorted(heads)} need their target's config: none was given")
     config = load_config(target.source)
     embeddings = functools.cache(lambda: load_model(target).get_input_embeddings())
     loaded = {}

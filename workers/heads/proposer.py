@@ -1,4 +1,5 @@
-"""An EAGLE-3 head drafting for one request: its state (here or on a draft worker) and its proposer.
+"""A head fed by the target (EAGLE-3's, an MTP module) drafting for one request: its state (here or
+on a draft worker) and its proposer.
 
 The verify pass hands the head, with each verdict, the target's aux hidden states of the positions
 it committed (``AUX_HIDDEN``); the head holds the request's tokens, its own cache of the positions
@@ -25,7 +26,7 @@ from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
 from ..grpc_host import Device
 from ..proposing import AUX_HIDDEN, Committed, HiddenRows, Proposer, ProposerGone, StepRecorder, VerifyNeeds
 from ..seeds import DraftDraws
-from .eagle3 import Eagle3Head, HeadCache
+from .eagle3 import FedHead, HeadCache
 
 
 class HeadState:
@@ -37,10 +38,10 @@ class HeadState:
     A proposal is possible when features reach position n-2: each fed position i needs x_{i+1}.
     """
 
-    def __init__(self, head: Eagle3Head, capacity: int, sampling: SamplingParams, draws: DraftDraws,
+    def __init__(self, head: FedHead, capacity: int, sampling: SamplingParams, draws: DraftDraws,
                  max_support: int = DRAFT_MAX_SUPPORT) -> None:
         self.head = head
-        self.cache = HeadCache(head.config, capacity, head.fc.weight.dtype, head.fc.weight.device)
+        self.cache = HeadCache(head.config, capacity, head.weight.dtype, head.weight.device)
         self.sampling = sampling
         self.draws = draws  # by position (workers/seeds.py)
         self.max_support = max_support
@@ -99,7 +100,7 @@ class HeadState:
 @dataclass(frozen=True)
 class HeadSegment:
     """What one session runs in a pass of heads: ``part`` is (token ids, features, positions, cache)
-    for ``Eagle3Head.step_many``; the first pass of a proposal carries the target's aux hidden
+    for ``FedHead.step_many``; the first pass of a proposal carries the target's aux hidden
     states instead of features (fused on the device, in the pass)."""
 
     ids: torch.Tensor
@@ -113,7 +114,7 @@ class HeadSegment:
     def tokens(self) -> torch.Tensor:  # what a pass's token budget counts
         return self.ids
 
-    def run_on(self, head: Eagle3Head) -> tuple:
+    def run_on(self, head: FedHead) -> tuple:
         features = head.fuse(self.aux) if self.features is None else self.features
         return self.ids, features, self.positions, self.cache
 
@@ -179,9 +180,9 @@ class HeadRun:
 
 class HeadScheduler(Scheduler):
     """The continuous batch of one head's sessions on a draft worker: each pass runs every pending
-    session's rows through ``Eagle3Head.step_many`` (workers/batching.py does the rest)."""
+    session's rows through ``FedHead.step_many`` (workers/batching.py does the rest)."""
 
-    def __init__(self, head: Eagle3Head, device: Device, config: BatchingConfig) -> None:
+    def __init__(self, head: FedHead, device: Device, config: BatchingConfig) -> None:
         super().__init__(head, None, device, config)  # no KV pool: each session's cache is its own
 
     @torch.inference_mode()
@@ -221,7 +222,7 @@ class HeadDraft(Proposer):
 
 
 @torch.inference_mode()
-def score_head(target, head: Eagle3Head, ids: list[int], start: int) -> tuple[int, int]:
+def score_head(target, head: FedHead, ids: list[int], start: int) -> tuple[int, int]:
     """Full information, as ``drafting.score_continuation`` for a draft model: how many of
     ids[start:] the head's greedy first token would have matched, each drafted from the target's
     hidden states of the verified tokens before it. One target pass and one head pass, no cache kept."""
@@ -229,7 +230,7 @@ def score_head(target, head: Eagle3Head, ids: list[int], start: int) -> tuple[in
         raise ValueError(f"scoring needs a prompt of 2+ tokens and a continuation: start {start} of {len(ids)}")
     out = target(input_ids=torch.tensor([ids], device=target.device), output_hidden_states=True, logits_to_keep=1)
     aux = torch.cat([out.hidden_states[layer][0] for layer in head.config.aux_layers], -1)  # [n, 3Ht]
-    cache = HeadCache(head.config, len(ids), head.fc.weight.dtype, head.fc.weight.device)
+    cache = HeadCache(head.config, len(ids), head.weight.dtype, head.weight.device)
     # Row i reads x_{i+1} and position i's hidden state and guesses x_{i+2}: rows start-2 .. n-3 guess ids[start:].
     logits, _ = head.step(torch.tensor(ids[1:-1], device=cache.keys.device), head.fuse(aux[:-2]),
                           torch.arange(len(ids) - 2), cache)

@@ -1,0 +1,155 @@
+"""MTP modules (workers/heads/mtp.py): `specserve distill --method mtp` writes the tiny zoo's target
+again carrying one (DeepSeek-V3's layout); a checkpoint's module loads from its own keys in either
+published layout, and one specserve cannot run is refused in one line; it drafts losslessly in
+process and through the service (from the draft workers, fed the target's last hidden states), and
+a target that carries one serves it as draft "mtp" with no flag."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specserve.cluster.config import ServiceConfig
+from specserve.cluster.models import resolve_models
+from specserve.workers.engine import SpecEngine
+from specserve.workers.heads.checkpoint import CONFIG, FACTS, HeadFormatError
+from specserve.workers.heads.eagle3 import HeadCache
+from specserve.workers.heads.format import is_head, load_head_of, read_config
+from specserve.workers.heads.mtp import MTP, MTP_WEIGHTS, MtpModule, checkpoint_key, is_mtp
+from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
+from specserve.workers.request import GenerationParams
+
+from conftest import MEDUSA_TASKS, MTP_TASK
+
+
+@pytest.fixture(scope="module")
+def target(tiny_zoo):
+    return load_model(ModelSpec(str(tiny_zoo.target_dir)))
+
+
+def _out(module: MtpModule, ids: list[int], hidden: torch.Tensor) -> torch.Tensor:
+    cache = HeadCache(module.config, 16, module.weight.dtype, module.weight.device)
+    with torch.inference_mode():
+        return module.step(torch.tensor(ids), module.fuse(hidden), torch.arange(len(ids)), cache)[0]
+
+
+def test_distill_writes_the_target_carrying_a_module_in_deepseeks_layout(mtp_target, tiny_zoo, target):
+    where, facts = mtp_target
+    assert is_mtp(where) and is_head(where) and not is_mtp(tiny_zoo.target_dir)
+    layers = target.config.num_hidden_layers
+    assert json.loads((where / CONFIG).read_text())["num_nextn_predict_layers"] == 1
+    keys = set(load_file(str(where / MTP_WEIGHTS)))
+    assert {f"model.layers.{layers}.{name}.weight" for name in ("enorm", "hnorm", "eh_proj", "shared_head.norm",
+                                                                "shared_head.head", "embed_tokens")} <= keys
+    assert facts["greedy_identical"] and facts["method"] == "mtp" and json.loads((where / FACTS).read_text())
+    # Before training it guesses nothing; 80 steps on the tiny target's text: 0.9+ when this was written.
+    assert facts["held_out_alpha"] > 0.5, facts
+    # The model itself is the target's: transformers loads it without the module's file.
+    again = load_model(ModelSpec(str(where)))
+    ids = torch.tensor([load_tokenizer(str(where)).encode(tiny_zoo.prompts("sql")[0])])
+    with torch.inference_mode():
+        assert torch.equal(again(input_ids=ids).logits, target(input_ids=ids).logits)
+
+
+def test_greedy_output_drafting_with_the_module_is_the_targets_alone(tiny_zoo, mtp_target):
+    engine = SpecEngine.load(ModelSpec(str(tiny_zoo.target_dir)), {MTP: ModelSpec(str(mtp_target[0]))})
+    accepted = 0
+    for task in MEDUSA_TASKS:
+        for prompt in tiny_zoo.prompts(task)[:3]:
+            plain = engine.generate(prompt, GenerationParams(max_tokens=40, speculation=False)).complete()
+            for k in (1, 3, 5):
+                drafted = engine.generate(prompt, GenerationParams(max_tokens=40, k=k), draft=MTP).complete()
+                assert drafted.token_ids == plain.token_ids, (task, k)
+                accepted += drafted.stats.accepted
+    assert accepted > 0
+
+
+def test_qwen3_nexts_layout_loads_the_same_module(mtp_target, target, tmp_path):
+    """The module's weights under Qwen3-Next's keys (mtp.*, the model's own embeddings and head)
+    draft exactly what they draft under DeepSeek's."""
+    where, _ = mtp_target
+    module = load_head_of(where, target)
+    layers = target.config.num_hidden_layers
+    weights = {checkpoint_key(name, "qwen3_next", layers): t for name, t in module.state_dict().items()
+               if checkpoint_key(name, "qwen3_next", layers)}
+    assert set(weights) >= {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.norm.weight",
+                            "mtp.layers.0.self_attn.q_proj.weight"}
+    for path in where.iterdir():
+        if path.name not in (MTP_WEIGHTS, CONFIG):
+            shutil.copy(path, tmp_path / path.name)
+    save_file({name: t.contiguous() for name, t in weights.items()}, str(tmp_path / "mtp-qwen.safetensors"))
+    config = json.loads((where / CONFIG).read_text())
+    del config["num_nextn_predict_layers"]
+    (tmp_path / CONFIG).write_text(json.dumps(config | {"mtp_num_hidden_layers": 1}))
+    qwen = load_head_of(tmp_path, target)
+    ids, hidden = [5, 9, 11], torch.randn(3, target.config.hidden_size)
+    assert torch.equal(_out(qwen, ids, hidden), _out(module, ids, hidden))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"config": {"model_type": "deepseek_v3"}}, "Llama-shaped layers"),
+    ({"config": {"num_hidden_layers": 9}}, "for another model"),
+    ({"config": {"hidden_size": 7}}, "does not give an MTP module.s shape"),
+    ({"extra": "self_attn.q_a_proj.weight"}, "which a Llama-shaped layer does not"),
+    ({"drop": "eh_proj.weight"}, "missing from its checkpoint"),
+])
+def test_a_module_specserve_cannot_run_is_refused_in_one_line(mtp_target, target, tmp_path, change, message):
+    where, _ = mtp_target
+    copy = shutil.copytree(where, tmp_path / "copy")
+    layers = target.config.num_hidden_layers
+    config = json.loads((copy / CONFIG).read_text())
+    (copy / CONFIG).write_text(json.dumps(config | change.get("config", {})))
+    weights = load_file(str(copy / MTP_WEIGHTS))
+    if "extra" in change:
+        weights[f"model.layers.{layers}.{change['extra']}"] = torch.zeros(2, 2)
+    if "drop" in change:
+        del weights[f"model.layers.{layers}.{change['drop']}"]
+    save_file(weights, str(copy / MTP_WEIGHTS))
+    with pytest.raises(HeadFormatError, match=message):
+        read_config(copy, target.config)
+        load_head_of(copy, target)
+
+
+def test_a_target_that_carries_a_module_drafts_with_it_unless_a_table_leaves_it_out(mtp_target):
+    where = str(mtp_target[0])
+    models = resolve_models(*_parts({"models": {"zoo": None, "target": where}}))
+    assert models.drafts == {MTP: where} and models.tasks["general"][0] == MTP  # the default task
+    assert models.priors["general"][MTP] == mtp_target[1]["held_out_alpha"]  # what distill measured
+    listed = {"tasks": {"general": ["ngram"]}}
+    assert MTP not in resolve_models(*_parts({"models": {"zoo": None, "target": where}, "router": listed})).drafts
+    listed = {"tasks": {"general": ["ngram", MTP]}}
+    assert resolve_models(*_parts({"models": {"zoo": None, "target": where}, "router": listed})).tasks["general"][:2] == ("ngram", MTP)
+
+
+def _parts(doc: dict):
+    config = ServiceConfig.model_validate(doc)
+    return config.models, config.router
+
+
+def test_distill_says_which_flags_shape_an_eagle3_head_not_a_module(tiny_zoo, medusa_heads, tmp_path, capsys):
+    from specserve.cluster.cli import main
+
+    corpus = [str(medusa_heads[0].parent / f"{task}.txt") for task in MEDUSA_TASKS]
+    assert main(["distill", "--method", "mtp", "--target", str(tiny_zoo.target_dir), "--corpus", *corpus,
+                 "--out", str(tmp_path / "m"), "--draft-vocab", "256"]) == 2
+    assert "an MTP module reads the target's last hidden state" in capsys.readouterr().err
+
+
+def test_through_the_service_the_draft_workers_draft_with_the_module_and_greedy_output_is_the_targets(
+        service, client, tiny_zoo):
+    from specserve.proto.v1 import specserve_pb2 as pb
+
+    accepted = 0
+    for task in MEDUSA_TASKS:
+        for prompt in tiny_zoo.prompts(task)[:2]:
+            plain = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=32, speculation=pb.SPECULATION_OFF))
+            reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=32, task=MTP_TASK, k=3,
+                                                       speculation=pb.SPECULATION_ON), timeout=120)
+            assert list(reply.token_ids) == list(plain.token_ids), (task, reply.stats)
+            assert reply.stats.draft == MTP and reply.stats.route != "lost", reply.stats
+            accepted += reply.stats.accepted_tokens
+    assert accepted > 0
