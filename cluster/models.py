@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,12 +13,14 @@ from specserve.router.config import RouterConfig
 from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE, VERSION_MARK
 from specserve.workers.heads.format import HeadFormatError, is_head, read_config, read_facts
 from specserve.workers.heads.medusa import is_medusa, read_medusa_config
-from specserve.workers.heads.mtp import MTP, is_mtp
+from specserve.workers.heads.mtp import MTP, is_mtp, read_mtp_config
 from specserve.workers.loading import ModelSpec, load_config, load_tokenizer
 from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
 from specserve.cluster.zoo.presets import GENERAL_DRAFT
 
 from .config import ModelsConfig
+
+log = logging.getLogger("specserve.models")
 
 
 @dataclass(frozen=True)
@@ -63,14 +66,14 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
         tasks = tasks or {task: tuple(names) for task, names in zoo.manifest["task_drafts"].items()}
         if GENERAL_DRAFT in drafts:  # prompts of no particular task
             tasks.setdefault(GENERAL_DRAFT, (GENERAL_DRAFT,))
-    # A target that carries an MTP module drafts with it: draft "mtp", after each task's own drafts
-    # (an operator's table serves it where it names it).
-    if (target and MTP not in drafts and is_mtp(target)
-            and (not listed or any(MTP in names for names in tasks.values()))):
+    # A target that carries an MTP module specserve runs drafts with it: draft "mtp", after each
+    # task's own drafts (an operator's table serves it where it names it).
+    carried = (not listed or any(MTP in names for names in tasks.values())) and carried_mtp(target, drafts)
+    tasks = tasks or {name: (name,) for name in drafts}  # explicit drafts, no table: one task per draft
+    if carried:
         drafts[MTP] = str(target)
         if not listed:  # a target alone: one task, the default, served by its module
             tasks = {task: (*names, MTP) for task, names in tasks.items()} or {router.default_task: (MTP,)}
-    tasks = tasks or {name: (name,) for name in drafts}  # explicit drafts, no table: one task per draft
     if not tasks:  # no drafts at all: one task, served by the draft-free proposers
         if not router.draft_free:
             raise ValueError("no drafts and router.draft_free is empty: nothing to speculate with; give drafts "
@@ -119,6 +122,20 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
             priors[task] = priors.get(task, {}) | row
     return ModelSet(target=str(target), drafts=drafts, tasks=tasks, dtype=models.dtype, priors=priors,
                     draft_free=router.draft_free, trees=trees)
+
+
+def carried_mtp(target: str | None, drafts: dict[str, str]) -> bool:
+    """Whether ``target`` carries an MTP module specserve runs, to serve as draft "mtp" (a draft of
+    that name given already is served instead). One it cannot run is said and left out: the target
+    serves as it did."""
+    if not target or MTP in drafts or not is_mtp(target):
+        return False
+    try:
+        read_mtp_config(target)
+    except HeadFormatError as exc:
+        log.warning("the target's MTP module is not served: %s", exc)
+        return False
+    return True
 
 
 def read_priors(path: str, tasks: dict[str, tuple[str, ...]], drafts: dict[str, str]) -> dict[str, dict[str, float]]:

@@ -114,7 +114,7 @@ class DraftPool:
                              f"restart), not the draft pool")
         head = is_head(self.specs[name].source)
         if is_head(source) != head:
-            what = "an EAGLE-3 head" if head else "a draft model"
+            what = "a head (EAGLE-3's, or an MTP module)" if head else "a draft model"
             raise ValueError(f"draft {name!r} is {what}; {source} is not: a new version must be {what} too "
                              f"(`specserve distill --method {'eagle3' if head else 'draft'}` writes one)")
         if not head:

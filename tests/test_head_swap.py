@@ -110,7 +110,7 @@ def test_swap_head_says_what_to_fix_and_swaps_a_running_services_head(service, t
     err = capsys.readouterr().err
     assert "draft 'sql' is a draft model" in err and "Traceback" not in err, err
     assert main(["swap-draft", "--draft", "sql", "--model", str(zoo_head), *app]) == 2
-    assert "is an EAGLE-3 head: give it as --head" in capsys.readouterr().err
+    assert "is a head (an EAGLE-3 head, or a model that carries an MTP module): give it as --head" in capsys.readouterr().err
     assert main(["swap-draft", "--draft", "nothing", "--model", str(tiny_zoo.draft_dir("sql")), *app]) == 2
     assert "serves no draft 'nothing'" in capsys.readouterr().err
     assert main(["swap-head", "--draft", "eagle3", "--head", str(zoo_head), *app]) == 0  # the same version again

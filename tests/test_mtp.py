@@ -1,6 +1,6 @@
 """MTP modules (workers/heads/mtp.py): `specserve distill --method mtp` writes the tiny zoo's target
-again carrying one (DeepSeek-V3's layout); a checkpoint's module loads from its own keys in either
-published layout, and one specserve cannot run is refused in one line; it drafts losslessly in
+again carrying one (DeepSeek-V3's layout), which loads from its own keys; one specserve cannot run
+is refused in one line; it drafts losslessly in
 process and through the service (from the draft workers, fed the target's last hidden states), and
 a target that carries one serves it as draft "mtp" with no flag."""
 
@@ -17,9 +17,8 @@ from specserve.cluster.config import ServiceConfig
 from specserve.cluster.models import resolve_models
 from specserve.workers.engine import SpecEngine
 from specserve.workers.heads.checkpoint import CONFIG, FACTS, HeadFormatError
-from specserve.workers.heads.eagle3 import HeadCache
 from specserve.workers.heads.format import is_head, load_head_of, read_config
-from specserve.workers.heads.mtp import MTP, MTP_WEIGHTS, MtpModule, checkpoint_key, is_mtp
+from specserve.workers.heads.mtp import MTP, MTP_WEIGHTS, is_mtp
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
 from specserve.workers.request import GenerationParams
 
@@ -29,12 +28,6 @@ from conftest import MEDUSA_TASKS, MTP_TASK
 @pytest.fixture(scope="module")
 def target(tiny_zoo):
     return load_model(ModelSpec(str(tiny_zoo.target_dir)))
-
-
-def _out(module: MtpModule, ids: list[int], hidden: torch.Tensor) -> torch.Tensor:
-    cache = HeadCache(module.config, 16, module.weight.dtype, module.weight.device)
-    with torch.inference_mode():
-        return module.step(torch.tensor(ids), module.fuse(hidden), torch.arange(len(ids)), cache)[0]
 
 
 def test_distill_writes_the_target_carrying_a_module_in_deepseeks_layout(mtp_target, tiny_zoo, target):
@@ -68,30 +61,9 @@ def test_greedy_output_drafting_with_the_module_is_the_targets_alone(tiny_zoo, m
     assert accepted > 0
 
 
-def test_qwen3_nexts_layout_loads_the_same_module(mtp_target, target, tmp_path):
-    """The module's weights under Qwen3-Next's keys (mtp.*, the model's own embeddings and head)
-    draft exactly what they draft under DeepSeek's."""
-    where, _ = mtp_target
-    module = load_head_of(where, target)
-    layers = target.config.num_hidden_layers
-    weights = {checkpoint_key(name, "qwen3_next", layers): t for name, t in module.state_dict().items()
-               if checkpoint_key(name, "qwen3_next", layers)}
-    assert set(weights) >= {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.norm.weight",
-                            "mtp.layers.0.self_attn.q_proj.weight"}
-    for path in where.iterdir():
-        if path.name not in (MTP_WEIGHTS, CONFIG):
-            shutil.copy(path, tmp_path / path.name)
-    save_file({name: t.contiguous() for name, t in weights.items()}, str(tmp_path / "mtp-qwen.safetensors"))
-    config = json.loads((where / CONFIG).read_text())
-    del config["num_nextn_predict_layers"]
-    (tmp_path / CONFIG).write_text(json.dumps(config | {"mtp_num_hidden_layers": 1}))
-    qwen = load_head_of(tmp_path, target)
-    ids, hidden = [5, 9, 11], torch.randn(3, target.config.hidden_size)
-    assert torch.equal(_out(qwen, ids, hidden), _out(module, ids, hidden))
-
-
 @pytest.mark.parametrize(("change", "message"), [
     ({"config": {"model_type": "deepseek_v3"}}, "Llama-shaped layers"),
+    ({"config": {"num_nextn_predict_layers": 0, "mtp_num_hidden_layers": 1}}, "Qwen3-Next's"),
     ({"config": {"num_hidden_layers": 9}}, "for another model"),
     ({"config": {"hidden_size": 7}}, "does not give an MTP module.s shape"),
     ({"extra": "self_attn.q_a_proj.weight"}, "which a Llama-shaped layer does not"),
@@ -114,11 +86,20 @@ def test_a_module_specserve_cannot_run_is_refused_in_one_line(mtp_target, target
         load_head_of(copy, target)
 
 
-def test_a_target_that_carries_a_module_drafts_with_it_unless_a_table_leaves_it_out(mtp_target):
+def test_a_target_that_carries_a_module_drafts_with_it_unless_a_table_leaves_it_out(mtp_target, tiny_zoo, tmp_path):
     where = str(mtp_target[0])
     models = resolve_models(*_parts({"models": {"zoo": None, "target": where}}))
     assert models.drafts == {MTP: where} and models.tasks["general"][0] == MTP  # the default task
     assert models.priors["general"][MTP] == mtp_target[1]["held_out_alpha"]  # what distill measured
+    sql = str(tiny_zoo.draft_dir("sql"))  # explicit drafts and no table: a task each, the module after
+    models = resolve_models(*_parts({"models": {"zoo": None, "target": where, "drafts": {"sql": sql}},
+                                     "router": {"default_task": "sql"}}))
+    assert models.tasks["sql"][:2] == ("sql", MTP)
+    # One specserve cannot run is left out, said in the log: the target serves as it did.
+    other = shutil.copytree(where, tmp_path / "deepseek")
+    config = json.loads((other / CONFIG).read_text())
+    (other / CONFIG).write_text(json.dumps(config | {"model_type": "deepseek_v3"}))
+    assert MTP not in resolve_models(*_parts({"models": {"zoo": None, "target": str(other)}})).drafts
     listed = {"tasks": {"general": ["ngram"]}}
     assert MTP not in resolve_models(*_parts({"models": {"zoo": None, "target": where}, "router": listed})).drafts
     listed = {"tasks": {"general": ["ngram", MTP]}}
@@ -137,6 +118,9 @@ def test_distill_says_which_flags_shape_an_eagle3_head_not_a_module(tiny_zoo, me
     assert main(["distill", "--method", "mtp", "--target", str(tiny_zoo.target_dir), "--corpus", *corpus,
                  "--out", str(tmp_path / "m"), "--draft-vocab", "256"]) == 2
     assert "an MTP module reads the target's last hidden state" in capsys.readouterr().err
+    assert main(["distill", "--method", "mtp", "--target", str(tiny_zoo.target_dir), "--corpus", *corpus,
+                 "--out", str(tiny_zoo.target_dir)]) == 2
+    assert "the target's own directory" in capsys.readouterr().err
 
 
 def test_through_the_service_the_draft_workers_draft_with_the_module_and_greedy_output_is_the_targets(

@@ -170,46 +170,43 @@ def _speedup(facts: dict) -> tuple[int, float]:
 
 
 def _head(args: argparse.Namespace) -> dict:
-    from dataclasses import replace
-
     from specserve.cluster.zoo.head_distill import distill_head
     from specserve.cluster.zoo.head_training import HeadTraining
 
-    d = HeadTraining()
-    settings = HeadTraining(draft_vocab_size=args.draft_vocab, aux_layers=_layers(args.aux_layers),
-                            ttt_steps=args.ttt_steps, train_tokens=args.tokens or d.train_tokens,
-                            budget=replace(d.budget, steps=args.steps or d.budget.steps), seed=args.seed)
+    settings = _trained(HeadTraining, args, draft_vocab_size=args.draft_vocab, aux_layers=_layers(args.aux_layers),
+                        ttt_steps=args.ttt_steps)
     return distill_head(args.target, args.corpus, str(args.out), settings)
 
 
 def _medusa(args: argparse.Namespace) -> dict:
-    from dataclasses import replace
-
     from specserve.cluster.zoo.head_distill import distill_medusa
     from specserve.cluster.zoo.medusa_training import MedusaTraining
 
-    if args.aux_layers or args.draft_vocab:
-        raise ValueError("--aux-layers and --draft-vocab shape an EAGLE-3 head: Medusa heads read the target's last "
-                         "hidden state and guess over its whole vocabulary")
-    d = MedusaTraining()
-    settings = MedusaTraining(num_heads=args.medusa_heads, train_tokens=args.tokens or d.train_tokens,
-                              budget=replace(d.budget, steps=args.steps or d.budget.steps), seed=args.seed)
+    _no_eagle3_shape(args, "Medusa heads read the target's last hidden state and guess")
+    settings = _trained(MedusaTraining, args, num_heads=args.medusa_heads)
     return distill_medusa(args.target, args.corpus, str(args.out), settings)
 
 
 def _mtp(args: argparse.Namespace) -> dict:
-    from dataclasses import replace
-
     from specserve.cluster.zoo.head_distill import distill_mtp
     from specserve.cluster.zoo.head_training import HeadTraining
 
+    _no_eagle3_shape(args, "an MTP module reads the target's last hidden state and predicts")
+    return distill_mtp(args.target, args.corpus, str(args.out), _trained(HeadTraining, args, ttt_steps=args.ttt_steps))
+
+
+def _trained(settings: type, args: argparse.Namespace, **fields):
+    """A head's training ``settings`` with the command's budget (its defaults where a flag is not given)."""
+    from dataclasses import replace
+
+    d = settings()
+    return settings(train_tokens=args.tokens or d.train_tokens, seed=args.seed,
+                    budget=replace(d.budget, steps=args.steps or d.budget.steps), **fields)
+
+
+def _no_eagle3_shape(args: argparse.Namespace, reads: str) -> None:
     if args.aux_layers or args.draft_vocab:
-        raise ValueError("--aux-layers and --draft-vocab shape an EAGLE-3 head: an MTP module reads the target's last "
-                         "hidden state and predicts over its whole vocabulary")
-    d = HeadTraining()
-    settings = HeadTraining(ttt_steps=args.ttt_steps, train_tokens=args.tokens or d.train_tokens,
-                            budget=replace(d.budget, steps=args.steps or d.budget.steps), seed=args.seed)
-    return distill_mtp(args.target, args.corpus, str(args.out), settings)
+        raise ValueError(f"--aux-layers and --draft-vocab shape an EAGLE-3 head: {reads} over its whole vocabulary")
 
 
 def _layers(value: str | None) -> tuple[int, ...] | None:

@@ -52,7 +52,8 @@ def source(args: argparse.Namespace) -> Path:
                              f"speculators_model_type eagle3); `specserve distill --method eagle3` writes one")
         return args.head.resolve()
     if is_head(args.model):
-        raise ValueError(f"--model {args.model} is an EAGLE-3 head: give it as --head")
+        raise ValueError(f"--model {args.model} is a head (an EAGLE-3 head, or a model that carries an MTP module): "
+                         f"give it as --head")
     if not (args.model / "config.json").is_file():
         raise ValueError(f"--model {args.model}: no config.json there; `specserve distill` writes a draft model")
     return args.model.resolve()

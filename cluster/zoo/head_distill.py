@@ -69,6 +69,9 @@ def distill_mtp(target_source: str, corpus_files: list[str], out_dir: str, setti
     if not Path(target_source).is_dir():
         raise ValueError(f"--method mtp writes the target carrying its module: give the target as a Hugging Face "
                          f"directory, not {target_source!r}")
+    if Path(out_dir).resolve() == Path(target_source).resolve():
+        raise ValueError(f"--out {out_dir} is the target's own directory: give another one for the target carrying "
+                         f"its module")
     return _distill(target_source, corpus_files, evaluation, settings.ttt_steps,
                     lambda target, tokenizer, documents: train_mtp_on(target, tokenizer, documents, settings),
                     lambda target, tokenizer, module: SpecEngine(target, tokenizer, {}, heads={"head": module}),

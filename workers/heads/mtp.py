@@ -13,21 +13,17 @@ runs one module so for every drafted token). That is a head fed by the target li
 (eagle3.py's ``FedHead``) with one hidden state for three and a plain decoder layer for EAGLE-3's
 2H-wide one: it serves through the same path (proposer.py; on a draft worker or in process).
 
-Layouts, read from the checkpoint's own keys (every .safetensors file of its directory; L is the
-model's num_hidden_layers):
-
-    deepseek     config num_nextn_predict_layers >= 1 (DeepSeek-V3, GLM-4.5); keys
-                 model.layers.{L}.{enorm, hnorm, eh_proj, input_layernorm, self_attn.*,
-                 post_attention_layernorm, mlp.*, shared_head.norm, shared_head.head, embed_tokens}
-    qwen3_next   config mtp_num_hidden_layers >= 1 (Qwen3-Next); keys mtp.{pre_fc_norm_embedding,
-                 pre_fc_norm_hidden, fc, layers.0.*, norm}
-
-An embedding or output head the module's keys lack is the model's (model.embed_tokens, lm_head, or
+The layout is DeepSeek-V3's (GLM-4.5's too), read from the checkpoint's own keys (every
+.safetensors file of its directory; L is the model's num_hidden_layers): config.json's
+``num_nextn_predict_layers`` >= 1 and keys model.layers.{L}.{enorm, hnorm, eh_proj, input_layernorm,
+self_attn.*, post_attention_layernorm, mlp.*, shared_head.norm, shared_head.head, embed_tokens};
+an embedding or output head the module's keys lack is the model's (model.embed_tokens, lm_head, or
 the embeddings where they are tied). With several modules the first drafts every token. Only
-Llama-shaped layers run here (dense, no biases, the default rope, no q/k norms): a checkpoint whose
-layers are another family's (DeepSeek-V3's MLA and experts, Qwen3-Next's gated attention) is
-refused in one line that says so. ``specserve distill --method mtp`` writes a model that carries one
-(cluster/zoo/mtp_training.py), in the deepseek layout.
+Llama-shaped layers run here (dense, no biases, the default rope, no q/k norms): DeepSeek-V3's own
+(MLA, mixture-of-experts) are refused in one line that says so, and so is Qwen3-Next's module
+(``mtp_num_hidden_layers``: gated attention, (1 + w) norms, its normed output fed on), which is
+recognised, not built. ``specserve distill --method mtp`` writes a model that carries one
+(cluster/zoo/head_distill.py).
 """
 
 from __future__ import annotations
@@ -51,7 +47,8 @@ from .eagle3 import MLP, Attention, FedHead, HeadConfig, RMSNorm, config_for
 
 MTP = "mtp"  # the draft a model that carries a module serves as (cluster/models.py adds it)
 MTP_WEIGHTS = "mtp.safetensors"  # what specserve writes beside a model's own weights
-LAYOUTS = {"deepseek": "num_nextn_predict_layers", "qwen3_next": "mtp_num_hidden_layers"}  # layout -> its count key
+DEEPSEEK = "num_nextn_predict_layers"  # config.json's count of modules in DeepSeek-V3's layout (the one run here)
+QWEN3_NEXT = "mtp_num_hidden_layers"  # Qwen3-Next's: recognised, refused
 
 
 class MtpConfig(HeadConfig):
@@ -88,7 +85,7 @@ class MtpLayer(nn.Module):
 
 class MtpModule(FedHead):
     """The module under specserve's names (``embed_tokens``, ``layers.0.*``, ``norm``, ``lm_head``);
-    ``checkpoint_key`` maps them to a layout's."""
+    ``checkpoint_key`` maps them to DeepSeek-V3's keys."""
 
     def __init__(self, config: MtpConfig, embed_tokens: nn.Embedding | None = None) -> None:
         super().__init__()
@@ -114,16 +111,16 @@ def _text(doc: dict) -> dict:
     return doc.get("text_config") or doc
 
 
-def layout_of(doc: dict) -> str | None:
-    """The layout a model's config.json says it carries a module in, or None."""
+def carries(doc: dict) -> str | None:
+    """The key by which a model's config.json says it carries a module (DEEPSEEK, QWEN3_NEXT), or None."""
     text = _text(doc)
-    return next((layout for layout, key in LAYOUTS.items() if (text.get(key) or 0) >= 1), None)
+    return next((key for key in (DEEPSEEK, QWEN3_NEXT) if (text.get(key) or 0) >= 1), None)
 
 
 def is_mtp(directory: str | Path) -> bool:
     """Whether ``directory`` holds a model that carries an MTP module."""
     try:
-        return layout_of(json.loads((Path(directory) / CONFIG).read_text())) is not None
+        return carries(json.loads((Path(directory) / CONFIG).read_text())) is not None
     except (OSError, ValueError, AttributeError, TypeError):
         return False
 
@@ -133,10 +130,12 @@ def read_mtp_config(directory: str | Path, target: PretrainedConfig | None = Non
     will draft for: the one that carries it, or the same model served from elsewhere)."""
     where = Path(directory)
     doc = _text(read_json(where / CONFIG))
-    if layout_of(doc) is None:
-        raise HeadFormatError(f"{where}: its config.json names no MTP module ({' or '.join(LAYOUTS.values())} >= 1)")
+    if carries(doc) is None:
+        raise HeadFormatError(f"{where}: its config.json names no MTP module ({DEEPSEEK} >= 1)")
     model_type = doc.get("model_type", "llama")
     checks = [
+        (carries(doc) == DEEPSEEK, f"its module is Qwen3-Next's ({QWEN3_NEXT}: gated attention, (1 + w) norms); "
+                                   f"specserve runs modules in DeepSeek-V3's layout with Llama-shaped layers"),
         (model_type in LAYER_TYPES, f"its layers are {model_type!r}'s; specserve runs MTP modules of Llama-shaped "
                                     f"layers ({', '.join(LAYER_TYPES)})"),
         (not doc.get("attention_bias") and not doc.get("mlp_bias"), "its layers have biases"),
@@ -160,19 +159,13 @@ def read_mtp_config(directory: str | Path, target: PretrainedConfig | None = Non
     return config
 
 
-def checkpoint_key(name: str, layout: str, layers: int) -> str | None:
-    """Where the module's weight ``name`` lies in a checkpoint of ``layout`` (None: the model's own)."""
-    if layout == "deepseek":
-        prefixes = {"layers.0.": f"model.layers.{layers}.", "norm.": f"model.layers.{layers}.shared_head.norm.",
-                    "lm_head.": f"model.layers.{layers}.shared_head.head.",
-                    "embed_tokens.": f"model.layers.{layers}.embed_tokens."}
-    else:
-        prefixes = {"layers.0.enorm.": "mtp.pre_fc_norm_embedding.", "layers.0.hnorm.": "mtp.pre_fc_norm_hidden.",
-                    "layers.0.eh_proj.": "mtp.fc.", "layers.0.": "mtp.layers.0.", "norm.": "mtp.norm."}
-    for prefix, there in prefixes.items():
-        if name.startswith(prefix):
-            return there + name.removeprefix(prefix)
-    return None
+def checkpoint_key(name: str, layers: int) -> str:
+    """Where the module's weight ``name`` lies in a checkpoint of DeepSeek-V3's layout."""
+    prefixes = {"layers.0.": f"model.layers.{layers}.", "norm.": f"model.layers.{layers}.shared_head.norm.",
+                "lm_head.": f"model.layers.{layers}.shared_head.head.",
+                "embed_tokens.": f"model.layers.{layers}.embed_tokens."}
+    prefix = next(prefix for prefix in prefixes if name.startswith(prefix))
+    return prefixes[prefix] + name.removeprefix(prefix)
 
 
 MODEL_KEYS = {"embed_tokens.weight": "model.embed_tokens.weight", "lm_head.weight": "lm_head.weight"}
@@ -182,10 +175,13 @@ class _Checkpoint:
     """The tensors of a directory's .safetensors files by key, each read only when asked for."""
 
     def __init__(self, where: Path) -> None:
-        self.files = {}
+        self.files: dict[str, Path] = {}
         for path in sorted(where.glob("*.safetensors")):
             with safe_open(str(path), framework="pt") as f:
-                self.files |= dict.fromkeys(f.keys(), path)
+                for key in f.keys():
+                    if key in self.files:  # which would load is a matter of file names: say so instead
+                        raise HeadFormatError(f"{where}: {key} is in both {self.files[key].name} and {path.name}")
+                    self.files[key] = path
 
     def __contains__(self, key: str) -> bool:
         return key in self.files
@@ -202,21 +198,19 @@ def load_mtp(directory: str | Path, target: PretrainedConfig, embeddings: Callab
     where = Path(directory)
     config = read_mtp_config(where, target)
     doc = _text(read_json(where / CONFIG))
-    layout, layers = layout_of(doc), config.aux_layers[0]
+    layers = config.aux_layers[0]
     checkpoint = _Checkpoint(where)
     module = MtpModule(config)
     wanted = module.state_dict()
-    used = {key for name in wanted if (key := checkpoint_key(name, layout, layers))}
-    own = f"model.layers.{layers}." if layout == "deepseek" else "mtp."
-    foreign = sorted(key for key in checkpoint.files if key.startswith(own) and key not in used
-                     and not (layout == "qwen3_next" and key.startswith("mtp.layers.") and
-                              not key.startswith("mtp.layers.0.")))  # further modules: the first drafts
+    used = {checkpoint_key(name, layers) for name in wanted}
+    own = f"model.layers.{layers}."  # further modules (layers L+1, ...) are not read: the first drafts
+    foreign = sorted(key for key in checkpoint.files if key.startswith(own) and key not in used)
     if foreign:
         raise HeadFormatError(f"{where}: specserve cannot run this model's MTP module: its layer holds "
                               f"{foreign[:3]}, which a Llama-shaped layer does not")
     weights, missing = {}, []
     for name, slot in wanted.items():
-        key = checkpoint_key(name, layout, layers)
+        key = checkpoint_key(name, layers)
         if key not in checkpoint:
             key = MODEL_KEYS.get(name)
             if name == "lm_head.weight" and key not in checkpoint and doc.get("tie_word_embeddings"):
@@ -226,7 +220,7 @@ def load_mtp(directory: str | Path, target: PretrainedConfig, embeddings: Callab
         elif name == "embed_tokens.weight":
             weights[name] = embeddings().weight.detach()
         else:
-            missing.append(checkpoint_key(name, layout, layers))
+            missing.append(checkpoint_key(name, layers))
             continue
         if weights[name].shape != slot.shape:
             raise HeadFormatError(f"{where}: {key} is {list(weights[name].shape)}, the module's config says "
@@ -238,20 +232,25 @@ def load_mtp(directory: str | Path, target: PretrainedConfig, embeddings: Callab
 
 
 def save_mtp(module: MtpModule, model_dir: str | Path, out_dir: str | Path) -> None:
-    """Write the model in ``model_dir`` carrying ``module`` into ``out_dir`` (the deepseek layout):
+    """Write the model in ``model_dir`` carrying ``module`` into ``out_dir`` (DeepSeek-V3's layout):
     its files as they are (hard links where the file system allows), its config.json with
     ``num_nextn_predict_layers`` 1, the module's weights in a file of their own, which transformers
     does not load with the model (its weights file or index names its own)."""
     source, out = Path(model_dir), Path(out_dir)
+    if out.resolve() == source.resolve():
+        raise ValueError(f"{out} is the model's own directory: write the model carrying its module elsewhere")
     out.mkdir(parents=True, exist_ok=True)
     for path in source.iterdir():
         if path.is_file() and path.name not in (CONFIG, MTP_WEIGHTS, FACTS):
             _link_or_copy(path, out / path.name)
     doc = read_json(source / CONFIG)
-    (out / CONFIG).write_text(json.dumps(doc | {LAYOUTS["deepseek"]: 1}, indent=2) + "\n")
+    if "text_config" in doc:  # where carries() reads it
+        doc["text_config"] = doc["text_config"] | {DEEPSEEK: 1}
+    else:
+        doc[DEEPSEEK] = 1
+    (out / CONFIG).write_text(json.dumps(doc, indent=2) + "\n")
     layers = module.config.aux_layers[0]
-    weights = {checkpoint_key(name, "deepseek", layers): tensor.detach().contiguous()
-               for name, tensor in module.state_dict().items()}
+    weights = {checkpoint_key(name, layers): tensor.detach().contiguous() for name, tensor in module.state_dict().items()}
     save_file(weights, str(out / MTP_WEIGHTS))
 
 
