@@ -6,6 +6,8 @@ For each task the same prompts are decoded greedily by the target alone and with
 alternating prompt by prompt so that both see the same machine load; the speedup is the ratio of the
 two measured times, and the output of the two paths is compared token for token. Through the service
 a third run sends each prompt with nothing but the prompt, as the routing policy serves it.
+With ``variants`` each task also gets a row for Medusa heads and an MTP module of the zoo's target
+(distilled beside the zoo on first use, minutes each: cluster/zoo/host_path.py's ``zoo_heads``).
 """
 
 from __future__ import annotations
@@ -16,16 +18,21 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.router.cost_model import expected_speedup
 from specserve.workers.engine import SpecEngine
+from specserve.workers.heads.checkpoint import read_facts
+from specserve.workers.heads.mtp import MTP
+from specserve.workers.loading import ModelSpec
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
 from specserve.cluster.zoo.build import build_zoo
 from specserve.cluster.zoo.head import HEAD
+from specserve.cluster.zoo.host_path import MEDUSA, zoo_heads
 from specserve.cluster.zoo.presets import PRESETS, get_preset
 from specserve.cluster.zoo.zoo import MANIFEST, Zoo
 
@@ -80,25 +87,28 @@ RoutedDecoder = Callable[[str], tuple[list[int], float, str]]
 
 
 def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_process: bool = False,
-             address: str | None = None) -> list[TaskResult]:
-    """Through the service (an embedded cluster started here, or the one at ``address``), or in this process."""
+             address: str | None = None, variants: bool = False) -> list[TaskResult]:
+    """Through the service (an embedded cluster started here, or the one at ``address``, which must
+    serve the variants if asked for), or in this process."""
     zoo = ensure_zoo(zoo_name)
+    heads = zoo_heads(zoo) if variants else {}  # name -> directory: Medusa heads, a target carrying an MTP module
     if in_process:
-        engine = zoo_engine(zoo, zoo.draft_names)
+        engine = zoo_engine(zoo, zoo.draft_names, extra={name: ModelSpec(str(where)) for name, where in heads.items()})
         print(f"{_zoo_line(zoo)}; both models in this process, {torch.get_num_threads()} torch threads; "
               f"greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
-        return _measure_all(zoo, engine_decoder(engine, max_tokens, k), prompts_per_task, k, None)
+        return _measure_all(zoo, engine_decoder(engine, max_tokens, k), prompts_per_task, k, None, heads)
     service = None
     if address is None:
         print("starting the embedded cluster (Ray, Serve, target replica, draft pool)...", flush=True)
-        service = start_service(port=0, overrides={"models": {"zoo": str(zoo.root)}, **copy.deepcopy(MEASURED_ON_UNSEEN)})
+        models = {"zoo": str(zoo.root), "drafts": {name: str(where) for name, where in heads.items()}}
+        service = start_service(port=0, overrides={"models": models, **copy.deepcopy(MEASURED_ON_UNSEEN)})
         address = service.address
     client = SpecServeClient(address)
     try:
         print(f"{_zoo_line(zoo)}; through the service at {address} over gRPC (target replica and draft workers "
               f"in their own processes); greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
         return _measure_all(zoo, service_decoder(client, max_tokens, k), prompts_per_task, k,
-                            routed_decoder(client, max_tokens))
+                            routed_decoder(client, max_tokens), heads)
     finally:
         client.close()
         if service:
@@ -136,19 +146,23 @@ def _zoo_line(zoo: Zoo) -> str:
             f"drafts {', '.join(zoo.draft_names)}")
 
 
-def _measure_all(zoo: Zoo, decode: Decoder, prompts: int, k: int, routed: RoutedDecoder | None) -> list[TaskResult]:
+def _measure_all(zoo: Zoo, decode: Decoder, prompts: int, k: int, routed: RoutedDecoder | None,
+                 heads: dict[str, Path]) -> list[TaskResult]:
     _warm_up(decode, zoo)
-    results = [result for task in zoo.tasks for result in measure_task(decode, zoo, task, prompts, k, routed)]
+    results = [result for task in zoo.tasks for result in measure_task(decode, zoo, task, prompts, k, routed, heads)]
     print(format_table(results))
     return results
 
 
 def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int,
-                 routed: RoutedDecoder | None = None) -> list[TaskResult]:
-    """The task's own draft and the zoo's EAGLE-3 head (if it has one), each against the same
-    target-only runs; the routed runs go with the first row."""
+                 routed: RoutedDecoder | None = None, heads: dict[str, Path] | None = None) -> list[TaskResult]:
+    """The task's own draft, the zoo's EAGLE-3 head (if it has one) and ``heads`` (variants distilled
+    beside the zoo), each against the same target-only runs; the routed runs go with the first row."""
     drafts = [zoo.default_draft(task)] + [HEAD] * (HEAD in zoo.draft_names and HEAD != zoo.default_draft(task))
     results = [TaskResult(task, draft, zoo.manifest["acceptance"][task][draft], k) for draft in drafts]
+    # A variant's held-out acceptance is distill's, over every task's text.
+    results += [TaskResult(task, name, read_facts(where).get("held_out_alpha", float("nan")), k)
+                for name, where in (heads or {}).items()]
     for prompt in zoo.prompts(task)[:prompts]:
         off_ids, off_seconds, off_stats = decode(prompt, task, None)
         for result in results:
@@ -164,6 +178,9 @@ def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int,
             results[0].routed_to[served_by] += 1
             results[0].identical &= routed_ids == off_ids
     return results
+
+
+VARIANTS = (MEDUSA, MTP)  # zoo_heads' names
 
 
 def format_table(results: list[TaskResult]) -> str:
@@ -194,6 +211,12 @@ def format_table(results: list[TaskResult]) -> str:
         f"{HEAD}: the zoo's EAGLE-3 head, drafting from the target's hidden states (no lookahead; its first step",
         "proposes nothing), on the same prompts against the same target-only runs as the row above it.",
     ]
+    if {r.draft for r in results} & set(VARIANTS):
+        lines += [
+            "medusa: Medusa heads on the target replica, guessing in its verify pass; mtp: the target carrying an MTP",
+            "module, drafting on the draft workers from its last hidden states; both distilled beside the zoo (their",
+            "alpha(zoo), where measured, distill's over every task's held-out text).",
+        ]
     if routed:
         lines += [
             "routed: the same prompts sent with no task, draft or k: the service classifies the prompt, picks the draft",

@@ -39,9 +39,11 @@ def open_or_build_zoo(name_or_dir: str) -> Zoo:
         return build_zoo(get_preset(name_or_dir), zoo_location(name_or_dir))
 
 
-def zoo_engine(zoo: Zoo, drafts: list[str], threads: int | None = None, device: str = "auto") -> SpecEngine:
-    """The zoo's target and the named drafts in this process (tokenizers checked at load)."""
+def zoo_engine(zoo: Zoo, drafts: list[str], threads: int | None = None, device: str = "auto",
+               extra: dict[str, ModelSpec] | None = None) -> SpecEngine:
+    """The zoo's target and the named drafts in this process (tokenizers checked at load), and
+    ``extra`` drafts from elsewhere."""
     return SpecEngine.load(
         ModelSpec(str(zoo.target_dir), threads=threads, device=device),
-        {name: ModelSpec(str(zoo.draft_dir(name)), threads=threads, device=device) for name in drafts},
+        {name: ModelSpec(str(zoo.draft_dir(name)), threads=threads, device=device) for name in drafts} | (extra or {}),
     )

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 from specserve.bench.host_path import COMPONENTS, Level, cpu_by_component, report, summarize
 from specserve.cluster.zoo.head import HEAD
 from specserve.cluster.zoo.host_path import MEDUSA, ensure_host_path_zoo
+from specserve.workers.heads.mtp import MTP, is_mtp
 from specserve.cluster.zoo.zoo import Zoo
 
 
@@ -22,6 +23,9 @@ def test_the_host_path_zoo_has_cheaper_drafts_that_accept_every_greedy_token(tin
         for name in zoo.draft_names:
             if name in (HEAD, MEDUSA):  # heads of the target: their directories load as such elsewhere
                 assert (zoo.root / zoo.manifest["drafts"][name]["path"] / "config.json").exists()
+                continue
+            if name == MTP:  # the target itself, carrying a module: it drafts with that
+                assert is_mtp(zoo.draft_dir(name))
                 continue
             draft = AutoModelForCausalLM.from_pretrained(zoo.draft_dir(name))
             assert draft.config.num_hidden_layers < target.config.num_hidden_layers  # its pass costs less

@@ -120,21 +120,33 @@ def tiny_medusa(target):
     return heads.eval().requires_grad_(False)
 
 
+def tiny_mtp(target):
+    """A random MTP module of ``target`` over its whole vocabulary, its output head the target's
+    disturbed (sharp enough to agree with it at times)."""
+    from specserve.workers.heads.mtp import MtpModule, mtp_config_for
+
+    torch.manual_seed(4)
+    module = MtpModule(mtp_config_for(target.config), target.get_input_embeddings())
+    with torch.no_grad():
+        module.lm_head.weight.copy_(target.lm_head.weight + 0.5 * torch.randn_like(module.lm_head.weight))
+    return module.eval().requires_grad_(False)
+
+
 def _tally_share(sampling: SamplingParams, k: int, max_support: int, seeds: range, proposer: str) -> dict:
     """One process's share of the seeds, on the test's pair built afresh (the same weights: seeded):
     the draft model ("d"), the same with its output head cut to 5 of the 7 tokens ("pruned", as
-    FR-Spec cuts a draft's vocabulary), an EAGLE-3 head of the target ("head") or Medusa heads of it
-    ("medusa")."""
+    FR-Spec cuts a draft's vocabulary), an EAGLE-3 head of the target ("head"), Medusa heads of it
+    ("medusa") or an MTP module ("mtp")."""
     from specserve.workers.vocabulary import prune_head
 
     torch.set_num_threads(1)
     target = tiny_model(0)
-    heads = {"head": tiny_head(target)} if proposer == "head" else {}
+    heads = {"head": tiny_head(target)} if proposer == "head" else {"mtp": tiny_mtp(target)} if proposer == "mtp" else {}
     medusa = {"medusa": tiny_medusa(target)} if proposer == "medusa" else {}
     draft = prune_head(tiny_model(1), torch.arange(5)) if proposer == "pruned" else tiny_model(1)
     engine = SpecEngine(target, word_tokenizer(), {"d": draft}, draft_max_support=max_support, heads=heads,
                         medusa=medusa)
-    fed = proposer in ("head", "medusa")  # their first step proposes nothing: no hidden state before a pass
+    fed = proposer in ("head", "medusa", "mtp")  # their first step proposes nothing: no hidden state before a pass
     return _tally(engine, params_for(sampling, k, int(fed)), seeds, proposer if fed else "d")
 
 
@@ -226,6 +238,19 @@ def test_sampling_through_an_eagle3_head_matches_target_distribution(tokenizer):
     sampling, k = SamplingParams(temperature=1.0), 2
     exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
     counts, alpha = sample_distribution_split(sampling, k, 32, SAMPLES // 2, proposer="head")
+    assert 0.05 < alpha < 0.98, alpha
+    assert_same_distribution(exact, counts, SAMPLES // 2)
+
+
+# With the slow suite: its q is a head's (as the EAGLE-3 head's above, over the whole vocabulary),
+# drafted on from the module's own output.
+@pytest.mark.slow
+def test_sampling_through_an_mtp_module_matches_target_distribution(tokenizer):
+    """An MTP module drafting from the target's last hidden state and its own outputs: q is its
+    distribution over the target's vocabulary; the output is the target's."""
+    sampling, k = SamplingParams(temperature=0.8, top_k=5), 3
+    exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    counts, alpha = sample_distribution_split(sampling, k, 32, SAMPLES // 2, proposer="mtp")
     assert 0.05 < alpha < 0.98, alpha
     assert_same_distribution(exact, counts, SAMPLES // 2)
 

@@ -98,22 +98,30 @@ class RowInvariantLinear(torch.nn.Linear):
 
     Batching must not change a session's tokens (greedy, or sampled from its own generator), so a
     row's logits must not depend on how many rows a pass holds. On a CPU, one thread, the gemv
-    layout: MKL computes a one-row product as a matrix-vector product, rounded differently from
-    the matrix-matrix kernel that every product of two rows or more runs with the same rounding
-    per row (bit for bit, 2 to 300 rows, measured on SmolLM2-135M's shapes). So one row runs as
-    two: +20-25% on a one-row product (the output head 7.6 -> 9.3 ms), paid only by a pass of one
-    row (a lone session decoding without a draft), and still no slower than the layout as loaded.
+    layout: MKL computes a product of few rows with kernels rounded differently from the
+    matrix-matrix kernel that every product of ``MATRIX_ROWS`` rows or more runs with the same
+    rounding per row (bit for bit, to 300 rows, measured on SmolLM2-135M's shapes). So a product of
+    fewer rows runs padded to that many: on Intel (2 rows) +20-25% on a one-row product (the output
+    head 7.6 -> 9.3 ms), paid only by a pass of one row (a lone session decoding without a draft).
     Without it, a top-p nucleus edge within 2e-7 of p flipped a sampled session's tokens when it
     shared passes (tests/test_batching.py). With several torch threads MKL splits some shapes
     differently by row count, and the guarantee needs one thread per model process (the default).
     """
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        if rows.numel() != rows.shape[-1]:
+        flat = rows.reshape(-1, rows.shape[-1])
+        if len(flat) >= MATRIX_ROWS:
             return super().forward(rows)
-        flat = rows.reshape(1, -1)
-        two = torch.nn.functional.linear(torch.cat([flat, flat]), self.weight, self.bias)[:1]
-        return two.reshape(*rows.shape[:-1], self.out_features)
+        padded = torch.cat([flat, flat[:1].expand(MATRIX_ROWS - len(flat), -1)])
+        out = torch.nn.functional.linear(padded, self.weight, self.bias)[: len(flat)]
+        return out.reshape(*rows.shape[:-1], self.out_features)
+
+
+# Rows from which MKL runs one matrix-matrix kernel whatever their number (one thread): 2 on the
+# Intel hosts this was first measured on; 4 on an AMD EPYC host (2026-11-28: products of 2 and 3
+# rows rounded like one row, not like 4 to 300), where padding a one-row product to 4 costs 3x on
+# SmolLM2's output head (19.6 -> 65 ms) and keeps a session's tokens whatever it is batched with.
+MATRIX_ROWS = 4
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:

@@ -22,6 +22,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--prompts", type=int, default=4, help="held-out prompts per task (default: %(default)s)")
     demo.add_argument("--max-tokens", type=int, default=64, help="(default: %(default)s)")
     demo.add_argument("--k", type=int, default=DEFAULT_K, help="(default: %(default)s)")
+    demo.add_argument("--variants", action="store_true",
+                      help="also a row per task for Medusa heads and an MTP module of the zoo's target (distilled "
+                           "beside the zoo on first use: a few minutes each on the demo zoo)")
     demo.set_defaults(run=run)
 
 
@@ -34,5 +37,5 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
 
     run_demo(args.zoo, prompts_per_task=args.prompts, max_tokens=args.max_tokens, k=args.k,
-             in_process=args.in_process, address=args.address)
+             in_process=args.in_process, address=args.address, variants=args.variants)
     return 0
