@@ -110,7 +110,7 @@ class RowInvariantLinear(torch.nn.Linear):
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
         flat = rows.reshape(-1, rows.shape[-1])
-        if len(flat) >= MATRIX_ROWS:
+        if not 0 < len(flat) < MATRIX_ROWS:
             return super().forward(rows)
         padded = torch.cat([flat, flat[:1].expand(MATRIX_ROWS - len(flat), -1)])
         out = torch.nn.functional.linear(padded, self.weight, self.bias)[: len(flat)]
