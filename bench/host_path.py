@@ -412,6 +412,7 @@ def engine_single_stream(zoo: Zoo, settings: HostPathSettings, heads: dict[str, 
     engine = SpecEngine.load(ModelSpec(str(zoo.target_dir)), {name: ModelSpec(str(zoo.draft_dir(name)))
                                                               for name in zoo.draft_names if name not in heads}
                              | {name: ModelSpec(str(where)) for name, where in heads.items()})
+    engine.cascade = settings.service_overrides.get("draft_pool", {}).get("cascade", 0)  # as the draft workers (--set)
     rows = []
     prompts = [(task, encode_prompt(engine.tokenizer, p)) for task in zoo.tasks for p in zoo.prompts(task)[:4]]
     for path in settings.paths:

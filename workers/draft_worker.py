@@ -60,6 +60,7 @@ class DraftWorker:
             warm_grammars(drafts[name].source)
         self.heads = {name: gemv_layout(head) for name, head in (load_heads(heads, target) if heads else {}).items()}
         self.specs, self.target, self.batching = dict(drafts), target, config.batching  # what swaps load from
+        self.cascade = config.cascade  # prompt lookup's guesses each draft model verifies (drafting.py)
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, self.models, config, registration,
                               lambda server: rpc.add_DrafterServicer_to_server(servicer, server), extra=tuple(self.heads),
@@ -222,11 +223,12 @@ class DraftStream:
     """One Draft stream's session: each step brings the draft to what stands, then proposes."""
 
     def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen,
-                 grammars: Callable[[], GrammarCompiler] = no_grammars) -> None:
+                 grammars: Callable[[], GrammarCompiler] = no_grammars, cascade: int = 0) -> None:
         sampling = sampling_from(opened.sampling)
         self.greedy = sampling.greedy
         self.session = DraftSession(sequence, sampling, DraftDraws(opened.sampling.seed, opened.model), DRAFT_MAX_SUPPORT,
-                                    opened.alternatives, draft_grammar(opened, grammars), opened.grammar.output_start)
+                                    opened.alternatives, draft_grammar(opened, grammars), opened.grammar.output_start,
+                                    cascade)
         self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
         self.held: DraftTokens | None = None  # that proposal: the last run's result, or an adopted branch's
         self.branch: BranchRun | None = None  # drafted beside the last run, for another verdict
@@ -398,7 +400,7 @@ class DrafterServicer(rpc.DrafterServicer):
         host = self.worker.host
         try:
             with host.session(opened.model, opened, context) as (scheduler, sequence):
-                stream = DraftStream(sequence, opened, self.worker.grammars[opened.model])
+                stream = DraftStream(sequence, opened, self.worker.grammars[opened.model], self.worker.cascade)
                 async for run, done in _runs(scheduler, stream, host.steps(requests), opened.task):
                     yield stream.reply(run, done)
         except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)

@@ -1,4 +1,13 @@
-"""The draft side of one session: propose k tokens and the exact distributions they came from."""
+"""The draft side of one session: propose k tokens and the exact distributions they came from.
+
+A cascade (``DraftSession.cascade``): before drafting, prompt lookup guesses the tokens after the
+committed ones, and the draft's first pass runs them too, with logits after each. The draft then
+draws its tokens from those rows as it would have drawn them one pass at a time (the same uniform
+at each position), and keeps going down the guesses while its own token is the guess: a row after
+a guess it did not draw is never used. What it proposes is its own drafting, token for token and q
+for q, in fewer passes (each guess it drew saves one); the guesses are verified by the draft, so
+what the target is sent keeps an exact q.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +20,7 @@ from transformers import PreTrainedModel
 from .acceptance import SamplingParams, SparseDist, Outcome, one_hot, sample_sparse, sparsify, warp
 from .grammar import GrammarState
 from .kv_cache import BRANCH_ROOM
+from .ngram import NgramIndex
 from .ragged_pass import PooledSequence, Segment
 from .seeds import DraftDraws
 
@@ -63,7 +73,7 @@ class DraftSession:
 
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, draws: DraftDraws,
                  max_support: int = DRAFT_MAX_SUPPORT, alternatives: bool = False,
-                 grammar: GrammarState | None = None, output_start: int = 0) -> None:
+                 grammar: GrammarState | None = None, output_start: int = 0, cascade: int = 0) -> None:
         self.sequence = sequence
         self.sampling = sampling
         self.draws = draws
@@ -74,6 +84,20 @@ class DraftSession:
         # (q is what it sampled from); masked, it no longer proposes what the target must reject.
         self.grammar = grammar
         self.output_start = output_start
+        self.cascade = cascade  # prompt lookup's guesses a proposal's first pass verifies (0: none)
+        self.lookup = NgramIndex() if cascade else None
+
+    def guesses(self, k: int) -> list[int]:
+        """Up to ``min(k - 1, cascade)`` tokens prompt lookup guesses after the committed ones: the
+        cascade's cheaper level (m guesses give the first pass at most m + 1 tokens of the k)."""
+        if self.lookup is None or k < 2:
+            return []
+        committed, held = self.sequence.committed, self.lookup.tokens
+        if len(held) > len(committed) or committed[: len(held)] != held:  # rewound: index again
+            self.lookup = NgramIndex(committed, self.lookup.config)
+        else:
+            self.lookup.extend(committed[len(held) :])
+        return self.lookup.propose(min(k - 1, self.cascade))
 
     def step(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1, guess: bool = False) -> DraftRun:
         """Up to k tokens; with `min_confidence`, stop after a token (past the first `min_tokens`)
@@ -169,25 +193,43 @@ class Drafted:
 
 class DraftRun(Drafted):
     """Drafting one proposal, one pass per token: the first runs what the cache lacks (the verdict's
-    tokens, or the prompt, in chunks if long), each later one the token drawn last."""
+    tokens, or the prompt, in chunks if long) and a cascade's guesses, each later one the token
+    drawn last."""
 
     def __init__(self, session: DraftSession, k: int, min_confidence: float, min_tokens: int,
                  guess: bool = False) -> None:
         super().__init__(session, k, min_confidence, min_tokens)
         self.guess = guess
         self.planned: Segment | None = None
+        self.guesses = session.guesses(k)  # the first pass's, after the committed tokens
         if k < 1:
             self.result = DraftTokens.empty()
 
     def plan(self, room: int) -> Segment | None:
-        self.planned = self.session.sequence.segment(self.ids[-1:], 1, room)
+        extra = self.ids[-1:] if self.ids else self.guesses
+        self.planned = self.session.sequence.segment(extra, 1 + len(self.guesses) * (not self.ids), room)
         return self.planned
 
     def advance(self, logits: torch.Tensor) -> bool:
+        """The pass's rows: one, or on a cascade's first pass one and one after each guess."""
         session = self.session
         session.sequence.ran(self.planned)
         if not self.planned.logits:  # a prefill chunk
             return False
+        guesses = self.guesses if len(logits) > 1 else []
+        done = self._draw(logits[:1])
+        for row, guess in enumerate(guesses, start=1):
+            if done or self.ids[-1] != guess:  # the rows past a guess it did not draw read another context
+                break
+            done = self._draw(logits[row : row + 1])
+        # The cache holds the committed tokens and the drawn ones but the last: no guess past them.
+        sequence = session.sequence
+        sequence.length = min(sequence.length, len(sequence.committed) + len(self.ids) - 1)
+        return done
+
+    def _draw(self, logits: torch.Tensor) -> bool:
+        """The next token from its row of logits [1, V], drawn as a pass of its own would draw it."""
+        session = self.session
         logits = session.constrain(logits, self.ids)
         if self.guess and not self.ids:  # the likeliest target token: a hit is likelier than on a sample
             token, q = draw(logits, GREEDY, 0.0, session.max_support)

@@ -52,6 +52,7 @@ class SpecEngine:
         draft_max_support: int = DRAFT_MAX_SUPPORT,
         heads: dict[str, Eagle3Head] | None = None,
         medusa: dict[str, MedusaHeads] | None = None,
+        cascade: int = 0,
     ) -> None:
         self.target = use_pooled_attention(target)
         self.tokenizer = tokenizer
@@ -61,6 +62,7 @@ class SpecEngine:
         self.guesses = {name: GuessBatch(heads, MedusaHeads.reads_layer(target.config))
                         for name, heads in self.medusa.items()}
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
+        self.cascade = cascade  # prompt lookup's guesses a draft model verifies in its first pass (drafting.py)
         self.context_window = int(target.config.max_position_embeddings)
         # Prompt lookup and suffix decoding (over the prompt alone: no task's outputs), the heads'
         # names and a tree's size: what each request's proposer is built from.
@@ -190,7 +192,7 @@ class Generation:
         pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
         session = DraftSession(sequence, self.params.sampling, DraftDraws(self.decoding.stats.seed, name),
                                self.engine.draft_max_support, grammar=self._grammar(),
-                               output_start=len(self.decoding.prompt_ids))
+                               output_start=len(self.decoding.prompt_ids), cascade=self.engine.cascade)
         return LocalDraft(name, model, pool, session, self.length, self.recorder, self.first_alone)
 
     def _guesser(self, medusa: str) -> MedusaGuesser | None:
