@@ -242,6 +242,9 @@ def test_service_errors_are_one_line_with_the_status(service, capsys):
     assert code == 2 and err.strip() == "specserve: error: INVALID_ARGUMENT: top_p must be in (0, 1], got 1.5"
 
 
+# A cluster of its own (~3 min on an AMD EPYC 2-core host): with the slow suite. The default run
+# serves the zoo's models through the session's cluster; `serve`'s refusals run here by default.
+@pytest.mark.slow
 def test_serve_your_own_gguf_model_in_one_command_then_stop_on_sigterm(tiny_zoo, tiny_engine, gguf_target,
                                                                       specserve_home, tmp_path):
     """`specserve serve --target FILE.gguf --draft NAME=DIR --task ...` as a user runs it: its own

@@ -95,7 +95,11 @@ def test_a_replacement_session_draws_from_a_seed_of_its_own():
     assert len(seeds) == 6 and 7 not in seeds and all(0 <= s < 2**63 for s in seeds)
 
 
-@pytest.mark.parametrize("proposer,tree", [("sql", ()), ("prose", ()), ("ngram", ()), ("suffix", ()),
+# The drafts that must get tokens accepted are the distilled ones (the general draft, the EAGLE-3
+# head): the tiny zoo's task drafts are trained from scratch for 15 steps to be near-useless, and
+# whether one happens to guess the target on a prompt depends on the host's float rounding (on an
+# AMD EPYC host the prose draft accepted 0 of 118, on Intel some).
+@pytest.mark.parametrize("proposer,tree", [("general", ()), ("eagle3", ()), ("ngram", ()), ("suffix", ()),
                                            ("tree", ("sql", "ngram", "suffix")), ("tree", ("ngram", "suffix"))])
 def test_every_proposer_runs_in_process_and_keeps_greedy_output(tiny_engine, prompt, proposer, tree):
     """The engine drives the service's loop: the zoo's drafts, draft-free proposers and token trees."""

@@ -95,6 +95,9 @@ def test_a_scheduler_replaying_decode_passes_decodes_what_sessions_decode_alone(
     assert scheduler.graphs.buckets  # decode passes did go through the buffers
 
 
+# torch.compile on the CPU (~63 s on an AMD EPYC 2-core host): with the slow suite; the graphed
+# (buffered) passes' identity above runs by default.
+@pytest.mark.slow
 def test_compiled_decode_passes_give_each_models_eager_logits_and_compile_nothing_after_warm_up():
     """Two models of one architecture (a draft worker's drafts), compiled: warm-up compiles the graphs,
     both models' passes at other buckets give their own eager logits (the weights are the graphs'

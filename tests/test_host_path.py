@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -12,6 +13,8 @@ from specserve.workers.heads.mtp import MTP, is_mtp
 from specserve.cluster.zoo.zoo import Zoo
 
 
+# Builds the bench's host-path zoo (~31 s on an AMD EPYC 2-core host): with the slow suite.
+@pytest.mark.slow
 def test_the_host_path_zoo_has_cheaper_drafts_that_accept_every_greedy_token(tiny_zoo, tmp_path):
     zoo = ensure_host_path_zoo(tiny_zoo, tmp_path / "host-path")
     assert Zoo.open(zoo.root).tasks == tiny_zoo.tasks and zoo.prompts(zoo.tasks[0]) == tiny_zoo.prompts(zoo.tasks[0])

@@ -409,6 +409,9 @@ def test_the_pickle_scan_finds_each_way():
 METRICS_WAIT_SECONDS = 30.0  # the embedded cluster reports every 2 s
 
 
+# A secured cluster of its own (~70 s on an AMD EPYC 2-core host): with the slow suite; the
+# secrets' and certificates' unit tests above run by default.
+@pytest.mark.slow
 def test_a_secured_cluster_refuses_strangers_and_no_secret_reaches_logs_stats_or_metrics(
         tiny_zoo, specserve_home, tmp_path, monkeypatch):
     """`specserve serve` with the API token, the internal token from a file and a TLS directory."""

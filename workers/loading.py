@@ -93,6 +93,13 @@ def gemv_layout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+# Rows from which MKL runs one matrix-matrix kernel whatever their number (one thread): 2 on the
+# Intel hosts this was first measured on; 4 on an AMD EPYC host (2026-11-28: products of 2 and 3
+# rows rounded like one row, not like 4 to 300), where padding a one-row product to 4 costs 3x on
+# SmolLM2's output head (19.6 -> 65 ms) and keeps a session's tokens whatever it is batched with.
+MATRIX_ROWS = 4
+
+
 class RowInvariantLinear(torch.nn.Linear):
     """A linear layer whose every row comes out the same whatever rows share its product.
 
@@ -109,19 +116,15 @@ class RowInvariantLinear(torch.nn.Linear):
     """
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        flat = rows.reshape(-1, rows.shape[-1])
-        if not 0 < len(flat) < MATRIX_ROWS:
+        # Counted, not reshaped: this runs on every linear of every pass, and a reshape costs ~10x a
+        # division there (3.8 vs 0.4 us; ~0.7 ms a pass on SmolLM2).
+        count = rows.numel() // rows.shape[-1]
+        if not 0 < count < MATRIX_ROWS:
             return super().forward(rows)
-        padded = torch.cat([flat, flat[:1].expand(MATRIX_ROWS - len(flat), -1)])
-        out = torch.nn.functional.linear(padded, self.weight, self.bias)[: len(flat)]
+        flat = rows.reshape(count, rows.shape[-1])
+        padded = torch.cat([flat, flat[:1].expand(MATRIX_ROWS - count, -1)])
+        out = torch.nn.functional.linear(padded, self.weight, self.bias)[:count]
         return out.reshape(*rows.shape[:-1], self.out_features)
-
-
-# Rows from which MKL runs one matrix-matrix kernel whatever their number (one thread): 2 on the
-# Intel hosts this was first measured on; 4 on an AMD EPYC host (2026-11-28: products of 2 and 3
-# rows rounded like one row, not like 4 to 300), where padding a one-row product to 4 costs 3x on
-# SmolLM2's output head (19.6 -> 65 ms) and keeps a session's tokens whatever it is batched with.
-MATRIX_ROWS = 4
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
