@@ -66,6 +66,7 @@ from specserve.workers.request import GenerationParams
 from specserve.workers.verifying import TargetSession
 from specserve.cluster.zoo.head import HEAD
 from specserve.cluster.zoo.host_path import MEDUSA, ensure_host_path_zoo, zoo_heads
+from specserve.cluster.zoo.other_tokenizer import OTHER_TOKENIZER, ensure_other_tokenizer_draft
 from specserve.workers.heads.mtp import MTP
 from specserve.cluster.zoo.zoo import Zoo
 
@@ -76,6 +77,10 @@ from .settings import REPLICA_CORE, RESULTS_DIR, provenance
 # "draft": each request's task draft (a copy of the target here); MEDUSA: heads on the target replica
 # (their guesses ride its verify pass); MTP: a module on the draft workers, fed the last hidden states
 PATHS = ("off", "draft", HEAD, NGRAM, MEDUSA, MTP)
+# Asked for by name, with --on-zoo only: a draft of another tokenizer (its own BPE, trained on the
+# zoo target's text; cluster/zoo/other_tokenizer.py). The host-path zoo's drafts are copies of its
+# target, which a draft of another vocabulary cannot be.
+ON_ZOO_PATHS = (OTHER_TOKENIZER,)
 COMPONENTS = ("router", "target replica", "draft worker", "ray daemons", "client")
 HOST_PATH_MODELS = ("drafts of one layer computing its function bit for bit; an EAGLE-3 head; Medusa heads; an "
                     "MTP module")
@@ -535,7 +540,8 @@ def profile_report(profiles: dict) -> str:
 def run(settings: HostPathSettings, command: str) -> Path:
     source = ensure_zoo(settings.zoo)
     zoo = source if settings.on_zoo else ensure_host_path_zoo(source)
-    heads = zoo_heads(zoo)
+    heads = zoo_heads(zoo) | {name: ensure_other_tokenizer_draft(zoo) for name in settings.paths
+                              if name == OTHER_TOKENIZER}
     when = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = settings.out / f"{when}-host-path"
     print(f"host path: zoo {zoo.root}; levels {settings.sessions} sessions x paths {settings.paths}", flush=True)
@@ -583,7 +589,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--sessions", type=comma_ints, default=d.sessions, metavar="N,N",
                         help="concurrent sessions per level (default: %(default)s)")
     parser.add_argument("--paths", type=lambda s: tuple(s.split(",")), default=d.paths, metavar="P,P",
-                        help=f"of {', '.join(PATHS)} (default: all)")
+                        help=f"of {', '.join(PATHS)} (default: those), and with --on-zoo {', '.join(ON_ZOO_PATHS)}")
     parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="(default: %(default)s)")
     parser.add_argument("--k", type=int, default=d.k, help="draft tokens a round, ON (default: %(default)s)")
     parser.add_argument("--min-tokens", type=int, default=d.min_tokens,
@@ -609,9 +615,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    unknown = set(args.paths) - set(PATHS)
+    unknown = set(args.paths) - set(PATHS) - set(ON_ZOO_PATHS)
     if unknown:
-        raise ValueError(f"--paths takes {', '.join(PATHS)}; got {', '.join(sorted(unknown))}")
+        raise ValueError(f"--paths takes {', '.join(PATHS + ON_ZOO_PATHS)}; got {', '.join(sorted(unknown))}")
+    if not args.on_zoo and set(args.paths) & set(ON_ZOO_PATHS):
+        raise ValueError(f"--paths {', '.join(ON_ZOO_PATHS)} needs --on-zoo: the host-path zoo's drafts are copies of "
+                         "its target, which a draft of another tokenizer cannot be")
     settings = HostPathSettings(zoo=args.zoo, sessions=tuple(args.sessions), paths=tuple(args.paths),
                                 max_tokens=args.max_tokens, k=args.k, min_tokens=args.min_tokens, out=args.out,
                                 profile_sessions=args.profile_sessions or None, stream_interval=args.stream_interval,

@@ -117,20 +117,23 @@ def chat_prompt(tokenizer, instruction: str) -> str:
                                          add_generation_prompt=True)
 
 
-def service_config(target: str, global_tokens: int, draft: str | None, head: str | None = None) -> dict:
+def service_config(target: str, global_tokens: int, draft: str | None, head: str | None = None,
+                   extras: dict[str, str] | None = None) -> dict:
     """The target, every task served by the draft-free proposers (and target-only), with ``head``
     (an EAGLE-3 head) every task by it too, and with ``draft`` (a draft distilled for code) the code
-    task by it and its tree. ``global_tokens``: what suffix decoding keeps of the task's recent
+    task by it and its tree; each of ``extras`` (name -> directory) every task, on a path of its
+    name (a draft of another tokenizer, say). ``global_tokens``: what suffix decoding keeps of the task's recent
     outputs (0: the request's own text only). Each prompt is decoded on every path here, so a global
     trie would hold the answer to the prompt being measured after its first path: kept off unless
     asked for."""
-    proposers = ["head"] * bool(head) + ["ngram", "suffix"]
+    proposers = ["head"] * bool(head) + list(extras or {}) + ["ngram", "suffix"]
     tasks = {task: list(proposers) for task in TASKS}
     if draft:
         tasks["code"] = ["code", *proposers, "tree"]
     drafts = {"code": draft} if draft else {}
     if head:
         drafts["head"] = head
+    drafts |= extras or {}
     return {"models": {"zoo": None, "target": target, "drafts": drafts},
             "router": {"default_task": "chat", "tasks": tasks, "suffix": {"global_tokens": global_tokens}}}
 
@@ -143,8 +146,8 @@ def request(path: str, task: str, prompt: str, max_tokens: int) -> pb.GenerateRe
         r.speculation, r.draft = pb.SPECULATION_ON, path
     elif path == "draft":
         r.speculation, r.draft = pb.SPECULATION_ON, "code"
-    elif path == "head":
-        r.speculation, r.draft = pb.SPECULATION_ON, "head"
+    elif path != "auto":  # the head, or an extra draft: by its name
+        r.speculation, r.draft = pb.SPECULATION_ON, path
     return r  # auto: the policy decides
 
 
@@ -157,13 +160,13 @@ def decode(client: SpecServeClient, path: str, task: str, index: int, prompt: st
                   s.drafted_tokens, s.wasted_draft_tokens, token_ids=list(reply.token_ids))
 
 
-def paths_of(task: str, draft: str | None, head: str | None) -> tuple[str, ...]:
-    return PATHS + (HEAD_PATHS if head else ()) + (DRAFT_PATHS if draft and task == "code" else ())
+def paths_of(task: str, draft: str | None, head: str | None, extras: dict[str, str] | None = None) -> tuple[str, ...]:
+    return PATHS + (HEAD_PATHS if head else ()) + tuple(extras or {}) + (DRAFT_PATHS if draft and task == "code" else ())
 
 
 def measure_service(target: str, prompts: dict[str, list[str]], max_tokens: int, warm_up: int, global_tokens: int,
-                    draft: str | None, bar, head: str | None = None) -> list[Decode]:
-    service = start_service(port=0, overrides=service_config(target, global_tokens, draft, head))
+                    draft: str | None, bar, head: str | None = None, extras: dict[str, str] | None = None) -> list[Decode]:
+    service = start_service(port=0, overrides=service_config(target, global_tokens, draft, head, extras))
     client = SpecServeClient(service.address)
     decodes: list[Decode] = []
     try:
@@ -172,7 +175,7 @@ def measure_service(target: str, prompts: dict[str, list[str]], max_tokens: int,
                 decode(client, "auto", task, -1, text, max_tokens)
                 bar.update()
         for task, texts in prompts.items():
-            paths = paths_of(task, draft, head)
+            paths = paths_of(task, draft, head, extras)
             for i, text in enumerate(texts[: len(texts) - warm_up]):
                 order = paths[i % len(paths):] + paths[: i % len(paths)]  # nobody always runs first
                 done = {path: decode(client, path, task, i, text, max_tokens) for path in order}
@@ -222,7 +225,9 @@ def figures(decodes: list[Decode]) -> dict:
         rows = {}
         by = {(d.path, d.prompt): d for d in decodes if d.task == task}
         prompts = sorted({d.prompt for d in decodes if d.task == task})
-        for path in PATHS + HEAD_PATHS + DRAFT_PATHS + HF_PATHS + HF_DRAFT_PATHS:
+        known = PATHS + HEAD_PATHS + DRAFT_PATHS + HF_PATHS + HF_DRAFT_PATHS
+        extras = tuple(sorted({d.path for d in decodes if d.path not in known}))
+        for path in PATHS + HEAD_PATHS + extras + DRAFT_PATHS + HF_PATHS + HF_DRAFT_PATHS:
             mine = [by[(path, p)] for p in prompts if (path, p) in by]
             if not mine:
                 continue
@@ -313,20 +318,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' prompt lookup")
     parser.add_argument("--draft", help="a draft for the code task (say, from `specserve distill --target ...`)")
     parser.add_argument("--head", help="an EAGLE-3 head of the target for every task (`specserve distill --method eagle3`)")
+    parser.add_argument("--extra-draft", action="append", default=[], metavar="NAME=DIR",
+                        help="a draft for every task, measured on a path of its name (repeatable): a draft of "
+                             "another tokenizer, say, beside one of the target's trained the same way "
+                             "(python -m specserve.bench.text_draft)")
     parser.add_argument("--global-suffix-tokens", type=int, default=0,
                         help="suffix decoding's memory of the task's recent outputs; above 0 it holds the answers to "
                              "the prompts measured (every prompt runs on every path): an upper bound for repeated work")
     args = parser.parse_args(argv)
+    extras = dict(item.split("=", 1) for item in args.extra_draft)
     hf_logging.set_verbosity_error()
     started = datetime.now(timezone.utc)
     tokenizer = load_tokenizer(args.target)
     prompts = {task: [chat_prompt(tokenizer, t) for t in texts] for task, texts in TASKS.items()}
-    runs = sum((len(texts) - args.warm_up) * (len(paths_of(task, args.draft, args.head))
+    runs = sum((len(texts) - args.warm_up) * (len(paths_of(task, args.draft, args.head, extras))
                                                + (0 if args.no_hf else len(HF_PATHS) + bool(args.draft and task == "code")))
                for task, texts in prompts.items())
     bar = tqdm(total=len(TASKS) * args.warm_up + runs, unit="decode", desc="real model", file=sys.stderr)
     decodes = measure_service(args.target, prompts, args.max_tokens, args.warm_up, args.global_suffix_tokens,
-                              args.draft, bar, args.head)
+                              args.draft, bar, args.head, extras)
     if not args.no_hf:
         decodes += measure_hf(args.target, prompts, args.max_tokens, args.warm_up, bar, args.draft)
     bar.close()
@@ -336,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             "started": started.isoformat(timespec="seconds"),
             "seconds": (datetime.now(timezone.utc) - started).total_seconds(), "max_tokens": args.max_tokens,
             "warm_up": args.warm_up, "global_suffix_tokens": args.global_suffix_tokens, "draft": args.draft,
-            "head": args.head, "torch": torch.__version__}
+            "head": args.head, "extra_drafts": extras, "torch": torch.__version__}
     if args.head:
         facts = read_facts(args.head)
         meta["head_facts"] = {key: facts[key] for key in HEAD_FACTS if key in facts}

@@ -7,7 +7,8 @@ alternating prompt by prompt so that both see the same machine load; the speedup
 two measured times, and the output of the two paths is compared token for token. Through the service
 a third run sends each prompt with nothing but the prompt, as the routing policy serves it.
 With ``variants`` each task also gets a row for Medusa heads and an MTP module of the zoo's target
-(distilled beside the zoo on first use, minutes each: cluster/zoo/host_path.py's ``zoo_heads``).
+(distilled beside the zoo on first use, minutes each: cluster/zoo/host_path.py's ``zoo_heads``) and
+for a draft of another tokenizer (cluster/zoo/other_tokenizer.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
 from specserve.cluster.zoo.build import build_zoo
 from specserve.cluster.zoo.head import HEAD
-from specserve.cluster.zoo.host_path import MEDUSA, zoo_heads
+from specserve.cluster.zoo.host_path import MEDUSA, zoo_variants
+from specserve.cluster.zoo.other_tokenizer import OTHER_TOKENIZER, read_other_facts
 from specserve.cluster.zoo.presets import PRESETS, get_preset
 from specserve.cluster.zoo.zoo import MANIFEST, Zoo
 
@@ -91,7 +93,8 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_p
     """Through the service (an embedded cluster started here, or the one at ``address``, which must
     serve the variants if asked for), or in this process."""
     zoo = ensure_zoo(zoo_name)
-    heads = zoo_heads(zoo) if variants else {}  # name -> directory: Medusa heads, a target carrying an MTP module
+    # name -> directory: Medusa heads, a target carrying an MTP module, a draft of another tokenizer
+    heads = zoo_variants(zoo) if variants else {}
     if in_process:
         engine = zoo_engine(zoo, zoo.draft_names, extra={name: ModelSpec(str(where)) for name, where in heads.items()})
         print(f"{_zoo_line(zoo)}; both models in this process, {torch.get_num_threads()} torch threads; "
@@ -161,7 +164,7 @@ def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int,
     drafts = [zoo.default_draft(task)] + [HEAD] * (HEAD in zoo.draft_names and HEAD != zoo.default_draft(task))
     results = [TaskResult(task, draft, zoo.manifest["acceptance"][task][draft], k) for draft in drafts]
     # A variant's held-out acceptance is distill's, over every task's text.
-    results += [TaskResult(task, name, read_facts(where).get("held_out_alpha", float("nan")), k)
+    results += [TaskResult(task, name, (read_facts(where) or read_other_facts(where)).get("held_out_alpha", float("nan")), k)
                 for name, where in (heads or {}).items()]
     for prompt in zoo.prompts(task)[:prompts]:
         off_ids, off_seconds, off_stats = decode(prompt, task, None)
@@ -180,7 +183,7 @@ def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int,
     return results
 
 
-VARIANTS = (MEDUSA, MTP)  # zoo_heads' names
+VARIANTS = (MEDUSA, MTP, OTHER_TOKENIZER)  # zoo_variants' names
 
 
 def format_table(results: list[TaskResult]) -> str:
@@ -216,6 +219,12 @@ def format_table(results: list[TaskResult]) -> str:
             "medusa: Medusa heads on the target replica, guessing in its verify pass; mtp: the target carrying an MTP",
             "module, drafting on the draft workers from its last hidden states; both distilled beside the zoo (their",
             "alpha(zoo), where measured, distill's over every task's held-out text).",
+        ]
+    if OTHER_TOKENIZER in {r.draft for r in results}:
+        lines += [
+            f"{OTHER_TOKENIZER}: a draft of another tokenizer (its own BPE, trained on the target's text), drafting among",
+            "the tokens it shares with the target (exact q) and reading the text re-encoded; its alpha(zoo): greedy,",
+            "through the bridge, on held-out prompts of every task.",
         ]
     if routed:
         lines += [

@@ -15,7 +15,7 @@ from specserve.workers.heads.format import HeadFormatError, is_head, read_config
 from specserve.workers.heads.medusa import is_medusa, read_medusa_config
 from specserve.workers.heads.mtp import MTP, is_mtp, read_mtp_config
 from specserve.workers.loading import ModelSpec, load_config, load_tokenizer
-from specserve.workers.tokenizer_check import TokenizerMismatch, check_compatible
+from specserve.workers.token_bridge import bridge_if_needed
 from specserve.cluster.zoo.presets import GENERAL_DRAFT
 
 from .config import ModelsConfig
@@ -194,15 +194,13 @@ def head_layers(models: ModelSet) -> dict[str, tuple[int, ...]]:
 
 def check_tokenizers(models: ModelSet) -> PreTrainedTokenizerBase:
     """The target's tokenizer, once every draft's is checked against it: token ids cross between the
-    models, so a draft of another vocabulary is refused (and a source that is no model fails to load).
-    An EAGLE-3 head has the target's vocabulary by construction (``head_layers`` checks it), and so
-    have Medusa heads (checked as the replicas load them)."""
+    models, so a draft of another vocabulary drafts through the tokens the two share (logged with a
+    note; refused where they share too few: workers/token_bridge.py), and a source that is no model
+    fails to load. An EAGLE-3 head has the target's vocabulary by construction (``head_layers``
+    checks it), and so have Medusa heads (checked as the replicas load them)."""
     tokenizer = load_tokenizer(models.target)
     for name, source in models.drafts.items():
         if is_head(source) or name in models.medusa:
             continue
-        try:
-            check_compatible(tokenizer, load_tokenizer(source))
-        except TokenizerMismatch as exc:
-            raise TokenizerMismatch(f"draft {name!r} ({source}) cannot serve target {models.target}: {exc}") from None
+        bridge_if_needed(tokenizer, source, load_config(source).vocab_size, name)
     return tokenizer

@@ -65,6 +65,19 @@ def medusa_heads(tiny_zoo, tmp_path_factory):
 MTP_TASK = "predicted"
 
 
+# A draft of another tokenizer for the tiny zoo's target (cluster/zoo/other_tokenizer.py: ~5 s
+# here), served by the session's service for OTHER_TASK alone.
+OTHER_TASK = "translated"
+
+
+@pytest.fixture(scope="session")
+def other_tokenizer_draft(tiny_zoo, tmp_path_factory):
+    """The directory of a draft whose tokenizer is not the target's (its own BPE, 1.5x as large)."""
+    from specserve.cluster.zoo.other_tokenizer import ensure_other_tokenizer_draft
+
+    return ensure_other_tokenizer_draft(tiny_zoo, tmp_path_factory.mktemp("other") / "draft")
+
+
 @pytest.fixture(scope="session")
 def mtp_target(tiny_zoo, medusa_heads, tmp_path_factory):
     """(the target carrying its module, what distill measured of it); trained on Medusa's text."""
@@ -142,12 +155,13 @@ def serve_in_subprocess(args: list[str], env: dict, log: Path | None = None):
 
 
 @pytest.fixture(scope="session")
-def service(tiny_zoo, metrics_port, medusa_heads, mtp_target):
+def service(tiny_zoo, metrics_port, medusa_heads, mtp_target, other_tokenizer_draft):
     """The service on a real embedded Ray cluster, serving the tiny zoo; one per test session.
 
     The concurrency limit and queue are small so the RESOURCE_EXHAUSTED test can reach them. Its
     target replica serves the session's Medusa heads, for MEDUSA_TASK alone; its draft workers the MTP
-    module of the session's target that carries one, for MTP_TASK alone. Besides the zoo's
+    module of the session's target that carries one, for MTP_TASK alone, and a draft of another
+    tokenizer, for OTHER_TASK alone. Besides the zoo's
     tasks there is POOR_TASK, served only by the tiny zoo's worst draft, for the fallback tests;
     the policy judges after fewer trials than by default so they need little traffic. The table is
     the operator's and taken as written (router.as_written), so the routing and fallback tests see
@@ -158,7 +172,7 @@ def service(tiny_zoo, metrics_port, medusa_heads, mtp_target):
 
     tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
     tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)], CANARY_TASK: ["eagle3", "sql"],
-              MEDUSA_TASK: ["medusa"], MTP_TASK: ["mtp"]}
+              MEDUSA_TASK: ["medusa"], MTP_TASK: ["mtp"], OTHER_TASK: ["other"]}
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
               "as_written": list(tasks),
               "policy": {"min_trials": 32},
@@ -178,7 +192,8 @@ def service(tiny_zoo, metrics_port, medusa_heads, mtp_target):
     target = {"session_idle_seconds": SESSION_IDLE_SECONDS, "max_sessions": TARGET_SESSIONS}
     models = {"zoo": str(tiny_zoo.root),
               "drafts": {"medusa": str(medusa_heads[0]),  # served by the target replica
-                         "mtp": str(mtp_target[0])}}  # the same target carrying a module: drafts with it
+                         "mtp": str(mtp_target[0]),  # the same target carrying a module: drafts with it
+                         "other": str(other_tokenizer_draft)}}  # through the tokens it shares with the target
     running = start_service(port=0, overrides={"models": models, "router": router,
                                                "target": target, "draft_pool": draft_pool},
                             metrics_port=metrics_port)

@@ -14,7 +14,8 @@ from specserve.proto.v1 import internal_pb2 as pb
 from specserve.router.directory import NoWorker
 from specserve.router.streams import WorkerFailed
 from specserve.workers.batching import Scheduler, StepResult
-from specserve.workers.draft_worker import DraftStream
+from specserve.workers.draft_worker import BridgedStream, DraftStream
+from specserve.workers.token_bridge import TokenBridge, bridged_capacity
 from specserve.workers.kv_pool import PoolFull
 from specserve.workers.logprobs import TokenLogprobs
 from specserve.workers.model_host import reserved_length
@@ -39,7 +40,7 @@ class FakeWorker:
     def __init__(self, kind: str, name: str, model, corrupt: Corrupt = lambda step: None,
                  fail_at_step: int | None = None, scheduler: Scheduler | None = None,
                  fail_at_token: int | None = None, max_sessions: int | None = None, swap: bool = False,
-                 grammars=no_grammars) -> None:
+                 grammars=no_grammars, bridge: TokenBridge | None = None) -> None:
         self.endpoint = Endpoint(kind, name, f"fake:{name}", (DRAFT,) if kind == "draft" else ("target",))
         self.model = model
         self.corrupt = corrupt
@@ -58,18 +59,21 @@ class FakeWorker:
         self.streams: list[FakeStream] = []
         self.scheduler = scheduler  # steps share batched passes with other sessions' (else each runs alone)
         self.grammars = grammars  # a target's structured output (a GrammarCompiler's maker)
+        self.bridge = bridge  # a draft of another tokenizer than the target's
 
     def open(self, opened: pb.SessionOpen):
         """The session ``opened`` asks for; WorkerFailed (RESOURCE_EXHAUSTED) when it is full, as a
         real worker's SessionLimit answers."""
-        capacity = reserved_length(opened, self.model)
+        capacity, prompt = reserved_length(opened, self.model), list(opened.prompt_ids)
+        if self.bridge is not None:
+            capacity, prompt = bridged_capacity(capacity), self.bridge.encode(prompt)
         try:
             if self.max_sessions is not None and self.live >= self.max_sessions:
                 raise PoolFull(f"holds its limit of {self.max_sessions} sessions")
             if self.scheduler:
-                sequence = PooledSequence(self.scheduler.pool.take(capacity), opened.prompt_ids, self.scheduler.pool)
+                sequence = PooledSequence(self.scheduler.pool.take(capacity), prompt, self.scheduler.pool)
             else:
-                self.pool, sequence = private_sequence(self.model, opened.prompt_ids, capacity)
+                self.pool, sequence = private_sequence(self.model, prompt, capacity)
         except PoolFull as exc:
             self.refused += 1
             return WorkerFailed(self.endpoint, f"refused the session: RESOURCE_EXHAUSTED: {exc}",
@@ -78,6 +82,8 @@ class FakeWorker:
         self.live += 1
         if self.endpoint.kind == "target":
             return target_session(sequence, opened, self.grammars)
+        if self.bridge is not None:
+            return BridgedStream(sequence, opened, self.bridge)
         return DraftStream(sequence, opened, self.grammars)
 
     def close(self, session) -> None:

@@ -68,18 +68,19 @@ def test_demo_prints_a_row_per_task_from_measurements(tiny_zoo, capsys, request,
             assert not r.routed_to
 
 
-def test_variants_get_a_row_per_task_beside_the_zoos_drafts(tiny_zoo, medusa_heads, mtp_target):
+def test_variants_get_a_row_per_task_beside_the_zoos_drafts(tiny_zoo, medusa_heads, mtp_target, other_tokenizer_draft):
     """`demo --variants`' rows (here in process, with the session's Medusa heads and MTP target in
     place of those distilled beside a zoo): each against the same target-only runs, output identical."""
     from specserve.cluster.demo import engine_decoder, measure_task
     from specserve.cluster.local import zoo_engine
     from specserve.workers.loading import ModelSpec
 
-    heads = {"medusa": medusa_heads[0], "mtp": mtp_target[0]}
+    heads = {"medusa": medusa_heads[0], "mtp": mtp_target[0], "othertok": other_tokenizer_draft}
     engine = zoo_engine(tiny_zoo, ["sql", "eagle3"], extra={name: ModelSpec(str(where)) for name, where in heads.items()})
     results = measure_task(engine_decoder(engine, 12, K), tiny_zoo, "sql", 2, K, heads=heads)
-    assert [r.draft for r in results] == ["sql", "eagle3", "medusa", "mtp"]
+    assert [r.draft for r in results] == ["sql", "eagle3", "medusa", "mtp", "othertok"]
     assert all(r.identical and r.stats.target_passes for r in results)
     assert results[3].alpha_held_out == mtp_target[1]["held_out_alpha"]  # distill's
     table = format_table(results)
     assert table_row(table, "sql", "mtp")[-1] == "yes" and "mtp: the target carrying an MTP" in table
+    assert 0 <= results[4].alpha_held_out <= 1 and "othertok: a draft of another tokenizer" in table

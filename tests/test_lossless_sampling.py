@@ -39,9 +39,9 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS)
 
 
-def tiny_model(seed: int, head_bias: list[float] | None = None) -> LlamaForCausalLM:
+def tiny_model(seed: int, head_bias: list[float] | None = None, vocab_size: int = len(WORDS) + 1) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(WORDS) + 1, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, intermediate_size=32, max_position_embeddings=16)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -96,6 +96,24 @@ def _tally(engine, params_for_seed, seeds, draft) -> dict:
     return {"counts": counts, "proposed": proposed, "accepted": accepted, "first_step_k": first_step_k}
 
 
+# A draft of another tokenizer (workers/token_bridge.py): another word vocabulary, its ids in
+# another order, two of its words not the target's (masked), EOS by name.
+OTHER_WORDS = [EOS, "f", "e", "zz", "d", "c", "b", "a", "yy"]
+
+
+def other_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {w: i for i, w in enumerate(OTHER_WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=EOS))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS)
+
+
+def other_bridge():
+    from specserve.workers.token_bridge import TokenBridge
+
+    return TokenBridge.between(word_tokenizer(), other_tokenizer(), len(OTHER_WORDS))
+
+
 def tiny_head(target, draft_vocab: int = 5):
     """A random EAGLE-3 head of ``target`` over a reduced vocabulary: the first ``draft_vocab`` ids."""
     from specserve.workers.heads.eagle3 import Eagle3Head, config_for
@@ -136,7 +154,7 @@ def _tally_share(sampling: SamplingParams, k: int, max_support: int, seeds: rang
     """One process's share of the seeds, on the test's pair built afresh (the same weights: seeded):
     the draft model ("d"), the same with its output head cut to 5 of the 7 tokens ("pruned", as
     FR-Spec cuts a draft's vocabulary), an EAGLE-3 head of the target ("head"), Medusa heads of it
-    ("medusa") or an MTP module ("mtp")."""
+    ("medusa"), an MTP module ("mtp") or a draft of another tokenizer ("other")."""
     from specserve.workers.vocabulary import prune_head
 
     torch.set_num_threads(1)
@@ -144,8 +162,10 @@ def _tally_share(sampling: SamplingParams, k: int, max_support: int, seeds: rang
     heads = {"head": tiny_head(target)} if proposer == "head" else {"mtp": tiny_mtp(target)} if proposer == "mtp" else {}
     medusa = {"medusa": tiny_medusa(target)} if proposer == "medusa" else {}
     draft = prune_head(tiny_model(1), torch.arange(5)) if proposer == "pruned" else tiny_model(1)
+    if proposer == "other":
+        draft = tiny_model(1, vocab_size=len(OTHER_WORDS))
     engine = SpecEngine(target, word_tokenizer(), {"d": draft}, draft_max_support=max_support, heads=heads,
-                        medusa=medusa)
+                        medusa=medusa, bridges={"d": other_bridge()} if proposer == "other" else None)
     fed = proposer in ("head", "medusa", "mtp")  # their first step proposes nothing: no hidden state before a pass
     return _tally(engine, params_for(sampling, k, int(fed)), seeds, proposer if fed else "d")
 
@@ -286,6 +306,23 @@ def test_sampling_through_a_draft_with_a_reduced_vocabulary_matches_target_distr
     assert_same_distribution(exact, counts, SAMPLES // 4)
 
 
+def test_sampling_through_a_draft_of_another_tokenizer_matches_target_distribution(tokenizer):
+    """A draft of another word vocabulary (ids in another order, two words the target lacks): it
+    draws among the seven it shares, proposes them as target ids with that q, and reads the text
+    re-encoded. In process, and through the router's request and a draft worker's stream (batched):
+    the output is the target's."""
+    sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
+    exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
+    counts, alpha = sample_distribution_split(sampling, k, 32, SAMPLES // 4, proposer="other")
+    assert 0.05 < alpha < 0.98, alpha
+    assert_same_distribution(exact, counts, SAMPLES // 4)
+    engine = SpecEngine(tiny_model(0), tokenizer, {"d": tiny_model(1, vocab_size=len(OTHER_WORDS))})
+    counts, passes, _ = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer,
+                                                    params_for(sampling, k), SAMPLES // 4, bridge=other_bridge())
+    assert passes["draft"].max_sessions > 1
+    assert_same_distribution(exact, counts, SAMPLES // 4)
+
+
 @pytest.mark.slow  # as long as a setting above; the rule's own case is in test_acceptance_distribution.py
 def test_draft_equal_to_target_accepts_everything(tokenizer):
     target = tiny_model(0)
@@ -315,13 +352,14 @@ NEIGHBOURS = 64  # sessions in flight at once: each step shares its passes with 
 
 
 def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tree: bool = False,
-                                fail: str | None = None, fail_every: int = 1):
+                                fail: str | None = None, fail_every: int = 1, bridge=None):
     """As ``sample_distribution``, through the router's request loop (``Session``) against workers
     that batch: every draft and verify step runs in passes shared with other requests' steps. With
     ``tree``, each step proposes a token tree of the draft, prompt lookup and suffix decoding. With
     ``fail`` ("draft" or "target"), every ``fail_every``-th request (by seed) starts on a worker of
     that kind of its own that fails (UNAVAILABLE) at its first or second step, drawn at random, and
-    goes on on a spare. Returns the counts of all requests, the passes, and the counts of those
+    goes on on a spare. With ``bridge``, the draft is of another tokenizer (its workers' streams
+    bridged: workers/token_bridge.py). Returns the counts of all requests, the passes, and the counts of those
     that started on a failing worker (chosen before they ran: the split does not depend on outputs)."""
     from fake_workers import DRAFT, FakeDirectory, FakeWorker
 
@@ -349,7 +387,8 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
                                          BatchingConfig(max_sessions_per_pass=NEIGHBOURS))
                       for name, m in (("target", target), ("draft", draft))}
         verifier = FakeWorker("target", "t0", target, scheduler=schedulers["target"])
-        directory = FakeDirectory(verifier, FakeWorker("draft", "d0", draft, scheduler=schedulers["draft"]))
+        directory = FakeDirectory(verifier, FakeWorker("draft", "d0", draft, scheduler=schedulers["draft"],
+                                                       bridge=bridge))
         gate = asyncio.Semaphore(NEIGHBOURS)
         name = TREE if tree else DRAFT
         draft_free = DraftFree()  # its suffix tries learn from the finished requests' outputs

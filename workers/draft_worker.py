@@ -16,6 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+import torch
 
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
@@ -27,7 +28,7 @@ from .grammar import GrammarCompiler, GrammarError, GrammarState, grammar_compil
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
 from .heads.proposer import HeadRun, HeadScheduler, HeadState
-from .kv_cache import session_capacity
+from .kv_cache import STEP_ROOM, session_capacity
 from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .logs import log_to_stderr
 from .lookup import VERSION_MARK, base_draft
@@ -36,6 +37,7 @@ from .multiplexing import serve_multiplexed
 from .ragged_pass import PooledSequence
 from .registry import Registration
 from .seeds import DraftDraws
+from .token_bridge import TokenBridge, bridge_if_needed
 from .tokenizer_check import TokenizerMismatch, check_compatible
 from .proposing import ProposerGone
 from .wire import alternatives_message, hidden_from, pass_info, proposal_message, sampling_from
@@ -61,6 +63,12 @@ class DraftWorker:
         self.heads = {name: gemv_layout(head) for name, head in (load_heads(heads, target) if heads else {}).items()}
         self.specs, self.target, self.batching = dict(drafts), target, config.batching  # what swaps load from
         self.cascade = config.cascade  # prompt lookup's guesses each draft model verifies (drafting.py)
+        # Drafts of another tokenizer than the target's, by name: they draft through the tokens the
+        # two share (workers/token_bridge.py). Without a target given, every draft is taken as the
+        # target's tokenizer's (the pool checked them at start-up).
+        self.bridges = {name: bridge for name, model in self.models.items() if target is not None
+                        and (bridge := bridge_if_needed(load_tokenizer(target.source), drafts[name].source,
+                                                        model.config.vocab_size, name)) is not None}
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, self.models, config, registration,
                               lambda server: rpc.add_DrafterServicer_to_server(servicer, server), extra=tuple(self.heads),
@@ -223,12 +231,13 @@ class DraftStream:
     """One Draft stream's session: each step brings the draft to what stands, then proposes."""
 
     def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen,
-                 grammars: Callable[[], GrammarCompiler] = no_grammars, cascade: int = 0) -> None:
+                 grammars: Callable[[], GrammarCompiler] = no_grammars, cascade: int = 0,
+                 allowed: torch.Tensor | None = None) -> None:
         sampling = sampling_from(opened.sampling)
         self.greedy = sampling.greedy
         self.session = DraftSession(sequence, sampling, DraftDraws(opened.sampling.seed, opened.model), DRAFT_MAX_SUPPORT,
                                     opened.alternatives, draft_grammar(opened, grammars), opened.grammar.output_start,
-                                    cascade)
+                                    cascade, allowed)
         self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
         self.held: DraftTokens | None = None  # that proposal: the last run's result, or an adopted branch's
         self.branch: BranchRun | None = None  # drafted beside the last run, for another verdict
@@ -269,6 +278,45 @@ class DraftStream:
             message.branch.CopyFrom(proposal_message(self.branch.so_far(), self.greedy))
             alternatives_message(message.branch, self.branch.alternatives)
         return message
+
+
+class BridgedStream(DraftStream):
+    """A Draft stream's session of a draft of another tokenizer (workers/token_bridge.py). The
+    router speaks the target's tokens: its ``keep`` counts them and ``append`` holds them, and the
+    proposals it is sent are target ids (one per draft token: the draft draws among those it shares
+    with the target). The session holds the draft's tokens of the text; each step re-encodes what
+    stands and keeps the prefix its cache shares with it. It drafts no branch (a fork is a target
+    position), no alternatives and within no grammar (the target's, over the target's tokens): all
+    lossless, as its q is exact."""
+
+    def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen, bridge: TokenBridge, cascade: int = 0) -> None:
+        without = pb.SessionOpen()
+        without.CopyFrom(opened)
+        without.ClearField("grammar")
+        without.alternatives = False
+        super().__init__(sequence, without, cascade=cascade, allowed=bridge.mask)
+        self.bridge = bridge
+        self.name = opened.model
+        self.committed = list(opened.prompt_ids)  # the target's tokens that stand
+
+    def step(self, step: pb.DraftStep) -> DraftRun:
+        if step.adopt:
+            raise ValueError("a draft of another tokenizer drafts no branch to adopt")
+        held = self.last.result if self.last is not None else None  # (None: a run that failed)
+        target_held = self.committed + (self.bridge.proposal(held).ids if held is not None else [])
+        if not 1 <= step.keep <= len(target_held):
+            raise ValueError(f"keep must be 1..{len(target_held)} (the tokens this session holds), got {step.keep}")
+        self.committed = target_held[: step.keep] + list(step.append)
+        self.session.sequence.rewrite(held.ids if held is not None else [], self.bridge.encode(self.committed))
+        sequence = self.session.sequence
+        if len(sequence.committed) + step.k + STEP_ROOM > sequence.region.capacity:
+            raise ValueError(f"draft {self.name!r}: its tokens of the text outgrew the session's "
+                             f"{sequence.region.capacity} positions")
+        self.last = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1), step.guess)
+        return self.last
+
+    def reply(self, run: DraftRun, done: StepResult) -> pb.Proposal:
+        return proposal_message(self.bridge.proposal(run.so_far()), self.greedy, done.device_seconds, pass_info(done))
 
 
 class HeadStream:
@@ -399,8 +447,10 @@ class DrafterServicer(rpc.DrafterServicer):
                                 f"{', '.join([*self.worker.models, *self.worker.heads])}")
         host = self.worker.host
         try:
-            with host.session(opened.model, opened, context) as (scheduler, sequence):
-                stream = DraftStream(sequence, opened, self.worker.grammars[opened.model], self.worker.cascade)
+            bridge = self.worker.bridges.get(opened.model)
+            with host.session(opened.model, opened, context, bridge) as (scheduler, sequence):
+                stream = (DraftStream(sequence, opened, self.worker.grammars[opened.model], self.worker.cascade)
+                          if bridge is None else BridgedStream(sequence, opened, bridge, self.worker.cascade))
                 async for run, done in _runs(scheduler, stream, host.steps(requests), opened.task):
                     yield stream.reply(run, done)
         except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)
@@ -437,6 +487,9 @@ class DrafterServicer(rpc.DrafterServicer):
         if model is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"this worker has no draft {request.model!r}; it has {', '.join(self.worker.models)}")
+        if request.model in self.worker.bridges:  # (scores compare target ids with the draft's choices)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"draft {request.model!r} has another tokenizer than the target's: it is not scored")
         try:
             (positions, matches), seconds = await self.worker.host.device.run_timed(
                 score_continuation, model, list(request.ids), request.start)

@@ -73,7 +73,8 @@ class DraftSession:
 
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, draws: DraftDraws,
                  max_support: int = DRAFT_MAX_SUPPORT, alternatives: bool = False,
-                 grammar: GrammarState | None = None, output_start: int = 0, cascade: int = 0) -> None:
+                 grammar: GrammarState | None = None, output_start: int = 0, cascade: int = 0,
+                 allowed: torch.Tensor | None = None) -> None:
         self.sequence = sequence
         self.sampling = sampling
         self.draws = draws
@@ -85,6 +86,9 @@ class DraftSession:
         self.grammar = grammar
         self.output_start = output_start
         self.cascade = cascade  # prompt lookup's guesses a proposal's first pass verifies (0: none)
+        # A draft of another tokenizer (workers/token_bridge.py) draws among the tokens it shares
+        # with the target: [V] 0 there, -inf elsewhere, added to every row of logits it draws from.
+        self.allowed = allowed
         self.lookup = NgramIndex() if cascade else None
 
     def guesses(self, k: int) -> list[int]:
@@ -121,7 +125,9 @@ class DraftSession:
     def constrain(self, logits: torch.Tensor, drafted: Sequence[int], fork: int | None = None) -> torch.Tensor:
         """The logits [1, V] of the token after the committed tokens (the first ``fork`` of them,
         for a branch) and ``drafted``, masked to what the grammar allows there (as they are
-        without one, or where ``drafted`` already left it)."""
+        without one, or where ``drafted`` already left it), and to the tokens it ``allowed``."""
+        if self.allowed is not None:
+            logits = logits + self.allowed.to(logits.device)
         if self.grammar is None:
             return logits
         committed = self.sequence.committed[self.output_start:fork]

@@ -23,7 +23,7 @@ from .heads.medusa_draft import GuessBatch, MedusaDraft, MedusaGuesser, runner_u
 from .heads.proposer import HeadDraft, HeadState
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
-from .local_draft import LocalDraft
+from .local_draft import BridgedDraft, LocalDraft
 from .lookup import DRAFT_FREE, TREE, DraftFree, ProposerKind
 from .loop import SpeculativeLoop, run_now
 from .proposers import Proposers
@@ -37,7 +37,7 @@ from .recording import StatsRecorder
 from .stats import SpecStats
 from .steps import private_sequence, run_alone
 from .stopping import Chunk, OutputAssembler
-from .tokenizer_check import check_compatible
+from .token_bridge import TokenBridge, bridge_if_needed, bridged_capacity
 from .verifying import TargetSession
 
 
@@ -53,6 +53,7 @@ class SpecEngine:
         heads: dict[str, Eagle3Head] | None = None,
         medusa: dict[str, MedusaHeads] | None = None,
         cascade: int = 0,
+        bridges: dict[str, TokenBridge] | None = None,
     ) -> None:
         self.target = use_pooled_attention(target)
         self.tokenizer = tokenizer
@@ -63,6 +64,7 @@ class SpecEngine:
                         for name, heads in self.medusa.items()}
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.cascade = cascade  # prompt lookup's guesses a draft model verifies in its first pass (drafting.py)
+        self.bridges = dict(bridges or {})  # drafts of another tokenizer, by name (token_bridge.py)
         self.context_window = int(target.config.max_position_embeddings)
         # Prompt lookup and suffix decoding (over the prompt alone: no task's outputs), the heads'
         # names and a tree's size: what each request's proposer is built from.
@@ -79,17 +81,18 @@ class SpecEngine:
 
     @classmethod
     def load(cls, target: ModelSpec, drafts: dict[str, ModelSpec]) -> SpecEngine:
-        """Load models and refuse any draft whose tokenizer is not the target's; a draft that is an
-        EAGLE-3 head or Medusa heads directory is loaded as heads of the target (refused if they are
-        another's)."""
+        """Load models; a draft whose tokenizer is not the target's drafts through the tokens they
+        share (refused where they share too few); a draft that is an EAGLE-3 head or Medusa heads
+        directory is loaded as heads of the target (refused if they are another's)."""
         tokenizer = load_tokenizer(target.source)
         heads = {name: spec for name, spec in drafts.items() if is_head(spec.source)}
         medusa = {name: spec for name, spec in drafts.items() if is_medusa(spec.source)}
         models = {name: spec for name, spec in drafts.items() if name not in heads and name not in medusa}
-        for spec in models.values():
-            check_compatible(tokenizer, load_tokenizer(spec.source))
         model = gemv_layout(load_model(target))  # the layout a model process serves with (ModelHost)
-        return cls(model, tokenizer, {name: gemv_layout(load_model(spec)) for name, spec in models.items()},
+        loaded = {name: gemv_layout(load_model(spec)) for name, spec in models.items()}
+        bridges = {name: bridge for name, spec in models.items()
+                   if (bridge := bridge_if_needed(tokenizer, spec.source, loaded[name].config.vocab_size, name)) is not None}
+        return cls(model, tokenizer, loaded, bridges=bridges,
                    heads={name: gemv_layout(load_head_of(spec.source, model)) for name, spec in heads.items()},
                    medusa={name: gemv_layout(load_medusa(spec.source, model)) for name, spec in medusa.items()})
 
@@ -189,8 +192,16 @@ class Generation:
                               DraftDraws(self.decoding.stats.seed, name), self.engine.draft_max_support)
             return HeadDraft(name, state, self.recorder, self.decoding.committed_ids())
         model = self.engine.drafts[name]
+        draws = DraftDraws(self.decoding.stats.seed, name)
+        if (bridge := self.engine.bridges.get(name)) is not None:  # its own tokens of the text, no grammar
+            capacity = bridged_capacity(self.capacity)
+            pool, sequence = private_sequence(model, bridge.encode(self.decoding.prompt_ids), capacity)
+            session = DraftSession(sequence, self.params.sampling, draws, self.engine.draft_max_support,
+                                   allowed=bridge.mask)
+            return BridgedDraft(name, model, pool, session, self.length, self.recorder, bridge,
+                                self.decoding.prompt_ids, self.first_alone)
         pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
-        session = DraftSession(sequence, self.params.sampling, DraftDraws(self.decoding.stats.seed, name),
+        session = DraftSession(sequence, self.params.sampling, draws,
                                self.engine.draft_max_support, grammar=self._grammar(),
                                output_start=len(self.decoding.prompt_ids), cascade=self.engine.cascade)
         return LocalDraft(name, model, pool, session, self.length, self.recorder, self.first_alone)

@@ -34,6 +34,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from .loading import ModelLoadError, load_tokenizer
+from .ragged_pass import shared_prefix
 
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark")
 MAX_GRAMMAR_CHARS = 64 * 1024  # a schema or grammar's source; far above any tool list a client sends
@@ -207,21 +208,6 @@ def no_grammars() -> GrammarCompiler:
     raise GrammarError("this worker serves no structured output (it has no tokenizer for grammars)")
 
 
-def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share: slices compared in C, halving (a draft's
-    output grows by a token a call, so the whole shorter one is shared most of the time)."""
-    low, high = 0, min(len(a), len(b))
-    if a[:high] == b[:high]:
-        return high
-    while low < high:  # a[:low] == b[:low] and a[:high + 1] != b[:high + 1]
-        mid = (low + high + 1) // 2
-        if a[:mid] == b[:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
 class GrammarState:
     """One session's place in its grammar: masks verify rows, consumes what the session commits."""
 
@@ -291,7 +277,7 @@ class GrammarState:
         share, consume the rest. A draft's session uses this alone (its output moves by verdicts,
         resyncs and adopted branches alike). False where the grammar forbids one of ``tokens`` (a
         draft's guess of a correction): the matcher then stops before it."""
-        shared = _shared_prefix(self.consumed, tokens)
+        shared = shared_prefix(self.consumed, tokens)
         self._back(len(self.consumed) - shared, keep=shared)
         rest = list(tokens[shared:])
         allowed = self.allowed_prefix(rest) if rest and not self.matcher.is_stopped() else len(rest)

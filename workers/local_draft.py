@@ -9,8 +9,10 @@ from transformers import PreTrainedModel
 from .drafting import DraftSession, DraftTokens
 from .draft_length import DraftLength
 from .kv_pool import KVPool
-from .proposing import Committed, Proposer, StepRecorder
+from .kv_cache import STEP_ROOM
+from .proposing import Committed, Proposer, ProposerGone, StepRecorder
 from .steps import run_alone
+from .token_bridge import TokenBridge
 
 
 class LocalDraft(Proposer):
@@ -47,3 +49,32 @@ class LocalDraft(Proposer):
         keep = len(self.session.sequence.committed) + step.accepted
         self.session.resync(self.proposed, keep, list(step.appended))
         self.proposed = DraftTokens.empty()
+
+
+class BridgedDraft(LocalDraft):
+    """A local draft of another tokenizer (workers/token_bridge.py): its session holds the draft's
+    tokens of the request's text and draws among the tokens the two share (``DraftSession.allowed``);
+    what it proposes and is told are the target's ids."""
+
+    def __init__(self, name: str, model: PreTrainedModel, pool: KVPool, session: DraftSession,
+                 length: DraftLength, recorder: StepRecorder, bridge: TokenBridge, committed: list[int],
+                 first_alone: bool = False) -> None:
+        super().__init__(name, model, pool, session, length, recorder, first_alone)
+        self.bridge = bridge
+        self.committed = list(committed)  # the target's ids
+        self.drafted = DraftTokens.empty()  # its last proposal, in the draft's ids
+
+    async def propose(self, k: int) -> DraftTokens:
+        sequence = self.session.sequence
+        if len(sequence.committed) + k + STEP_ROOM > sequence.region.capacity:
+            raise ProposerGone(f"draft {self.name}'s tokens of the text outgrew its cache "
+                               f"({sequence.region.capacity} positions)")
+        self.drafted = await super().propose(k)
+        self.proposed = self.bridge.proposal(self.drafted)
+        return self.proposed
+
+    def commit(self, step: Committed) -> None:
+        self.first_alone = False
+        self.committed += [self.proposed.ids[node] for node in step.kept] + list(step.appended)
+        self.session.sequence.rewrite(self.drafted.ids, self.bridge.encode(self.committed))
+        self.proposed = self.drafted = DraftTokens.empty()

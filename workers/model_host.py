@@ -28,6 +28,7 @@ from .ragged_pass import PooledSequence, use_pooled_attention
 from .wire import sampling_from
 from .registry import Endpoint, Heartbeat, Registration
 from .security import SecuritySettings
+from .token_bridge import TokenBridge, bridged_capacity
 
 log = logging.getLogger("specserve.workers")
 DRAIN_POLL_SECONDS = 0.1
@@ -192,17 +193,21 @@ class ModelHost:
                         prefix_tokens=(counts["prefix_prompt_tokens"], counts["prefix_reused_tokens"]))
 
     @contextlib.contextmanager
-    def session(self, model: str, opened: pb.SessionOpen,
-                context: grpc.aio.ServicerContext) -> Iterator[tuple[Scheduler, PooledSequence]]:
+    def session(self, model: str, opened: pb.SessionOpen, context: grpc.aio.ServicerContext,
+                bridge: TokenBridge | None = None) -> Iterator[tuple[Scheduler, PooledSequence]]:
         """A session slot and a region of ``model``'s KV pool for the longest sequence ``opened``
-        may reach, until the session's stream ends; with the scheduler its steps run on."""
+        may reach, until the session's stream ends; with the scheduler its steps run on. A draft of
+        another tokenizer (``bridge``) holds its own tokens of the prompt's text, in more room."""
         scheduler = self.schedulers.get(model)
         if scheduler is None:  # a version retired since the caller looked
             raise SessionLimit(f"{self.kind} {self.worker_id} no longer serves {model!r}")
         capacity = reserved_length(opened, scheduler.model)
+        prompt = list(opened.prompt_ids)
+        if bridge is not None:
+            capacity, prompt = bridged_capacity(capacity), bridge.encode(prompt)
         with self.slots.hold(lambda: scheduler.take(capacity), scheduler.release,
                              context.add_done_callback) as region:
-            sequence = PooledSequence(region, opened.prompt_ids, scheduler.pool)
+            sequence = PooledSequence(region, prompt, scheduler.pool)
             if scheduler.prefix is not None:
                 # A target serving an EAGLE-3 head hands it hidden states from the end of a cached
                 # prefix on (that prefix's were computed elsewhere), so the head drafts from a

@@ -42,6 +42,21 @@ ATTENTION_BLOCK = 32
 # rows (48; batching.max_tokens_per_pass is at least 64).
 
 
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share: slices compared in C, halving (a draft's
+    output grows by a token a call, so the whole shorter one is shared most of the time)."""
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while low < high:  # a[:low] == b[:low] and a[:high + 1] != b[:high + 1]
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 @dataclass
 class Segment:
     """One session's part of a pass: ``tokens`` appended after its first ``start`` cached positions,
@@ -460,6 +475,15 @@ class PooledSequence:
             self.pool.move(self.region, [(base + j, fork + j) for j in range(written)])
         self.committed = self.committed[:fork]
         self.length = fork + written
+
+    def rewrite(self, proposed: Sequence[int], tokens: Sequence[int]) -> None:
+        """Committed becomes ``tokens``; the cache keeps what it holds of their longest prefix shared
+        with committed + ``proposed`` (a draft of another tokenizer: the text re-encoded, where only
+        the tail differs). At least the first token stays: a session is never empty (where the
+        first re-merged, the cache keeps the old one; a draft's context, never its q)."""
+        held = self.committed + list(proposed)
+        keep = max(1, shared_prefix(held, tokens))
+        self.resync(proposed, keep, tokens[keep:])
 
     def resync(self, proposed: Sequence[int], keep: int, append: Sequence[int]) -> None:
         """Committed becomes the first ``keep`` tokens of committed + proposed, then ``append``.

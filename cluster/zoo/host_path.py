@@ -40,6 +40,7 @@ from .head import HEAD, HEAD_PATH, HEAD_TRAINING, head_entry
 from .head_distill import train_head_on, train_medusa_on, train_mtp_on
 from .head_training import HeadTraining
 from .medusa_training import MedusaTraining
+from .other_tokenizer import OTHER_TOKENIZER, ensure_other_tokenizer_draft
 from .presets import GENERAL_DRAFT, ModelShape, TrainBudget
 from .training import new_model, parameter_count
 from .zoo import CLASSIFIER, MANIFEST, Zoo
@@ -141,6 +142,11 @@ def ensure_host_path_zoo(source: Zoo, out: Path | None = None) -> Zoo:
              "module trained", out,
              parameter_count(target))
     return Zoo.open(out)
+
+
+def zoo_variants(zoo: Zoo) -> dict[str, Path]:
+    """``zoo_heads`` and a draft of another tokenizer (cluster/zoo/other_tokenizer.py), by name."""
+    return zoo_heads(zoo) | {OTHER_TOKENIZER: ensure_other_tokenizer_draft(zoo)}
 
 
 def zoo_heads(zoo: Zoo) -> dict[str, Path]:

@@ -15,14 +15,16 @@ from transformers import PreTrainedTokenizerFast
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE of ``vocab_size`` tokens (special tokens included) on ``texts``."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int, specials: tuple[str, ...] = (BOS, EOS, PAD)
+                    ) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE of ``vocab_size`` tokens (special tokens included, at the first ids
+    in ``specials``' order) on ``texts``."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[BOS, EOS, PAD],
+        special_tokens=list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: nothing is unknown
         show_progress=False,
     )
