@@ -101,16 +101,20 @@ def test_serve_refuses_a_taken_port_in_one_line_before_deploying(tiny_zoo, specs
 def test_serve_refuses_what_is_no_model_in_one_line_before_starting_a_cluster(tiny_zoo, specserve_home, tmp_path):
     empty = tmp_path / "not-a-model"
     empty.mkdir()
-    other = tmp_path / "other-vocabulary"  # a draft whose ids would mean other tokens
-    from specserve.workers.loading import load_tokenizer
+    # A draft of a vocabulary with no token in common with the target's (one of another tokenizer
+    # that shares enough drafts through the shared tokens: tests/test_token_bridge.py).
+    other = tmp_path / "other-vocabulary"
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
 
-    tokenizer = load_tokenizer(str(tiny_zoo.target_dir))
-    tokenizer.add_tokens(["<extra_token>"])
-    tokenizer.save_pretrained(other)
+    words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<end>", *(f"word{i}" for i in range(300))])},
+                                       unk_token="<end>"))
+    PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<end>").save_pretrained(other)
     (other / "config.json").write_text((tiny_zoo.draft_dir("sql") / "config.json").read_text())
     for flags, words in ((["--target", str(empty)], f"'{empty}': it is not a model directory, it has no config.json"),
                          (["--target", str(tmp_path / "nowhere")], "it does not exist; give a model directory"),
-                         (["--target", str(tiny_zoo.target_dir), "--draft", f"d={other}"], "draft 'd'")):
+                         (["--target", str(tiny_zoo.target_dir), "--draft", f"d={other}"],
+                          "draft 'd' ({}) has another tokenizer".format(other))):
         done = run_cli("serve", *flags, "--port", "0", home=specserve_home)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         error = [line for line in done.stderr.splitlines() if line.startswith("specserve: error: ")]

@@ -232,7 +232,7 @@ def test_a_seeded_sampled_request_is_reproducible(client, tiny_zoo):
     ({"seed": 2**63}, "seed must be 0..2^63-1"),
     ({"stop": ["x" * 65]}, "each stop string must be 1..64 characters, got 65"),
     ({"task": "poetry"}, "unknown task 'poetry'; this deployment serves: canaried, code, general, guessed, math, poor, predicted, prose, sql"),
-    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, eagle3, general, math, medusa, mtp, ngram, prose, sql, suffix, tree"),
+    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, eagle3, general, math, medusa, mtp, ngram, other, prose, sql, suffix, tree"),
     ({"speculation": 7}, "speculation must be SPECULATION_AUTO, SPECULATION_ON or SPECULATION_OFF, got 7"),
     ({"prompt": "SELECT " * 200, "max_tokens": 100}, "exceed the context window of 256 tokens"),
     ({"prompt": "x" * 100_000}, "far beyond the context window of 256 tokens"),
