@@ -66,7 +66,8 @@ class FakeWorker:
         real worker's SessionLimit answers."""
         capacity, prompt = reserved_length(opened, self.model), list(opened.prompt_ids)
         if self.bridge is not None:
-            capacity, prompt = bridged_capacity(capacity), self.bridge.encode(prompt)
+            encoded = self.bridge.encode(prompt)
+            capacity, prompt = bridged_capacity(capacity, len(prompt), len(encoded)), encoded
         try:
             if self.max_sessions is not None and self.live >= self.max_sessions:
                 raise PoolFull(f"holds its limit of {self.max_sessions} sessions")

@@ -96,15 +96,20 @@ def _tally(engine, params_for_seed, seeds, draft) -> dict:
     return {"counts": counts, "proposed": proposed, "accepted": accepted, "first_step_k": first_step_k}
 
 
-# A draft of another tokenizer (workers/token_bridge.py): another word vocabulary, its ids in
-# another order, two of its words not the target's (masked), EOS by name.
-OTHER_WORDS = [EOS, "f", "e", "zz", "d", "c", "b", "a", "yy"]
+# A draft of another tokenizer (workers/token_bridge.py): a BPE over the target's text ("a b c",
+# words joined by spaces), its ids in another order, EOS by name; the target's six words are its
+# tokens too, its spaces and merges across them ("a b", "c d") are not (masked). Re-encoding the
+# text merges what it drafted, so its own positions fall behind the target's: its draws must be
+# keyed by the target's (DraftSession.keyed_to), or a uniform the verifier examined draws again.
+OTHER_MERGES = [("a", " "), ("a ", "b"), ("b", " "), ("c", " "), ("c ", "d")]
+OTHER_WORDS = [EOS, "f", "e", "zz", "d", "c", "b", "a", "yy", " ", "a ", "a b", "b ", "c ", "c d"]
 
 
 def other_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {w: i for i, w in enumerate(OTHER_WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=EOS))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    tok = Tokenizer(models.BPE({w: i for i, w in enumerate(OTHER_WORDS)}, OTHER_MERGES))
+    tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS)
 
 
@@ -307,10 +312,10 @@ def test_sampling_through_a_draft_with_a_reduced_vocabulary_matches_target_distr
 
 
 def test_sampling_through_a_draft_of_another_tokenizer_matches_target_distribution(tokenizer):
-    """A draft of another word vocabulary (ids in another order, two words the target lacks): it
-    draws among the seven it shares, proposes them as target ids with that q, and reads the text
-    re-encoded. In process, and through the router's request and a draft worker's stream (batched):
-    the output is the target's."""
+    """A draft of another vocabulary (OTHER_WORDS: ids in another order, eight tokens the target
+    lacks, merges across its words): it draws among the seven it shares, proposes them as target ids
+    with that q, and reads the text re-encoded (fewer tokens than the target's). In process, and
+    through the router's request and a draft worker's stream (batched): the output is the target's."""
     sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 2
     exact = exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling, tokenizer.eos_token_id)
     counts, alpha = sample_distribution_split(sampling, k, 32, SAMPLES // 4, proposer="other")

@@ -48,6 +48,23 @@ def test_each_shared_draft_token_maps_to_the_target_token_of_the_same_bytes(tiny
     assert draft.decode(bridge.encode(ids)) == target.decode(ids)
 
 
+def test_token_bytes_reads_each_kind_of_tokenizer_as_its_own():
+    """A byte-level BPE through the byte alphabet; a SentencePiece-style one (no ByteLevel
+    decoder) with its byte fallback as the byte, '▁' as a space and other pieces as UTF-8 (an 'é'
+    piece is not the byte-level alphabet's 0xE9)."""
+    from tokenizers import decoders
+
+    from specserve.cluster.zoo.tokenizer import train_tokenizer
+
+    byte_level = train_tokenizer(["naïve café " * 20], vocab_size=270)
+    assert token_bytes(byte_level)[byte_level.convert_tokens_to_ids("Ġ")] == b" "
+    pieces = ["<unk>", "<0x0A>", "\u2581the", "é", "Ġ"]
+    sentencepiece = Tokenizer(models.WordLevel({p: i for i, p in enumerate(pieces)}, unk_token="<unk>"))
+    sentencepiece.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    mapped = token_bytes(PreTrainedTokenizerFast(tokenizer_object=sentencepiece, unk_token="<unk>"))
+    assert mapped == {0: None, 1: b"\n", 2: b" the", 3: "é".encode(), 4: "Ġ".encode()}
+
+
 def test_a_draft_of_another_tokenizer_keeps_greedy_output_and_gets_tokens_accepted(tiny_zoo, other_engine):
     assert set(other_engine.bridges) == {"other"}
     accepted = 0
@@ -97,3 +114,37 @@ def test_the_service_starts_with_a_draft_of_another_tokenizer_and_its_output_is_
                                                  k=3, temperature=0.8, top_p=0.95, seed=11,
                                                  speculation=pb.SPECULATION_ON), timeout=120)
     assert sampled.stats.draft == "other" and sampled.stats.proposed_tokens > 0, sampled.stats
+
+
+def test_a_bridged_drafts_draws_are_keyed_by_the_targets_positions(monkeypatch):
+    """Re-encoding merges what the draft drafted ("a", "b" -> "a b"), so its own positions fall
+    behind the target's; each draw must use the uniform of the target position it proposes for,
+    or a uniform the verifier already examined would draw again (workers/seeds.py). Every step's
+    draws start at the target's committed length, in order."""
+    from test_lossless_sampling import OTHER_WORDS, other_bridge, tiny_model, word_tokenizer
+
+    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.local_draft import BridgedDraft
+    from specserve.workers.seeds import DraftDraws
+
+    drawn: list[int] = []
+    steps: list[tuple[int, list[int]]] = []
+    uniform, propose = DraftDraws.uniform, BridgedDraft.propose
+    monkeypatch.setattr(DraftDraws, "uniform", lambda self, position: drawn.append(position) or uniform(self, position))
+
+    async def recorded(self, k):
+        drawn.clear()
+        proposal = await propose(self, k)
+        steps.append((len(self.committed), list(drawn)))
+        return proposal
+
+    monkeypatch.setattr(BridgedDraft, "propose", recorded)
+    tokenizer = word_tokenizer()
+    engine = SpecEngine(tiny_model(0), tokenizer, {"d": tiny_model(1, vocab_size=len(OTHER_WORDS))},
+                        bridges={"d": other_bridge()})
+    for seed in range(40):
+        params = GenerationParams(max_tokens=12, sampling=SamplingParams(temperature=1.0), seed=seed, k=3)
+        engine.generate([tokenizer.bos_token_id], params, draft="d").complete()
+    for committed, positions in steps:
+        assert positions == list(range(committed, committed + len(positions))), (committed, positions)
+    assert steps and any(len(p) > 1 for _, p in steps)

@@ -298,6 +298,8 @@ class BridgedStream(DraftStream):
         self.bridge = bridge
         self.name = opened.model
         self.committed = list(opened.prompt_ids)  # the target's tokens that stand
+        self.session.keyed_to(len(self.committed))
+        self.outgrown = False
 
     def step(self, step: pb.DraftStep) -> DraftRun:
         if step.adopt:
@@ -308,11 +310,16 @@ class BridgedStream(DraftStream):
             raise ValueError(f"keep must be 1..{len(target_held)} (the tokens this session holds), got {step.keep}")
         self.committed = target_held[: step.keep] + list(step.append)
         self.session.sequence.rewrite(held.ids if held is not None else [], self.bridge.encode(self.committed))
+        self.session.keyed_to(len(self.committed))
+        # Its tokens of the text may outgrow the room the session took (a finer cut than the
+        # target's): it then proposes nothing, and the request goes on as target-only would.
         sequence = self.session.sequence
-        if len(sequence.committed) + step.k + STEP_ROOM > sequence.region.capacity:
-            raise ValueError(f"draft {self.name!r}: its tokens of the text outgrew the session's "
-                             f"{sequence.region.capacity} positions")
-        self.last = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1), step.guess)
+        k = max(0, min(step.k, sequence.region.capacity - STEP_ROOM - len(sequence.committed)))
+        if k < step.k and not self.outgrown:
+            self.outgrown = True
+            log.info("draft %s: its tokens of the text outgrew the session's %d positions; it proposes no more",
+                     self.name, sequence.region.capacity)
+        self.last = self.session.step(k, step.min_confidence, max(step.min_tokens, 1), step.guess)
         return self.last
 
     def reply(self, run: DraftRun, done: StepResult) -> pb.Proposal:

@@ -89,6 +89,10 @@ class DraftSession:
         # A draft of another tokenizer (workers/token_bridge.py) draws among the tokens it shares
         # with the target: [V] 0 there, -inf elsewhere, added to every row of logits it draws from.
         self.allowed = allowed
+        # Its draws are keyed by the target's positions (``keyed_to``): its own positions in the
+        # text re-encoded can move back (a merge), and a uniform the verifier examined must never
+        # draw again (workers/seeds.py). 0: a draft of the target's tokenizer, the same positions.
+        self.position_offset = 0
         self.lookup = NgramIndex() if cascade else None
 
     def guesses(self, k: int) -> list[int]:
@@ -120,14 +124,22 @@ class DraftSession:
         self.sequence.resync(proposal.ids if proposal else [], keep, append)
 
     def draw(self, logits: torch.Tensor, position: int) -> tuple[int, SparseDist]:
-        return draw(logits, self.sampling, self.draws.uniform(position), self.max_support)
+        """``position``: in its own tokens; drawn with the uniform of the target position it stands for."""
+        return draw(logits, self.sampling, self.draws.uniform(position + self.position_offset), self.max_support)
+
+    def keyed_to(self, target_length: int) -> None:
+        """Its committed tokens stand for the target's first ``target_length`` (a draft of another
+        tokenizer, after each re-encoding): the next token it draws is the target's next position's."""
+        self.position_offset = target_length - len(self.sequence.committed)
 
     def constrain(self, logits: torch.Tensor, drafted: Sequence[int], fork: int | None = None) -> torch.Tensor:
         """The logits [1, V] of the token after the committed tokens (the first ``fork`` of them,
         for a branch) and ``drafted``, masked to what the grammar allows there (as they are
         without one, or where ``drafted`` already left it), and to the tokens it ``allowed``."""
         if self.allowed is not None:
-            logits = logits + self.allowed.to(logits.device)
+            if self.allowed.device != logits.device:  # moved once, not a copy per token
+                self.allowed = self.allowed.to(logits.device)
+            logits = logits + self.allowed
         if self.grammar is None:
             return logits
         committed = self.sequence.committed[self.output_start:fork]

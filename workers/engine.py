@@ -194,8 +194,9 @@ class Generation:
         model = self.engine.drafts[name]
         draws = DraftDraws(self.decoding.stats.seed, name)
         if (bridge := self.engine.bridges.get(name)) is not None:  # its own tokens of the text, no grammar
-            capacity = bridged_capacity(self.capacity)
-            pool, sequence = private_sequence(model, bridge.encode(self.decoding.prompt_ids), capacity)
+            prompt = bridge.encode(self.decoding.prompt_ids)
+            capacity = bridged_capacity(self.capacity, len(self.decoding.prompt_ids), len(prompt))
+            pool, sequence = private_sequence(model, prompt, capacity)
             session = DraftSession(sequence, self.params.sampling, draws, self.engine.draft_max_support,
                                    allowed=bridge.mask)
             return BridgedDraft(name, model, pool, session, self.length, self.recorder, bridge,

@@ -63,6 +63,7 @@ class BridgedDraft(LocalDraft):
         self.bridge = bridge
         self.committed = list(committed)  # the target's ids
         self.drafted = DraftTokens.empty()  # its last proposal, in the draft's ids
+        session.keyed_to(len(self.committed))
 
     async def propose(self, k: int) -> DraftTokens:
         sequence = self.session.sequence
@@ -77,4 +78,5 @@ class BridgedDraft(LocalDraft):
         self.first_alone = False
         self.committed += [self.proposed.ids[node] for node in step.kept] + list(step.appended)
         self.session.sequence.rewrite(self.drafted.ids, self.bridge.encode(self.committed))
+        self.session.keyed_to(len(self.committed))
         self.proposed = self.drafted = DraftTokens.empty()

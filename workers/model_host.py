@@ -204,7 +204,8 @@ class ModelHost:
         capacity = reserved_length(opened, scheduler.model)
         prompt = list(opened.prompt_ids)
         if bridge is not None:
-            capacity, prompt = bridged_capacity(capacity), bridge.encode(prompt)
+            encoded = bridge.encode(prompt)
+            capacity, prompt = bridged_capacity(capacity, len(prompt), len(encoded)), encoded
         with self.slots.hold(lambda: scheduler.take(capacity), scheduler.release,
                              context.add_done_callback) as region:
             sequence = PooledSequence(region, prompt, scheduler.pool)

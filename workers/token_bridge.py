@@ -22,6 +22,7 @@ draft cuts at its tokens' boundaries where the target's tokens are longer.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -63,20 +64,31 @@ def _byte_level_table() -> dict[str, int]:
     return chars
 
 
+def byte_level(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether its tokens are written in the GPT-2 byte alphabet (its decoder is ByteLevel)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    return "ByteLevel" in json.dumps(json.loads(backend.to_str()).get("decoder"))
+
+
 def token_bytes(tokenizer: PreTrainedTokenizerBase) -> dict[int, bytes | None]:
     """Each id's bytes as it decodes in running text; None where that is not one fixed string (a
-    special token: it matches only the same special token of the other side, by its content)."""
+    special token: it matches only the same special token of the other side, by its content).
+    Decided per tokenizer: a byte-level BPE's (GPT-2, Llama 3, SmolLM2, the zoo) through the byte
+    alphabet; otherwise SentencePiece's byte fallback (``<0x0A>``) as its byte, '▁' as a space, and
+    any other piece as its UTF-8."""
     special = set(tokenizer.all_special_ids)
-    table = _byte_level_table()
+    table = _byte_level_table() if byte_level(tokenizer) else None
     out: dict[int, bytes | None] = {}
     for token, token_id in tokenizer.get_vocab().items():
         if token_id in special:
             out[token_id] = None
-        elif all(ch in table for ch in token):  # byte-level BPE (GPT-2, Llama 3, SmolLM2, the zoo)
+        elif table is not None and all(ch in table for ch in token):
             out[token_id] = bytes(table[ch] for ch in token)
-        elif token.startswith("<0x") and token.endswith(">") and len(token) == 6:  # SentencePiece byte fallback
+        elif table is None and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
             out[token_id] = bytes([int(token[3:5], 16)])
-        else:  # SentencePiece pieces: '▁' is a space
+        else:
             out[token_id] = token.replace("\u2581", " ").encode()
     return out
 
@@ -95,7 +107,10 @@ class TokenBridge:
     def between(cls, target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase,
                 draft_vocab: int | None = None) -> TokenBridge:
         """``draft_vocab``: the draft model's logit width (often padded past its tokenizer)."""
-        by_bytes = {b: i for i, b in token_bytes(target).items() if b is not None}
+        by_bytes: dict[bytes, int] = {}
+        for target_id, raw in sorted(token_bytes(target).items()):  # two of the same bytes: the lower id
+            if raw is not None:
+                by_bytes.setdefault(raw, target_id)
         target_special = {tok: i for tok, i in zip(target.all_special_tokens, target.all_special_ids)}
         draft_bytes = token_bytes(draft)
         width = draft_vocab or max(draft_bytes) + 1  # one entry per row of the draft's logits
@@ -154,6 +169,8 @@ def bridge_if_needed(target: PreTrainedTokenizerBase, source: str, draft_vocab: 
     return bridge
 
 
-def bridged_capacity(capacity: int) -> int:
-    """The positions a bridged draft's cache takes for a target session of ``capacity``."""
-    return capacity * DRAFT_TOKENS_PER_TARGET
+def bridged_capacity(capacity: int, prompt: int, draft_prompt: int) -> int:
+    """The positions a bridged draft's cache takes for a target session of ``capacity`` whose
+    prompt of ``prompt`` tokens is ``draft_prompt`` of the draft's: the prompt as it is, and
+    DRAFT_TOKENS_PER_TARGET a position for the rest."""
+    return draft_prompt + DRAFT_TOKENS_PER_TARGET * max(0, capacity - prompt)
