@@ -168,6 +168,9 @@ class DraftWorker:
         self.host.schedulers[name], self.specs[name] = scheduler, spec
         self.grammars[name] = functools.partial(grammar_compiler, spec.source)
         self.models[name] = model
+        # A version speaks the target's tokenizer (the pool checks it): a draft of another
+        # tokenizer swapped for one drafts unbridged from now on (open sessions keep their bridge).
+        self.bridges.pop(name, None)
         self._retire_unserved(before)
 
     def _unserve_model(self, name: str) -> None:
