@@ -59,7 +59,8 @@ from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
 from specserve.workers.grpc_host import DEVICE_THREAD, Device
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
-from specserve.workers.lookup import NGRAM
+from specserve.workers.drafting import Cascade
+from specserve.workers.lookup import CASCADE, NGRAM
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.request import GenerationParams
@@ -81,6 +82,9 @@ PATHS = ("off", "draft", HEAD, NGRAM, MEDUSA, MTP)
 # zoo target's text; cluster/zoo/other_tokenizer.py). The host-path zoo's drafts are copies of its
 # target, which a draft of another vocabulary cannot be.
 ON_ZOO_PATHS = (OTHER_TOKENIZER,)
+# Asked for by name: each request's task draft under a cascade (prompt lookup's guesses, which it
+# verifies as it drafts: workers/drafting.py), beside "draft", its draft alone.
+NAMED_PATHS = (CASCADE,)
 COMPONENTS = ("router", "target replica", "draft worker", "ray daemons", "client")
 HOST_PATH_MODELS = ("drafts of one layer computing its function bit for bit; an EAGLE-3 head; Medusa heads; an "
                     "MTP module")
@@ -417,7 +421,9 @@ def engine_single_stream(zoo: Zoo, settings: HostPathSettings, heads: dict[str, 
     engine = SpecEngine.load(ModelSpec(str(zoo.target_dir)), {name: ModelSpec(str(zoo.draft_dir(name)))
                                                               for name in zoo.draft_names if name not in heads}
                              | {name: ModelSpec(str(where)) for name, where in heads.items()})
-    engine.cascade = settings.service_overrides.get("draft_pool", {}).get("cascade", 0)  # as the draft workers (--set)
+    router = settings.service_overrides.get("router", {})  # a cascade as the router's (--set)
+    engine.proposers.cascade = Cascade(router.get("cascade_guesses", engine.proposers.cascade.guesses),
+                                       router.get("cascade_min_p", engine.proposers.cascade.min_p))
     rows = []
     prompts = [(task, encode_prompt(engine.tokenizer, p)) for task in zoo.tasks for p in zoo.prompts(task)[:4]]
     for path in settings.paths:
@@ -426,7 +432,8 @@ def engine_single_stream(zoo: Zoo, settings: HostPathSettings, heads: dict[str, 
         for task, ids in prompts:
             draft = None if path == "off" else zoo.default_draft(task) if path == "draft" else path
             params = GenerationParams(max_tokens=settings.max_tokens, speculation=draft is not None, k=settings.k)
-            done = engine.generate(ids, params, draft=draft).complete()
+            members = (zoo.default_draft(task),) if path == CASCADE else ()
+            done = engine.generate(ids, params, draft=draft, members=members).complete()
             tokens += len(done.token_ids)
             passes += done.stats.target_passes
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -589,7 +596,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--sessions", type=comma_ints, default=d.sessions, metavar="N,N",
                         help="concurrent sessions per level (default: %(default)s)")
     parser.add_argument("--paths", type=lambda s: tuple(s.split(",")), default=d.paths, metavar="P,P",
-                        help=f"of {', '.join(PATHS)} (default: those), and with --on-zoo {', '.join(ON_ZOO_PATHS)}")
+                        help=f"of {', '.join(PATHS)} (default: those), {', '.join(NAMED_PATHS)}, and with --on-zoo "
+                             f"{', '.join(ON_ZOO_PATHS)}")
     parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="(default: %(default)s)")
     parser.add_argument("--k", type=int, default=d.k, help="draft tokens a round, ON (default: %(default)s)")
     parser.add_argument("--min-tokens", type=int, default=d.min_tokens,
@@ -615,9 +623,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    unknown = set(args.paths) - set(PATHS) - set(ON_ZOO_PATHS)
+    unknown = set(args.paths) - set(PATHS + NAMED_PATHS + ON_ZOO_PATHS)
     if unknown:
-        raise ValueError(f"--paths takes {', '.join(PATHS + ON_ZOO_PATHS)}; got {', '.join(sorted(unknown))}")
+        raise ValueError(f"--paths takes {', '.join(PATHS + NAMED_PATHS + ON_ZOO_PATHS)}; got {', '.join(sorted(unknown))}")
     if not args.on_zoo and set(args.paths) & set(ON_ZOO_PATHS):
         raise ValueError(f"--paths {', '.join(ON_ZOO_PATHS)} needs --on-zoo: the host-path zoo's drafts are copies of "
                          "its target, which a draft of another tokenizer cannot be")

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from specserve.cluster.zoo.distill import documents_from_files
-from specserve.cluster.zoo.other_tokenizer import FACTS, TextDraft, train_text_draft
+from specserve.cluster.zoo.other_tokenizer import FACTS, TextDraft, first_chars, train_text_draft
 from specserve.cluster.zoo.presets import ModelShape, TrainBudget
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
 
@@ -43,17 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.perf_counter()
-    documents, held = [], 0
-    for doc in documents_from_files(args.corpus):
-        if held >= args.chars:
-            break
-        documents.append(doc)
-        held += len(doc)
+    documents = first_chars(documents_from_files(args.corpus), args.chars)
     target = load_model(ModelSpec(args.target)).eval()
     recipe = TextDraft(SHAPE, TrainBudget(args.steps, args.batch_size, 1e-3), 2048, args.seq_len, args.own_vocab,
                        args.rollouts, args.new_tokens)
     facts = train_text_draft(target, load_tokenizer(args.target), documents, recipe, args.out)
-    facts |= {"target": args.target, "corpus_chars": held, "seconds": round(time.perf_counter() - started, 1)}
+    facts |= {"target": args.target, "corpus_chars": sum(map(len, documents)), "seconds": round(time.perf_counter() - started, 1)}
     (args.out / FACTS).write_text(json.dumps(facts, indent=2))
     print(json.dumps(facts, indent=2))
     return 0

@@ -7,8 +7,9 @@ alternating prompt by prompt so that both see the same machine load; the speedup
 two measured times, and the output of the two paths is compared token for token. Through the service
 a third run sends each prompt with nothing but the prompt, as the routing policy serves it.
 With ``variants`` each task also gets a row for Medusa heads and an MTP module of the zoo's target
-(distilled beside the zoo on first use, minutes each: cluster/zoo/host_path.py's ``zoo_heads``) and
-for a draft of another tokenizer (cluster/zoo/other_tokenizer.py).
+(distilled beside the zoo on first use, minutes each: cluster/zoo/host_path.py's ``zoo_heads``),
+for a draft of another tokenizer (cluster/zoo/other_tokenizer.py) and for the task's draft under
+prompt lookup (a cascade, workers/drafting.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from specserve.workers.engine import SpecEngine
 from specserve.workers.heads.checkpoint import read_facts
 from specserve.workers.heads.mtp import MTP
 from specserve.workers.loading import ModelSpec
+from specserve.workers.lookup import CASCADE
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
 from specserve.cluster.zoo.build import build_zoo
@@ -99,7 +101,9 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_p
         engine = zoo_engine(zoo, zoo.draft_names, extra={name: ModelSpec(str(where)) for name, where in heads.items()})
         print(f"{_zoo_line(zoo)}; both models in this process, {torch.get_num_threads()} torch threads; "
               f"greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
-        return _measure_all(zoo, engine_decoder(engine, max_tokens, k), prompts_per_task, k, None, heads)
+        cascades = {task: zoo.default_draft(task) for task in zoo.tasks}
+        return _measure_all(zoo, engine_decoder(engine, max_tokens, k, cascades), prompts_per_task, k, None, heads,
+                            variants)
     service = None
     if address is None:
         print("starting the embedded cluster (Ray, Serve, target replica, draft pool)...", flush=True)
@@ -111,7 +115,7 @@ def run_demo(zoo_name: str, prompts_per_task: int, max_tokens: int, k: int, in_p
         print(f"{_zoo_line(zoo)}; through the service at {address} over gRPC (target replica and draft workers "
               f"in their own processes); greedy, k={k}, {max_tokens} tokens per prompt", flush=True)
         return _measure_all(zoo, service_decoder(client, max_tokens, k), prompts_per_task, k,
-                            routed_decoder(client, max_tokens), heads)
+                            routed_decoder(client, max_tokens), heads, variants)
     finally:
         client.close()
         if service:
@@ -150,22 +154,27 @@ def _zoo_line(zoo: Zoo) -> str:
 
 
 def _measure_all(zoo: Zoo, decode: Decoder, prompts: int, k: int, routed: RoutedDecoder | None,
-                 heads: dict[str, Path]) -> list[TaskResult]:
+                 heads: dict[str, Path], cascade: bool = False) -> list[TaskResult]:
     _warm_up(decode, zoo)
-    results = [result for task in zoo.tasks for result in measure_task(decode, zoo, task, prompts, k, routed, heads)]
+    results = [result for task in zoo.tasks
+               for result in measure_task(decode, zoo, task, prompts, k, routed, heads, cascade)]
     print(format_table(results))
     return results
 
 
 def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int,
-                 routed: RoutedDecoder | None = None, heads: dict[str, Path] | None = None) -> list[TaskResult]:
-    """The task's own draft, the zoo's EAGLE-3 head (if it has one) and ``heads`` (variants distilled
-    beside the zoo), each against the same target-only runs; the routed runs go with the first row."""
+                 routed: RoutedDecoder | None = None, heads: dict[str, Path] | None = None,
+                 cascade: bool = False) -> list[TaskResult]:
+    """The task's own draft, the zoo's EAGLE-3 head (if it has one), ``heads`` (variants distilled
+    beside the zoo) and with ``cascade`` the task's draft under prompt lookup, each against the same
+    target-only runs; the routed runs go with the first row."""
     drafts = [zoo.default_draft(task)] + [HEAD] * (HEAD in zoo.draft_names and HEAD != zoo.default_draft(task))
     results = [TaskResult(task, draft, zoo.manifest["acceptance"][task][draft], k) for draft in drafts]
     # A variant's held-out acceptance is distill's, over every task's text.
     results += [TaskResult(task, name, (read_facts(where) or read_other_facts(where)).get("held_out_alpha", float("nan")), k)
                 for name, where in (heads or {}).items()]
+    if cascade:  # measured as it is served: no held-out figure
+        results.append(TaskResult(task, CASCADE, float("nan"), k))
     for prompt in zoo.prompts(task)[:prompts]:
         off_ids, off_seconds, off_stats = decode(prompt, task, None)
         for result in results:
@@ -183,7 +192,7 @@ def measure_task(decode: Decoder, zoo: Zoo, task: str, prompts: int, k: int,
     return results
 
 
-VARIANTS = (MEDUSA, MTP, OTHER_TOKENIZER)  # zoo_variants' names
+VARIANTS = (MEDUSA, MTP, OTHER_TOKENIZER, CASCADE)  # zoo_variants' names, and the cascade
 
 
 def format_table(results: list[TaskResult]) -> str:
@@ -220,6 +229,11 @@ def format_table(results: list[TaskResult]) -> str:
             "module, drafting on the draft workers from its last hidden states; both distilled beside the zoo (their",
             "alpha(zoo), where measured, distill's over every task's held-out text).",
         ]
+    if CASCADE in {r.draft for r in results}:
+        lines += [
+            f"{CASCADE}: the task's draft under prompt lookup: the draft worker takes lookup's guesses in the draft's",
+            "first pass and proposes them whole, past k, then its own tokens (docs: design, cascades).",
+        ]
     if OTHER_TOKENIZER in {r.draft for r in results}:
         lines += [
             f"{OTHER_TOKENIZER}: a draft of another tokenizer (its own BPE, trained on the target's text), drafting among",
@@ -235,11 +249,13 @@ def format_table(results: list[TaskResult]) -> str:
     return "\n".join(lines)
 
 
-def engine_decoder(engine: SpecEngine, max_tokens: int, k: int) -> Decoder:
+def engine_decoder(engine: SpecEngine, max_tokens: int, k: int, cascades: dict[str, str] | None = None) -> Decoder:
+    """``cascades``: task -> the draft model its cascade runs (for the draft ``cascade``)."""
     def decode(prompt: str, task: str, draft: str | None) -> tuple[list[int], float, SpecStats]:
         params = GenerationParams(max_tokens=max_tokens, k=k, speculation=draft is not None)
         start = time.perf_counter()
-        done = engine.generate(prompt, params, draft=draft).complete()
+        members = ((cascades or {})[task],) if draft == CASCADE else ()
+        done = engine.generate(prompt, params, draft=draft, members=members).complete()
         return done.token_ids, time.perf_counter() - start, done.stats
     return decode
 

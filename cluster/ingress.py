@@ -77,6 +77,7 @@ class Router:
         self.readiness.check(())  # what it waits for, before anything registered
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
                                         priors=models.priors, trees=models.trees, heads=heads, medusa=models.medusa,
+                                        cascades=models.cascades,
                                         router_id=self.router_id,
                                         readiness=self.readiness)
         self.health = health_aio.HealthServicer()

@@ -10,7 +10,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from specserve.router.config import RouterConfig
-from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE, VERSION_MARK
+from specserve.workers.lookup import CASCADE, DRAFT_FREE, RESERVED, TREE, VERSION_MARK
 from specserve.workers.heads.format import HeadFormatError, is_head, read_config, read_facts
 from specserve.workers.heads.medusa import is_medusa, read_medusa_config
 from specserve.workers.heads.mtp import MTP, is_mtp, read_mtp_config
@@ -34,6 +34,7 @@ class ModelSet:
     priors: dict[str, dict[str, float]] = field(default_factory=dict)
     draft_free: tuple[str, ...] = ()  # the draft-free proposers configured (router.draft_free)
     trees: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task -> its token tree's members
+    cascades: dict[str, str] = field(default_factory=dict)  # task -> the draft model its cascade runs
 
     @property
     def medusa(self) -> frozenset[str]:
@@ -42,8 +43,9 @@ class ModelSet:
 
     @property
     def proposers(self) -> tuple[str, ...]:
-        """Every name a request may ask for: the drafts, the draft-free proposers configured, the tree."""
-        return (*self.drafts, *self.draft_free, *((TREE,) if self.trees else ()))
+        """Every name a request may ask for: the drafts, the draft-free proposers configured, the tree,
+        the cascade."""
+        return (*self.drafts, *self.draft_free, *((TREE,) if self.trees else ()), *((CASCADE,) if self.cascades else ()))
 
     def spec(self, source: str, threads: int) -> ModelSpec:
         return ModelSpec(source, dtype=self.dtype, threads=threads)
@@ -110,6 +112,17 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
                 tasks[task] = tuple(names) + (TREE,)
         elif TREE in names:
             raise ValueError(f"router.tasks[{task!r}] names {TREE!r}, which needs a draft and router.draft_free")
+    cascades = {}  # a task's cascade: its first draft model (heads draft in passes of their own)
+    for task, names in tasks.items():
+        if model := next((name for name in names if name in drafts and is_draft_model(name, drafts[name])), None):
+            cascades[task] = model
+            # AUTO serves it only where offered. No prior: it proposes what its draft does, and past
+            # k where prompt lookup agrees, at a cost only serving it measures.
+            if CASCADE not in names and router.cascades and not listed:
+                tasks[task] = tuple(names) + (CASCADE,)
+        elif CASCADE in names:
+            raise ValueError(f"router.tasks[{task!r}] names {CASCADE!r}, which needs a draft model (not heads) "
+                             f"among the task's drafts")
     if router.default_task not in tasks:
         raise ValueError(f"router.default_task {router.default_task!r} is not a task; tasks: {', '.join(sorted(tasks))}")
     for name, source in drafts.items():  # heads: distill's held-out acceptance, where they serve
@@ -121,7 +134,13 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
         for task, row in read_priors(models.priors, tasks, drafts).items():
             priors[task] = priors.get(task, {}) | row
     return ModelSet(target=str(target), drafts=drafts, tasks=tasks, dtype=models.dtype, priors=priors,
-                    draft_free=router.draft_free, trees=trees)
+                    draft_free=router.draft_free, trees=trees, cascades=cascades)
+
+
+def is_draft_model(name: str, source: str) -> bool:
+    """A draft model (a causal LM on the draft workers), not heads of the target's (EAGLE-3,
+    Medusa, its MTP module)."""
+    return name != MTP and not is_head(source) and not is_medusa(source)
 
 
 def carried_mtp(target: str | None, drafts: dict[str, str]) -> bool:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from specserve.workers.lookup import DRAFT_FREE, RESERVED, TREE
+from specserve.workers.lookup import CASCADE, DRAFT_FREE, RESERVED, TREE
 from specserve.cluster.zoo.presets import GENERAL_DRAFT
 from specserve.cluster.zoo.zoo import Zoo
 
 from .config import ModelsConfig
 from .model_args import OwnModels
+from .models import is_draft_model
 from .validate_runs import Prompt
 
 ZOO_PROMPTS_PER_TASK = 2  # held-out prompts per task when no --prompts file is given
@@ -25,18 +26,25 @@ class LocalModels:
     default_task: str | None  # for prompts without one
     zoo: Zoo | None = None  # when the models are a zoo's
     trees: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task -> its tree's members, its draft first
+    cascades: dict[str, str] = field(default_factory=dict)  # task -> the draft model its cascade runs
+
+    def members(self, name: str, task: str) -> tuple[str, ...]:
+        """What proposer ``name`` runs for ``task``: a tree's members, a cascade's draft model, or itself."""
+        if name == TREE:
+            return self.trees[task]
+        return (self.cascades[task],) if name == CASCADE else (name,)
 
     def models_for(self, prompts: list[Prompt], arms: list[list[str]]) -> set[str]:
-        """The draft models these runs load: the drafts named, and the members of the trees named."""
+        """The draft models these runs load: the drafts named, and those the trees and cascades named run."""
         named = {(name, p.task) for p, names in zip(prompts, arms, strict=True) for name in names}
-        return {m for name, task in named for m in (self.trees[task] if name == TREE else (name,)) if m in self.drafts}
+        return {m for name, task in named for m in self.members(name, task) if m in self.drafts}
 
 
 def local_models(zoo_name: str | None, own: OwnModels, default_task: str | None) -> LocalModels:
     """The zoo's models and task table, or your own (--target, --draft NAME=SOURCE, --task TASK=...).
     As in the service (cluster/models.py): every task is offered the draft-free proposers beside its
     drafts, in a table you wrote too. A task with a draft has a tree (that draft and the draft-free
-    proposers), run when named (``tree``)."""
+    proposers), run when named (``tree``), and one with a draft model a cascade (``cascade``)."""
     from .local import open_zoo
 
     if own.target:
@@ -62,9 +70,13 @@ def local_models(zoo_name: str | None, own: OwnModels, default_task: str | None)
              if (own_draft := next((n for n in names if n in drafts), None))}
     if untreed := [task for task, names in table.items() if TREE in names and task not in trees]:
         raise ValueError(f"--task {untreed[0]}= names {TREE!r}, which needs a draft of that task")
+    cascades = {task: model for task, names in table.items()
+                if (model := next((n for n in names if n in drafts and is_draft_model(n, drafts[n])), None))}
+    if uncascaded := [task for task, names in table.items() if CASCADE in names and task not in cascades]:
+        raise ValueError(f"--task {uncascaded[0]}= names {CASCADE!r}, which needs a draft model of that task")
     if default_task is None:  # as the service's: the zoo's general task, or the first of your own
         default_task = next(iter(table)) if own.target else GENERAL_DRAFT if GENERAL_DRAFT in table else None
-    return LocalModels(target, drafts, table, default_task, zoo, trees)
+    return LocalModels(target, drafts, table, default_task, zoo, trees, cascades)
 
 
 def local_arms(models: LocalModels, prompts: list[Prompt], draft: str | None) -> tuple[list[Prompt], list[list[str]]]:
@@ -87,6 +99,8 @@ def local_arms(models: LocalModels, prompts: list[Prompt], draft: str | None) ->
             raise ValueError(f"task {task!r} has no proposer to validate: name one with --task {task}=NAME")
         if TREE in drafts and task not in models.trees:
             raise ValueError(f"--draft {TREE}: task {task!r} has no draft model to grow a tree from")
+        if CASCADE in drafts and task not in models.cascades:
+            raise ValueError(f"--draft {CASCADE}: task {task!r} has no draft model to cascade")
         resolved.append(replace(prompt, task=task))
         arms.append(drafts)
     return resolved, arms

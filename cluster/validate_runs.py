@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 
 from specserve.workers.acceptance import SamplingParams
-from specserve.workers.lookup import TREE
+from specserve.workers.lookup import CASCADE, TREE
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
 
@@ -49,15 +48,15 @@ class Decoded:
 Decoder = Callable[[Run], Decoded]
 
 
-def engine_decoder(engine, k: int, trees: Mapping[str, tuple[str, ...]] = MappingProxyType({})) -> Decoder:
+def engine_decoder(engine, k: int, members: Callable[[str, str], tuple[str, ...]] = lambda name, task: ()) -> Decoder:
     """Runs on the in-process engine (``workers/engine.py``), every speculative one at ``k``;
-    ``trees``: task -> the members of its tree, for a run whose draft is ``tree``."""
+    ``members(draft, task)``: what a run's draft runs where it is a tree or a cascade."""
     def decode(run: Run) -> Decoded:
         params = GenerationParams(max_tokens=run.max_tokens, sampling=SamplingParams(temperature=run.temperature),
                                   seed=run.seed, k=k, speculation=run.speculation)
-        tree = trees.get(run.prompt.task or "", ()) if run.draft == TREE else ()
+        named = members(run.draft, run.prompt.task or "") if run.draft in (TREE, CASCADE) else ()
         start = time.perf_counter()
-        done = engine.generate(run.prompt.text, params, draft=run.draft, tree=tree).complete()
+        done = engine.generate(run.prompt.text, params, draft=run.draft, members=named).complete()
         return Decoded(done.token_ids, time.perf_counter() - start, done.stats, run.prompt.task or "",
                        done.draft or "", k if done.draft else 0)
     return decode

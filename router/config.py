@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from specserve.workers.config import FrozenConfig
 from specserve.workers.ngram import NgramConfig
-from specserve.workers.request import GENERAL_TASK, MAX_K
+from specserve.workers.request import CASCADE_GUESSES, CASCADE_MIN_P, GENERAL_TASK, MAX_K
 from specserve.workers.suffix_tree import SuffixConfig
 
 from specserve.workers.lookup import DRAFT_FREE
@@ -182,6 +182,16 @@ class RouterConfig(FrozenConfig):
     trees: bool = False
     # Tokens a tree may hold: its width is verify work (about free on a GPU, not on a CPU).
     tree_max_tokens: int = Field(24, ge=2, le=256)
+    # Offer AUTO a cascade of each task's draft model (``cascade``): prompt lookup's guesses, which
+    # the draft verifies as it drafts, proposing past k down the ones it draws (workers/drafting.py).
+    # The policy then serves it for the tasks where it measures faster than the draft alone and the
+    # draft-free proposers. A request may always ask for one (draft: cascade).
+    cascades: bool = False
+    # Prompt lookup's guesses a cascade's proposal verifies, at most (and so its length past k).
+    cascade_guesses: int = Field(CASCADE_GUESSES, ge=1, le=MAX_K - 1)
+    # A guess the cascade's draft gives at least this probability is proposed as it is; below, the
+    # draft draws its own token. 1: the draft's own tokens only (the guesses save its passes).
+    cascade_min_p: float = Field(CASCADE_MIN_P, ge=0.0, le=1.0)
     # Request segments (a user segment, a tenant, a product surface) counted under their own names
     # in metrics and GetStats: a request's segment (GenerateRequest.segment; OpenAI's
     # metadata.segment or user) is counted as itself where listed here, as "other" otherwise, so

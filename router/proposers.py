@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 from specserve.workers.draft_length import DraftLength
 from specserve.workers.heads.medusa_draft import MedusaDraft
-from specserve.workers.lookup import DraftFree, ProposerKind, base_draft
+from specserve.workers.lookup import CASCADE, DraftFree, ProposerKind, base_draft
 from specserve.workers.proposers import Proposers
 from specserve.workers.proposing import Proposer, StepRecorder
+from specserve.workers.drafting import NO_CASCADE, Cascade
+from specserve.workers.request import CASCADE_GUESSES, CASCADE_MIN_P
 from specserve.workers.token_tree import TREE_MAX_TOKENS
 
 from .context import RequestContext
@@ -21,24 +23,28 @@ from .remote_draft import RemoteDraft
 
 @dataclass
 class ProposerFactory:
-    """``trees``: task -> the members of its tree, its draft first; ``heads``: the drafts that are
-    EAGLE-3 heads -> the target hidden states they read; ``medusa``: the drafts that are Medusa
-    heads (the target replicas serve them)."""
+    """``trees``: task -> the members of its tree, its draft first; ``cascades``: task -> the draft
+    model its cascade runs; ``heads``: the drafts that are EAGLE-3 heads -> the target hidden states
+    they read; ``medusa``: the drafts that are Medusa heads (the target replicas serve them)."""
 
     draft_free: DraftFree
     trees: dict[str, tuple[str, ...]]
     tree_max_tokens: int = TREE_MAX_TOKENS
     heads: dict[str, tuple[int, ...]] = field(default_factory=dict)
     medusa: frozenset[str] = frozenset()
+    cascades: dict[str, str] = field(default_factory=dict)
+    cascade: Cascade = Cascade(CASCADE_GUESSES, CASCADE_MIN_P)
 
     def __post_init__(self) -> None:
-        self.proposers = Proposers(self.draft_free, self.heads, self.tree_max_tokens, self.medusa)
+        self.proposers = Proposers(self.draft_free, self.heads, self.tree_max_tokens, self.medusa, self.cascade)
 
     def make(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> Proposer:
-        def on_a_draft_worker(draft: str, kind: ProposerKind, in_tree: bool) -> Proposer:
+        def on_a_draft_worker(draft: str, kind: ProposerKind, in_tree: bool, cascade: Cascade = NO_CASCADE) -> Proposer:
             if kind is ProposerKind.MEDUSA:  # on the target replica, in its verify passes
                 return MedusaDraft(draft, context.params.sampling, recorder)
             return RemoteDraft(draft, context, length, recorder, self.heads.get(base_draft(draft), ()),
-                               branch=not in_tree)
-        return self.proposers.build(name, context.task, context.history.committed_ids(), recorder, on_a_draft_worker,
-                                    self.trees.get(context.task, ()))
+                               branch=not in_tree, cascade=cascade)
+        task = context.task
+        members = (self.cascades[task],) if name == CASCADE and task in self.cascades else self.trees.get(task, ())
+        return self.proposers.build(name, task, context.history.committed_ids(), recorder, on_a_draft_worker,
+                                    members)

@@ -29,7 +29,7 @@ import time
 
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.draft_length import DraftLength
-from specserve.workers.drafting import DraftTokens
+from specserve.workers.drafting import NO_CASCADE, Cascade, DraftTokens
 from specserve.workers.proposing import AUX_HIDDEN, Committed, Proposer, ProposerGone, StepRecorder, VerifyNeeds
 from specserve.workers.wire import join_hidden, proposal_from
 
@@ -50,11 +50,13 @@ class RemoteDraft(Proposer):
     does not keep them): the request goes on target-only."""
 
     def __init__(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder,
-                 aux_layers: tuple[int, ...] = (), branch: bool = True) -> None:
+                 aux_layers: tuple[int, ...] = (), branch: bool = True, cascade: Cascade = NO_CASCADE) -> None:
         """``branch``: its lookaheads may draft a branch (where the service does: ``context.branch_odds``);
-        off for a tree's member (workers/proposers.py)."""
+        off for a tree's member (workers/proposers.py). ``cascade``: prompt lookup under the draft
+        model, which it verifies as it drafts (workers/drafting.py)."""
         self.name = name
         self.branch = branch
+        self.cascade = cascade
         self.needs = VerifyNeeds(aux_layers)
         self.hidden: pb.HiddenStates | None = None  # the target's, for the worker's next step
         self.context = context
@@ -91,7 +93,7 @@ class RemoteDraft(Proposer):
             self.stream = directory.stream(worker, timeouts.draft_step_seconds,
                                            first_step_timeout=timeouts.draft_prefill_seconds)
             try:
-                opening = self.context.opening(self.name, self.reopens)
+                opening = self.context.opening(self.name, self.reopens, cascade=self.cascade)
                 opening.alternatives = self.context.lookahead and self.context.branch_odds is not None
                 await self.stream.send(pb.DraftRequest(open=opening))
                 self.mirror.reopen(len(opening.prompt_ids))

@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from .config import RouterConfig
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.workers.draft_length import DraftLength
+from specserve.workers.drafting import Cascade
 from specserve.workers.logprobs import TokenLogprobs
 from specserve.workers.lookup import DraftFree
 from specserve.workers.stats import SpecStats
@@ -97,7 +98,8 @@ class SpecServeService:
                  priors: dict[str, dict[str, float]] | None = None,
                  trees: dict[str, tuple[str, ...]] | None = None,
                  heads: dict[str, tuple[int, ...]] | None = None, router_id: str = "router",
-                 readiness: Readiness | None = None, medusa: frozenset[str] = frozenset()) -> None:
+                 readiness: Readiness | None = None, medusa: frozenset[str] = frozenset(),
+                 cascades: dict[str, str] | None = None) -> None:
         self.config = config
         # Whether the configured capacity is up (the ingress keeps it; in process: from the start).
         self.readiness = readiness or Readiness(frozenset(), 0, ready=True, waiting_for="")
@@ -110,7 +112,8 @@ class SpecServeService:
         self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {}, medusa=medusa)
         self.lookahead_budget = LookaheadBudget(config.lookahead_min_hit_rate)
         self.draft_free = DraftFree(config.ngram, config.suffix)
-        proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {}, medusa)
+        proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {}, medusa,
+                                    cascades or {}, Cascade(config.cascade_guesses, config.cascade_min_p))
         # A group of more than half a run would hold the replica's run up at its end (the router
         # tops a run up once half of it has arrived).
         decode_group = min(config.stream_interval_tokens, max(1, config.decode_run_tokens // 2))

@@ -65,13 +65,33 @@ def test_zoo_models_resolve_with_a_general_task(tiny_zoo):
     assert models.trees["general"] == ("general", "ngram", "suffix")  # its draft first; asked for, not offered
     assert models.priors["sql"]["sql"] == tiny_zoo.manifest["acceptance"]["sql"]["sql"]  # the policy's start
     assert "tree" not in models.priors["sql"]  # measured as it is served
-    assert set(models.proposers) == {*tiny_zoo.draft_names, "ngram", "suffix", "tree"}
+    assert set(models.proposers) == {*tiny_zoo.draft_names, "ngram", "suffix", "tree", "cascade"}
+
+
+def test_a_tasks_cascade_runs_its_first_draft_model_and_is_offered_as_configured(tiny_zoo):
+    """``cascade``: a task's first draft model (never heads, which draft in passes of their own)
+    with prompt lookup under it; asked for by name always, offered to AUTO with router.cascades."""
+    zoo = {"zoo": str(tiny_zoo.root)}
+    models = resolve_models(*_parts({"models": zoo}))
+    assert models.cascades["sql"] == "sql" and models.cascades["general"] == "general"
+    assert all("cascade" not in names for names in models.tasks.values())  # asked for, not offered
+    models = resolve_models(*_parts({"models": zoo, "router": {"cascades": True}}))
+    assert models.tasks["sql"] == ("sql", "general", "eagle3", "ngram", "suffix", "cascade")
+    assert "cascade" not in models.priors["sql"]  # measured as it is served
+    models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["eagle3", "general", "cascade"],
+                                                                         "general": ["general"]}}}))
+    assert models.cascades["sql"] == "general"  # the task's first draft model, past the head
+    with pytest.raises(ValueError, match="names 'cascade', which needs a draft model"):
+        resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["eagle3", "cascade"],
+                                                                    "general": ["general"]}}}))
+    with pytest.raises(ValidationError, match="cascade_guesses"):
+        ServiceConfig.model_validate({"router": {"cascade_guesses": 16}})
 
 
 def test_draft_free_proposers_are_offered_as_configured_and_their_names_reserved(tiny_zoo):
     zoo = {"zoo": str(tiny_zoo.root)}
     models = resolve_models(*_parts({"models": zoo, "router": {"draft_free": ["suffix"], "trees": True}}))
-    assert models.tasks["sql"] == ("sql", "general", "eagle3", "suffix", "tree") and models.proposers[-1] == "tree"
+    assert models.tasks["sql"] == ("sql", "general", "eagle3", "suffix", "tree") and "tree" in models.proposers
     # An operator's table gets the draft-free proposers beside its drafts, unless a task is taken as written.
     models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["ngram", "sql"], "general": ["general"]}}}))
     assert models.tasks == {"sql": ("ngram", "sql", "suffix"), "general": ("general", "ngram", "suffix")}
@@ -80,7 +100,7 @@ def test_draft_free_proposers_are_offered_as_configured_and_their_names_reserved
     assert models.tasks == {"sql": ("ngram", "sql"), "general": ("general",)}
     with pytest.raises(ValueError, match=r"router.as_written names tasks \['db'\]"):
         resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["sql"]}, "as_written": ["db"]}}))
-    assert set(models.proposers) == {*tiny_zoo.draft_names, "ngram", "suffix", "tree"}  # a client may ask for any
+    assert set(models.proposers) == {*tiny_zoo.draft_names, "ngram", "suffix", "tree", "cascade"}  # a client may ask for any
     models = resolve_models(*_parts({"models": zoo, "router": {"tasks": {"sql": ["sql", "tree"], "general": ["general"]}}}))
     assert models.trees["sql"] == ("sql", "ngram", "suffix") and models.tasks["sql"] == ("sql", "tree", "ngram", "suffix")
     with pytest.raises(ValueError, match="names 'tree', which needs a draft"):

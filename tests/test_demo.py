@@ -77,10 +77,12 @@ def test_variants_get_a_row_per_task_beside_the_zoos_drafts(tiny_zoo, medusa_hea
 
     heads = {"medusa": medusa_heads[0], "mtp": mtp_target[0], "othertok": other_tokenizer_draft}
     engine = zoo_engine(tiny_zoo, ["sql", "eagle3"], extra={name: ModelSpec(str(where)) for name, where in heads.items()})
-    results = measure_task(engine_decoder(engine, 12, K), tiny_zoo, "sql", 2, K, heads=heads)
-    assert [r.draft for r in results] == ["sql", "eagle3", "medusa", "mtp", "othertok"]
+    results = measure_task(engine_decoder(engine, 12, K, {"sql": "sql"}), tiny_zoo, "sql", 2, K, heads=heads,
+                           cascade=True)
+    assert [r.draft for r in results] == ["sql", "eagle3", "medusa", "mtp", "othertok", "cascade"]
     assert all(r.identical and r.stats.target_passes for r in results)
     assert results[3].alpha_held_out == mtp_target[1]["held_out_alpha"]  # distill's
     table = format_table(results)
     assert table_row(table, "sql", "mtp")[-1] == "yes" and "mtp: the target carrying an MTP" in table
     assert 0 <= results[4].alpha_held_out <= 1 and "othertok: a draft of another tokenizer" in table
+    assert table_row(table, "sql", "cascade")[-1] == "yes" and "cascade: the task's draft under prompt lookup" in table

@@ -106,7 +106,7 @@ def test_every_proposer_runs_in_process_and_keeps_greedy_output(tiny_engine, pro
     alone = tiny_engine.generate(prompt, GenerationParams(max_tokens=32, speculation=False)).complete()
     repeated = prompt + alone.text + prompt  # something for prompt lookup to find
     alone = tiny_engine.generate(repeated, GenerationParams(max_tokens=32, speculation=False)).complete()
-    done = tiny_engine.generate(repeated, GenerationParams(max_tokens=32, k=4), draft=proposer, tree=tree).complete()
+    done = tiny_engine.generate(repeated, GenerationParams(max_tokens=32, k=4), draft=proposer, members=tree).complete()
     assert done.token_ids == alone.token_ids
     assert done.stats.proposed > 0 and done.stats.accepted > 0, done.stats
 
@@ -115,7 +115,7 @@ def test_an_unknown_proposer_or_tree_is_refused(tiny_engine, prompt):
     with pytest.raises(ValueError, match="unknown draft 'nope'.*ngram, suffix"):
         tiny_engine.generate(prompt, GenerationParams(max_tokens=8), draft="nope")
     with pytest.raises(ValueError, match="a tree needs two or more"):
-        tiny_engine.generate(prompt, GenerationParams(max_tokens=8), draft="tree", tree=("ngram",))
+        tiny_engine.generate(prompt, GenerationParams(max_tokens=8), draft="tree", members=("ngram",))
 
 
 
@@ -126,4 +126,4 @@ def test_a_tree_of_one_draft_twice_is_refused(tiny_engine):
 
     draft = next(iter(tiny_engine.drafts))
     with pytest.raises(ValueError, match="different"):
-        tiny_engine.generate("SELECT", GenerationParams(max_tokens=4), draft="tree", tree=[draft, draft])
+        tiny_engine.generate("SELECT", GenerationParams(max_tokens=4), draft="tree", members=[draft, draft])

@@ -184,7 +184,7 @@ def test_greedy_speculation_matches_the_target_alone_per_dtype(zoo, dtype):
                                        ).complete().token_ids
             for name, tree in proposers(zoo, engine, task):
                 got = engine.generate(prompt_ids, GenerationParams(max_tokens=MAX_TOKENS, k=K), draft=name,
-                                      tree=tree).complete().token_ids
+                                      members=tree).complete().token_ids
                 if (found := first_divergence(engine.target, prompt_ids, expected, got, name, requests)) is not None:
                     divergences.append(found)
                 requests += 1

@@ -63,7 +63,7 @@ def test_a_head_drafts_greedy_output_identical_to_the_target_alone_and_in_a_tree
     for prompt in tiny_zoo.prompts("sql")[:2] + tiny_zoo.prompts("prose")[:1]:
         alone = engine.generate(prompt, GenerationParams(max_tokens=40, speculation=False)).complete()
         for draft, tree in (("head", ()), ("tree", ("head", "ngram")), ("tree", ("sql", "head", "suffix"))):
-            done = engine.generate(prompt, GenerationParams(max_tokens=40, k=3), draft=draft, tree=tree).complete()
+            done = engine.generate(prompt, GenerationParams(max_tokens=40, k=3), draft=draft, members=tree).complete()
             assert done.token_ids == alone.token_ids, (draft, tree)
             assert done.stats.proposed > 0
 

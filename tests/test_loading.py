@@ -73,3 +73,45 @@ def test_the_gemv_layouts_products_give_a_row_the_same_bits_whatever_rows_share_
                 assert torch.equal(layer(rows[0]), alone[0])  # a vector keeps its shape
     finally:
         torch.set_num_threads(threads)
+
+
+
+def test_models_loaded_on_several_threads_at_once_are_built_one_at_a_time_and_keep_every_weight(tiny_zoo, monkeypatch):
+    """A draft worker loads a canary's version on one thread while it swaps another on the next.
+    from_pretrained patches process-wide state while it builds a model (``PreTrainedModel.tie_weights``
+    becomes a no-op, restored on exit): two builds at once can restore each other's patch, and every
+    later load then leaves a tied output head on the meta device (seen once, in
+    tests/test_canary_service.py). So builds overlap never (``_LOADING``), and each model loaded so
+    gives the logits of one loaded alone."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specserve.workers import loading
+
+    building, most = [0], [0]
+    count = threading.Lock()
+    real = loading.AutoModelForCausalLM
+
+    class Counted:  # the auto class, counting the builds under way at once
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            with count:
+                building[0] += 1
+                most[0] = max(most[0], building[0])
+            time.sleep(0.02)  # long enough that unserialised builds overlap
+            try:
+                return real.from_pretrained(*args, **kwargs)
+            finally:
+                with count:
+                    building[0] -= 1
+
+    ids = torch.tensor([[1, 5, 9, 13]])
+    alone = load_model(ModelSpec(str(tiny_zoo.target_dir)))(ids).logits
+    monkeypatch.setattr(loading, "AutoModelForCausalLM", Counted)
+    with ThreadPoolExecutor(4) as pool:
+        models = list(pool.map(lambda _: load_model(ModelSpec(str(tiny_zoo.target_dir))), range(8)))
+    assert most[0] == 1
+    for model in models:
+        assert not any(tensor.is_meta for tensor in model.state_dict().values())
+        assert torch.equal(model(ids).logits, alone)

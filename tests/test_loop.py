@@ -221,23 +221,30 @@ def test_each_member_of_a_tree_is_told_its_own_part_of_the_path_then_the_rest():
 
 def test_a_name_is_built_into_its_proposer_in_one_place():
     from specserve.workers.lookup import DraftFree, LookupProposer, ProposerKind
+    from specserve.workers.drafting import NO_CASCADE, Cascade
     from specserve.workers.proposers import Proposers
     from specserve.workers.token_tree import TreeProposer
 
-    built: list[tuple[str, ProposerKind, bool]] = []
+    built: list[tuple[str, ProposerKind, bool, Cascade]] = []
 
-    def model_draft(name: str, kind: ProposerKind, in_tree: bool) -> Proposer:
-        built.append((name, kind, in_tree))
+    def model_draft(name: str, kind: ProposerKind, in_tree: bool, cascade: Cascade = NO_CASCADE) -> Proposer:
+        built.append((name, kind, in_tree, cascade))
         return Told(name, [1, 2])
 
-    proposers = Proposers(DraftFree(), heads={"h"})
+    proposers = Proposers(DraftFree(), heads={"h"}, cascade=Cascade(6, 0.2))
     recorder = StatsRecorder(Decoding(Tokens(), PROMPT, GenerationParams(), seed=0).stats)
     lookup = proposers.build("ngram", "t", PROMPT + [9], recorder, model_draft)
     assert isinstance(lookup, LookupProposer) and list(lookup.source.tokens) == PROMPT + [9]
     assert proposers.build("h", "t", PROMPT, recorder, model_draft).name == "h"
-    assert built == [("h", ProposerKind.HEAD, False)]
-    tree = proposers.build("tree", "t", PROMPT, recorder, model_draft, tree=("d", "ngram", "d"))
+    assert built == [("h", ProposerKind.HEAD, False, NO_CASCADE)]
+    tree = proposers.build("tree", "t", PROMPT, recorder, model_draft, members=("d", "ngram", "d"))
     assert isinstance(tree, TreeProposer) and [m.name for m in tree.members] == ["d", "ngram"]  # each once
-    assert built[-1] == ("d", ProposerKind.DRAFT, True)  # a member: its lookahead drafts no branch
+    assert built[-1] == ("d", ProposerKind.DRAFT, True, NO_CASCADE)  # a member: its lookahead drafts no branch
     with pytest.raises(ProposerGone, match="no tree of two or more"):
-        proposers.build("tree", "t", PROMPT, recorder, model_draft, tree=("d", "d"))
+        proposers.build("tree", "t", PROMPT, recorder, model_draft, members=("d", "d"))
+    # A cascade: its draft model, verifying prompt lookup's guesses as it drafts; heads draft otherwise.
+    assert proposers.build("cascade", "t", PROMPT, recorder, model_draft, members=("d",)).name == "d"
+    assert built[-1] == ("d", ProposerKind.DRAFT, False, Cascade(6, 0.2))
+    for members in (("h",), ("ngram",), (), ("d", "e")):
+        with pytest.raises(ProposerGone, match="no draft model to cascade"):
+            proposers.build("cascade", "t", PROMPT, recorder, model_draft, members=members)

@@ -80,12 +80,14 @@ def sample_distribution(engine, params_for_seed, n, draft) -> tuple[dict[tuple, 
     return tally["counts"], tally["accepted"] / max(tally["proposed"], 1)
 
 
-def _tally(engine, params_for_seed, seeds, draft) -> dict:
-    """The outcomes of requests with these seeds, and what their drafts proposed and had accepted."""
+def _tally(engine, params_for_seed, seeds, draft, prompt: tuple[int, ...] = (), members: tuple[str, ...] = ()) -> dict:
+    """The outcomes of requests with these seeds (after BOS and ``prompt``), and what their drafts
+    proposed and had accepted."""
     counts: dict[tuple, int] = {}
     proposed = accepted = first_step_k = 0
     for seed in seeds:
-        done = engine.generate([engine.tokenizer.bos_token_id], params_for_seed(seed), draft=draft).complete()
+        done = engine.generate([engine.tokenizer.bos_token_id, *prompt], params_for_seed(seed), draft=draft,
+                               members=members).complete()
         outcome = tuple(done.token_ids[:LENGTH])
         if done.finish_reason == "eos" and len(done.token_ids) < LENGTH:
             outcome += (engine.tokenizer.eos_token_id,)  # the assembler drops EOS; name the outcome exactly
@@ -171,6 +173,8 @@ def _tally_share(sampling: SamplingParams, k: int, max_support: int, seeds: rang
         draft = tiny_model(1, vocab_size=len(OTHER_WORDS))
     engine = SpecEngine(target, word_tokenizer(), {"d": draft}, draft_max_support=max_support, heads=heads,
                         medusa=medusa, bridges={"d": other_bridge()} if proposer == "other" else None)
+    if proposer == "cascade":
+        return _tally(engine, params_for(sampling, k), seeds, "cascade", cascade_prompt(), ("d",))
     fed = proposer in ("head", "medusa", "mtp")  # their first step proposes nothing: no hidden state before a pass
     return _tally(engine, params_for(sampling, k, int(fed)), seeds, proposer if fed else "d")
 
@@ -190,7 +194,8 @@ def sample_distribution_split(sampling: SamplingParams, k: int, max_support: int
     for tally in tallies:
         for outcome, count in tally["counts"].items():
             counts[outcome] = counts.get(outcome, 0) + count
-    assert max(t["first_step_k"] for t in tallies) == k, "the first step should propose k drafts"
+    longest = max(t["first_step_k"] for t in tallies)
+    assert longest == k or proposer == "cascade" and longest > k, "the first step should propose k drafts"
     return counts, sum(t["accepted"] for t in tallies) / max(sum(t["proposed"] for t in tallies), 1)
 
 
@@ -328,6 +333,29 @@ def test_sampling_through_a_draft_of_another_tokenizer_matches_target_distributi
     assert_same_distribution(exact, counts, SAMPLES // 4)
 
 
+def cascade_prompt() -> tuple[int, ...]:
+    """Words after BOS that say "a b c" twice, "a b" the second time: prompt lookup guesses on."""
+    return tuple(word_tokenizer().convert_tokens_to_ids(["a", "b", "c", "a", "b"]))
+
+
+def test_sampling_through_a_cascade_matches_target_distribution(tokenizer):
+    """A cascade (workers/drafting.py): prompt lookup guesses after a prompt that repeats itself, the
+    draft verifies the guesses in its first pass and proposes past k (k 1) down those it draws. In
+    process, and through the router's request and a batching draft worker's stream (its session
+    opened with the cascade's guesses): the output is the target's."""
+    sampling, k = SamplingParams(temperature=1.0, top_p=0.9), 1
+    prefix = [tokenizer.bos_token_id, *cascade_prompt()]
+    exact = exact_distribution(tiny_model(0), prefix, sampling, tokenizer.eos_token_id)
+    counts, alpha = sample_distribution_split(sampling, k, 32, SAMPLES // 4, proposer="cascade")
+    assert 0.05 < alpha < 0.98, alpha
+    assert_same_distribution(exact, counts, SAMPLES // 4)
+    engine = SpecEngine(tiny_model(0), tokenizer, {"d": tiny_model(1)})
+    counts, passes, _ = sample_distribution_batched(engine.target, engine.drafts["d"], tokenizer,
+                                                    params_for(sampling, k), SAMPLES // 4, cascade=True)
+    assert passes["draft"].max_sessions > 1 and passes["past_k"] > 0, passes
+    assert_same_distribution(exact, counts, SAMPLES // 4)
+
+
 @pytest.mark.slow  # as long as a setting above; the rule's own case is in test_acceptance_distribution.py
 def test_draft_equal_to_target_accepts_everything(tokenizer):
     target = tiny_model(0)
@@ -357,14 +385,15 @@ NEIGHBOURS = 64  # sessions in flight at once: each step shares its passes with 
 
 
 def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tree: bool = False,
-                                fail: str | None = None, fail_every: int = 1, bridge=None):
+                                fail: str | None = None, fail_every: int = 1, bridge=None, cascade: bool = False):
     """As ``sample_distribution``, through the router's request loop (``Session``) against workers
     that batch: every draft and verify step runs in passes shared with other requests' steps. With
     ``tree``, each step proposes a token tree of the draft, prompt lookup and suffix decoding. With
     ``fail`` ("draft" or "target"), every ``fail_every``-th request (by seed) starts on a worker of
     that kind of its own that fails (UNAVAILABLE) at its first or second step, drawn at random, and
     goes on on a spare. With ``bridge``, the draft is of another tokenizer (its workers' streams
-    bridged: workers/token_bridge.py). Returns the counts of all requests, the passes, and the counts of those
+    bridged: workers/token_bridge.py). With ``cascade``, the draft runs under prompt lookup after
+    ``cascade_prompt`` (workers/drafting.py). Returns the counts of all requests, the passes, and the counts of those
     that started on a failing worker (chosen before they ran: the split does not depend on outputs)."""
     from fake_workers import DRAFT, FakeDirectory, FakeWorker
 
@@ -373,7 +402,7 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
     from specserve.router.policy import Route
     from specserve.router.proposers import ProposerFactory
     from specserve.router.request import Request, Routing, Workers
-    from specserve.workers.lookup import TREE, DraftFree
+    from specserve.workers.lookup import CASCADE, TREE, DraftFree
     from specserve.router.tasks import ResolvedTask
     from specserve.router.validation import ValidRequest
     from specserve.workers.batching import Scheduler
@@ -395,9 +424,10 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
         directory = FakeDirectory(verifier, FakeWorker("draft", "d0", draft, scheduler=schedulers["draft"],
                                                        bridge=bridge))
         gate = asyncio.Semaphore(NEIGHBOURS)
-        name = TREE if tree else DRAFT
+        name = TREE if tree else CASCADE if cascade else DRAFT
         draft_free = DraftFree()  # its suffix tries learn from the finished requests' outputs
-        proposers = ProposerFactory(draft_free, {"t": (DRAFT, "ngram", "suffix")})
+        proposers = ProposerFactory(draft_free, {"t": (DRAFT, "ngram", "suffix")}, cascades={"t": DRAFT})
+        prompt = [tokenizer.bos_token_id, *(cascade_prompt() if cascade else ())]
 
         spares = {kind: FakeWorker(kind, f"spare-{kind}", m, scheduler=schedulers[kind])
                   for kind, m in (("target", target), ("draft", draft))}
@@ -418,7 +448,7 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
 
         async def one(seed: int) -> None:
             params = params_for_seed(seed)
-            request = ValidRequest([tokenizer.bos_token_id], params, "t", name, params.k, "on")
+            request = ValidRequest(prompt, params, "t", name, params.k, "on")
             routing = Routing(ResolvedTask("t", "request", 1.0), Route(name, params.k, "requested"),
                               DraftLength("fixed", params.k, params.k))
             session = Request(request, routing, Workers(tokenizer, directory_of(seed), TimeoutsConfig(), proposers))
@@ -435,6 +465,7 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
         await asyncio.gather(*(one(seed) for seed in range(n)))
         passes.update({name: s.counts for name, s in schedulers.items()})
         passes["trees"] = sum(bool(p.parents) for p in verifier.proposals)
+        passes["past_k"] = sum(len(p.ids) > max(1, params_for_seed(0).k) for p in verifier.proposals)
         passes["failed"] = sum(w.dead for w in failovers)
 
     asyncio.run(scenario())

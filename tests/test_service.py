@@ -119,6 +119,28 @@ def test_a_token_tree_keeps_the_targets_output_on_every_tasks_prompts(client, ti
     assert all(s.draft == "tree" for s in stats) and sum(s.accepted_tokens for s in stats) > 0
 
 
+def test_a_cascade_keeps_the_targets_output_and_proposes_past_k(client, tiny_zoo):
+    """A task's draft model under prompt lookup (``cascade``: the draft worker verifies the lookup's
+    guesses as it drafts, and goes on past k down those it draws) on every task's prompts said
+    twice, greedy and seeded sampled: greedy token for token the target's, and some proposal longer
+    than k (more tokens proposed than k a target pass)."""
+    past_k = accepted = 0
+    for task in tiny_zoo.tasks:
+        prompt = tiny_zoo.prompts(task)[0]
+        prompt = f"{prompt} {prompt}"
+        off = client.generate(request(prompt, task=task, max_tokens=40, speculation=pb.SPECULATION_OFF))
+        on = client.generate(request(prompt, task=task, draft="cascade", k=2, max_tokens=40,
+                                     speculation=pb.SPECULATION_ON))
+        assert list(on.token_ids) == list(off.token_ids), task
+        assert on.stats.draft == "cascade" and on.stats.route != "lost", on.stats
+        past_k += on.stats.proposed_tokens > 2 * on.stats.target_passes
+        accepted += on.stats.accepted_tokens
+        sampled = client.generate(request(prompt, task=task, draft="cascade", k=2, max_tokens=20, temperature=1.0,
+                                          seed=7, speculation=pb.SPECULATION_ON))
+        assert sampled.stats.draft == "cascade" and len(sampled.token_ids) > 0
+    assert past_k > 0 and accepted > 0
+
+
 def test_stream_chunks_concatenate_to_the_unary_result(client, tiny_zoo):
     prompt = tiny_zoo.prompts("code")[0]
     # Draft and k pinned: the policy's own choices may differ between two calls, and with them
@@ -232,7 +254,7 @@ def test_a_seeded_sampled_request_is_reproducible(client, tiny_zoo):
     ({"seed": 2**63}, "seed must be 0..2^63-1"),
     ({"stop": ["x" * 65]}, "each stop string must be 1..64 characters, got 65"),
     ({"task": "poetry"}, "unknown task 'poetry'; this deployment serves: canaried, code, general, guessed, math, poor, predicted, prose, sql"),
-    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: code, eagle3, general, math, medusa, mtp, ngram, other, prose, sql, suffix, tree"),
+    ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: cascade, code, eagle3, general, math, medusa, mtp, ngram, other, prose, sql, suffix, tree"),
     ({"speculation": 7}, "speculation must be SPECULATION_AUTO, SPECULATION_ON or SPECULATION_OFF, got 7"),
     ({"prompt": "SELECT " * 200, "max_tokens": 100}, "exceed the context window of 256 tokens"),
     ({"prompt": "x" * 100_000}, "far beyond the context window of 256 tokens"),

@@ -150,7 +150,3 @@ class DraftPoolConfig(WorkerConfig):
     # one it replaces end). 0: every share serves; a draft model's version is then refused until
     # memory frees. CPUs grow their pools with the load and need none kept.
     version_pools: int = Field(1, ge=0)
-    # A cascade under each draft model (workers/drafting.py): prompt lookup's guesses of a proposal's
-    # tokens, at most this many, verified by the draft in its first pass (each it draws saves a
-    # pass; what it proposes is unchanged). 0: none.
-    cascade: int = Field(0, ge=0, le=16)

@@ -23,7 +23,7 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .batching import Scheduler, StepResult
 from .config import DraftPoolConfig
-from .drafting import DRAFT_MAX_SUPPORT, BranchRun, DraftSession, DraftRun, DraftTokens, score_continuation
+from .drafting import DRAFT_MAX_SUPPORT, BranchRun, Cascade, DraftSession, DraftRun, DraftTokens, score_continuation
 from .grammar import GrammarCompiler, GrammarError, GrammarState, grammar_compiler, no_grammars, warm_grammars
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
@@ -36,6 +36,7 @@ from .model_host import HostLoad, ModelHost, SessionIdle, SessionLimit, first_op
 from .multiplexing import serve_multiplexed
 from .ragged_pass import PooledSequence
 from .registry import Registration
+from .request import MAX_K
 from .seeds import DraftDraws
 from .token_bridge import TokenBridge, bridge_if_needed
 from .tokenizer_check import TokenizerMismatch, check_compatible
@@ -62,12 +63,12 @@ class DraftWorker:
             warm_grammars(drafts[name].source)
         self.heads = {name: gemv_layout(head) for name, head in (load_heads(heads, target) if heads else {}).items()}
         self.specs, self.target, self.batching = dict(drafts), target, config.batching  # what swaps load from
-        self.cascade = config.cascade  # prompt lookup's guesses each draft model verifies (drafting.py)
         # Drafts of another tokenizer than the target's, by name: they draft through the tokens the
         # two share (workers/token_bridge.py). Without a target given, every draft is taken as the
         # target's tokenizer's (the pool checked them at start-up).
-        self.bridges = {name: bridge for name, model in self.models.items() if target is not None
-                        and (bridge := bridge_if_needed(load_tokenizer(target.source), drafts[name].source,
+        target_tokenizer = load_tokenizer(target.source) if target is not None and self.models else None
+        self.bridges = {name: bridge for name, model in self.models.items() if target_tokenizer is not None
+                        and (bridge := bridge_if_needed(target_tokenizer, drafts[name].source,
                                                         model.config.vocab_size, name)) is not None}
         servicer = DrafterServicer(self)
         self.host = ModelHost("draft", worker_id, self.models, config, registration,
@@ -234,13 +235,15 @@ class DraftStream:
     """One Draft stream's session: each step brings the draft to what stands, then proposes."""
 
     def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen,
-                 grammars: Callable[[], GrammarCompiler] = no_grammars, cascade: int = 0,
-                 allowed: torch.Tensor | None = None) -> None:
+                 grammars: Callable[[], GrammarCompiler] = no_grammars, allowed: torch.Tensor | None = None) -> None:
+        if opened.cascade >= MAX_K or not 0.0 <= opened.cascade_min_p <= 1.0:
+            raise ValueError(f"cascade must be 0..{MAX_K - 1} (prompt lookup's guesses a proposal's first pass "
+                             f"verifies) and cascade_min_p 0..1, got {opened.cascade} and {opened.cascade_min_p}")
         sampling = sampling_from(opened.sampling)
         self.greedy = sampling.greedy
         self.session = DraftSession(sequence, sampling, DraftDraws(opened.sampling.seed, opened.model), DRAFT_MAX_SUPPORT,
                                     opened.alternatives, draft_grammar(opened, grammars), opened.grammar.output_start,
-                                    cascade, allowed)
+                                    Cascade(opened.cascade, opened.cascade_min_p), allowed)
         self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
         self.held: DraftTokens | None = None  # that proposal: the last run's result, or an adopted branch's
         self.branch: BranchRun | None = None  # drafted beside the last run, for another verdict
@@ -269,6 +272,7 @@ class DraftStream:
         if step.HasField("fork") and step.guess and step.fork.keep <= self.session.sequence.length:
             self.branch = BranchRun(self.session, step.fork.keep, step.fork.token, step.fork.k, step.min_confidence,
                                     max(step.min_tokens, 1), reach)
+            self.last.longest = step.k  # the branch writes from ``reach`` on
         return self.last  # a step that failed has no result: nothing to rewind
 
     def reply(self, run: DraftRun, done: StepResult) -> pb.Proposal:
@@ -292,23 +296,24 @@ class BridgedStream(DraftStream):
     position), no alternatives and within no grammar (the target's, over the target's tokens): all
     lossless, as its q is exact."""
 
-    def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen, bridge: TokenBridge, cascade: int = 0) -> None:
+    def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen, bridge: TokenBridge) -> None:
         without = pb.SessionOpen()
         without.CopyFrom(opened)
         without.ClearField("grammar")
         without.alternatives = False
-        super().__init__(sequence, without, cascade=cascade, allowed=bridge.mask)
+        super().__init__(sequence, without, allowed=bridge.mask)
         self.bridge = bridge
         self.name = opened.model
         self.committed = list(opened.prompt_ids)  # the target's tokens that stand
         self.session.keyed_to(len(self.committed))
         self.outgrown = False
+        self.sent: tuple[DraftTokens, DraftTokens] | None = None  # the last proposal: the draft's, and as sent
 
     def step(self, step: pb.DraftStep) -> DraftRun:
         if step.adopt:
             raise ValueError("a draft of another tokenizer drafts no branch to adopt")
         held = self.last.result if self.last is not None else None  # (None: a run that failed)
-        target_held = self.committed + (self.bridge.proposal(held).ids if held is not None else [])
+        target_held = self.committed + (self._translated(held).ids if held is not None else [])
         if not 1 <= step.keep <= len(target_held):
             raise ValueError(f"keep must be 1..{len(target_held)} (the tokens this session holds), got {step.keep}")
         self.committed = target_held[: step.keep] + list(step.append)
@@ -326,7 +331,14 @@ class BridgedStream(DraftStream):
         return self.last
 
     def reply(self, run: DraftRun, done: StepResult) -> pb.Proposal:
-        return proposal_message(self.bridge.proposal(run.so_far()), self.greedy, done.device_seconds, pass_info(done))
+        return proposal_message(self._translated(run.so_far()), self.greedy, done.device_seconds, pass_info(done))
+
+    def _translated(self, proposal: DraftTokens) -> DraftTokens:
+        """``proposal`` in the target's ids: translated once, when it is sent, and read again by the
+        next step."""
+        if self.sent is None or self.sent[0] is not proposal:
+            self.sent = (proposal, self.bridge.proposal(proposal))
+        return self.sent[1]
 
 
 class HeadStream:
@@ -459,8 +471,8 @@ class DrafterServicer(rpc.DrafterServicer):
         try:
             bridge = self.worker.bridges.get(opened.model)
             with host.session(opened.model, opened, context, bridge) as (scheduler, sequence):
-                stream = (DraftStream(sequence, opened, self.worker.grammars[opened.model], self.worker.cascade)
-                          if bridge is None else BridgedStream(sequence, opened, bridge, self.worker.cascade))
+                stream = (DraftStream(sequence, opened, self.worker.grammars[opened.model])
+                          if bridge is None else BridgedStream(sequence, opened, bridge))
                 async for run, done in _runs(scheduler, stream, host.steps(requests), opened.task):
                     yield stream.reply(run, done)
         except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)

@@ -1,12 +1,14 @@
 """The draft side of one session: propose k tokens and the exact distributions they came from.
 
-A cascade (``DraftSession.cascade``): before drafting, prompt lookup guesses the tokens after the
-committed ones, and the draft's first pass runs them too, with logits after each. The draft then
-draws its tokens from those rows as it would have drawn them one pass at a time (the same uniform
-at each position), and keeps going down the guesses while its own token is the guess: a row after
-a guess it did not draw is never used. What it proposes is its own drafting, token for token and q
-for q, in fewer passes (each guess it drew saves one); the guesses are verified by the draft, so
-what the target is sent keeps an exact q.
+A cascade (``Cascade``; proposer ``cascade``, workers/lookup.py): before drafting, prompt lookup
+guesses the tokens after the committed ones, and the draft's first pass runs them too, with logits
+after each. At each row the draft verifies the guess: one it gives at least ``min_p`` is proposed
+as it is (q one-hot: given what stands, the choice is made, whatever the draft would have drawn),
+else it draws its own token as a pass of its own would have drawn it (the same uniform at that
+position). It goes down the guesses while its token is the guess (a row after a guess it did not
+take is never used) and past k (``DraftRun``), then drafts on one pass a token. So what the target
+is sent keeps an exact q: lookup's long matches the draft vouches for, whole, and the draft's own
+tokens where it does not; at ``min_p`` 1, its own drafting alone, in fewer passes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .grammar import GrammarState
 from .kv_cache import BRANCH_ROOM
 from .ngram import NgramIndex
 from .ragged_pass import PooledSequence, Segment
+from .request import MAX_K
 from .seeds import DraftDraws
 
 # The draft samples from its warped distribution truncated to this many tokens. q stays exact (the
@@ -29,6 +32,20 @@ from .seeds import DraftDraws
 # the mass beyond the top 32 of a small draft is negligible for acceptance.
 DRAFT_MAX_SUPPORT = 32
 GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """Prompt lookup under a draft model (see the module's docstring): at most ``guesses`` of its
+    guesses (0: no cascade) verified in a proposal's first pass, a guess the draft gives at least
+    ``min_p`` proposed as it is (q one-hot: given what stands, the choice is made) and the draft's
+    own token drawn below it (1: the proposal is the draft's own drafting)."""
+
+    guesses: int = 0
+    min_p: float = 1.0
+
+
+NO_CASCADE = Cascade()
 
 
 @dataclass(frozen=True)
@@ -60,6 +77,12 @@ class DraftTokens:
     def empty() -> DraftTokens:
         return DraftTokens([], SparseDist(torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, 1)))
 
+    def first(self, n: int) -> DraftTokens:
+        """A chain's first ``n`` tokens, with their q (a prefix of a proposal is one too)."""
+        if len(self.ids) <= n:
+            return self
+        return DraftTokens(self.ids[:n], SparseDist(self.q.ids[:n], self.q.probs[:n]))
+
     @staticmethod
     def of_ids(ids: Sequence[int], parents: Sequence[int] | None = None) -> DraftTokens:
         """A deterministic proposal: ``ids`` with one-hot q."""
@@ -73,7 +96,7 @@ class DraftSession:
 
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, draws: DraftDraws,
                  max_support: int = DRAFT_MAX_SUPPORT, alternatives: bool = False,
-                 grammar: GrammarState | None = None, output_start: int = 0, cascade: int = 0,
+                 grammar: GrammarState | None = None, output_start: int = 0, cascade: Cascade = NO_CASCADE,
                  allowed: torch.Tensor | None = None) -> None:
         self.sequence = sequence
         self.sampling = sampling
@@ -85,7 +108,7 @@ class DraftSession:
         # (q is what it sampled from); masked, it no longer proposes what the target must reject.
         self.grammar = grammar
         self.output_start = output_start
-        self.cascade = cascade  # prompt lookup's guesses a proposal's first pass verifies (0: none)
+        self.cascade = cascade
         # A draft of another tokenizer (workers/token_bridge.py) draws among the tokens it shares
         # with the target: [V] 0 there, -inf elsewhere, added to every row of logits it draws from.
         self.allowed = allowed
@@ -93,19 +116,19 @@ class DraftSession:
         # text re-encoded can move back (a merge), and a uniform the verifier examined must never
         # draw again (workers/seeds.py). 0: a draft of the target's tokenizer, the same positions.
         self.position_offset = 0
-        self.lookup = NgramIndex() if cascade else None
+        self.lookup = NgramIndex() if cascade.guesses else None
 
     def guesses(self, k: int) -> list[int]:
-        """Up to ``min(k - 1, cascade)`` tokens prompt lookup guesses after the committed ones: the
-        cascade's cheaper level (m guesses give the first pass at most m + 1 tokens of the k)."""
-        if self.lookup is None or k < 2:
+        """Up to ``cascade.guesses`` tokens prompt lookup guesses after the committed ones (fewer
+        than MAX_K): the cascade's cheaper level, which the first pass verifies."""
+        if self.lookup is None or k < 1:
             return []
         committed, held = self.sequence.committed, self.lookup.tokens
         if len(held) > len(committed) or committed[: len(held)] != held:  # rewound: index again
             self.lookup = NgramIndex(committed, self.lookup.config)
         else:
             self.lookup.extend(committed[len(held) :])
-        return self.lookup.propose(min(k - 1, self.cascade))
+        return self.lookup.propose(min(MAX_K - 1, self.cascade.guesses))
 
     def step(self, k: int, min_confidence: float = 0.0, min_tokens: int = 1, guess: bool = False) -> DraftRun:
         """Up to k tokens; with `min_confidence`, stop after a token (past the first `min_tokens`)
@@ -212,7 +235,12 @@ class Drafted:
 class DraftRun(Drafted):
     """Drafting one proposal, one pass per token: the first runs what the cache lacks (the verdict's
     tokens, or the prompt, in chunks if long) and a cascade's guesses, each later one the token
-    drawn last."""
+    drawn last.
+
+    A cascade's proposal may run past k: a token the draft drew where prompt lookup guessed the same
+    is a token two proposers agree on, and the draft goes on down the guesses it drew (up to
+    ``longest`` tokens; the stopping rule reads the draft's draws and the lookup's guesses, both
+    given by what stands, so q stays exact)."""
 
     def __init__(self, session: DraftSession, k: int, min_confidence: float, min_tokens: int,
                  guess: bool = False) -> None:
@@ -220,6 +248,9 @@ class DraftRun(Drafted):
         self.guess = guess
         self.planned: Segment | None = None
         self.guesses = session.guesses(k)  # the first pass's, after the committed tokens
+        # Its tokens at most: k where something else is written past them (a branch's region, from
+        # k on: ``DraftStream``), else as far as the guesses it draws reach.
+        self.longest = MAX_K
         if k < 1:
             self.result = DraftTokens.empty()
 
@@ -235,25 +266,34 @@ class DraftRun(Drafted):
         if not self.planned.logits:  # a prefill chunk
             return False
         guesses = self.guesses if len(logits) > 1 else []
-        done = self._draw(logits[:1])
+        done = self._draw(logits[:1], guesses[:1])
         for row, guess in enumerate(guesses, start=1):
             if done or self.ids[-1] != guess:  # the rows past a guess it did not draw read another context
                 break
-            done = self._draw(logits[row : row + 1])
+            done = self._draw(logits[row : row + 1], guesses[row : row + 1])
         # The cache holds the committed tokens and the drawn ones but the last: no guess past them.
         sequence = session.sequence
         sequence.length = min(sequence.length, len(sequence.committed) + len(self.ids) - 1)
         return done
 
-    def _draw(self, logits: torch.Tensor) -> bool:
-        """The next token from its row of logits [1, V], drawn as a pass of its own would draw it."""
+    def _draw(self, logits: torch.Tensor, next_guess: list[int] = ()) -> bool:
+        """The next token from its row of logits [1, V], drawn as a pass of its own would draw it;
+        where it is ``next_guess``, the run may go one token past k (the pass holds that row)."""
         session = self.session
         logits = session.constrain(logits, self.ids)
         if self.guess and not self.ids:  # the likeliest target token: a hit is likelier than on a sample
             token, q = draw(logits, GREEDY, 0.0, session.max_support)
-            return self.took(logits, token, q, NO_ALTERNATIVE)  # never proposed: nothing to fork at
-        token, q = session.draw(logits, len(session.sequence.committed) + len(self.ids))
-        return self.took(logits, token, q, session.alternative(logits, token, q))
+            alternative = NO_ALTERNATIVE  # never proposed: nothing to fork at
+        else:
+            token, q = session.draw(logits, len(session.sequence.committed) + len(self.ids))
+            alternative = session.alternative(logits, token, q)
+            # Decided before looking at the draw: taken whatever it drew, so q is one-hot exactly.
+            # Never one it cannot draw (a grammar's or a bridge's mask, or outside its support).
+            if next_guess and 0.0 < (p := session.confidence(logits, next_guess[0], q)) and p >= session.cascade.min_p:
+                token, q, alternative = next_guess[0], one_hot(torch.tensor([next_guess[0]])), NO_ALTERNATIVE
+        if next_guess and token == next_guess[0]:
+            self.k = min(max(self.k, len(self.ids) + 2), self.longest)
+        return self.took(logits, token, q, alternative)
 
 
 class BranchRun(Drafted):

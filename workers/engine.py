@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .decoding import Completion, Decoding
 from .draft_length import DraftLength
-from .drafting import DRAFT_MAX_SUPPORT, DraftSession, DraftTokens
+from .drafting import DRAFT_MAX_SUPPORT, NO_CASCADE, Cascade, DraftSession, DraftTokens
 from .grammar import GrammarCompiler, GrammarState
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_head_of
@@ -24,7 +24,7 @@ from .heads.proposer import HeadDraft, HeadState
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
 from .local_draft import BridgedDraft, LocalDraft
-from .lookup import DRAFT_FREE, TREE, DraftFree, ProposerKind
+from .lookup import CASCADE, DRAFT_FREE, TREE, DraftFree, ProposerKind
 from .loop import SpeculativeLoop, run_now
 from .proposers import Proposers
 from .proposing import AUX_HIDDEN, MEDUSA_NEXT, Proposer, Verified, VerifyNeeds
@@ -52,7 +52,6 @@ class SpecEngine:
         draft_max_support: int = DRAFT_MAX_SUPPORT,
         heads: dict[str, Eagle3Head] | None = None,
         medusa: dict[str, MedusaHeads] | None = None,
-        cascade: int = 0,
         bridges: dict[str, TokenBridge] | None = None,
     ) -> None:
         self.target = use_pooled_attention(target)
@@ -63,11 +62,10 @@ class SpecEngine:
         self.guesses = {name: GuessBatch(heads, MedusaHeads.reads_layer(target.config))
                         for name, heads in self.medusa.items()}
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
-        self.cascade = cascade  # prompt lookup's guesses a draft model verifies in its first pass (drafting.py)
         self.bridges = dict(bridges or {})  # drafts of another tokenizer, by name (token_bridge.py)
         self.context_window = int(target.config.max_position_embeddings)
         # Prompt lookup and suffix decoding (over the prompt alone: no task's outputs), the heads'
-        # names and a tree's size: what each request's proposer is built from.
+        # names, a tree's size and a cascade's guesses: what each request's proposer is built from.
         self.proposers = Proposers(DraftFree(), self.heads.keys(), medusa=self.medusa.keys())
         self.task = ""  # whose outputs suffix decoding reads, if a caller teaches proposers.draft_free some
         self._grammars: GrammarCompiler | None = None
@@ -97,11 +95,12 @@ class SpecEngine:
                    medusa={name: gemv_layout(load_medusa(spec.source, model)) for name, spec in medusa.items()})
 
     def generate(self, prompt: str | list[int], params: GenerationParams, draft: str | None = None,
-                 tree: Sequence[str] = (), first_alone: bool = False) -> Generation:
+                 members: Sequence[str] = (), first_alone: bool = False) -> Generation:
         """``draft`` names the proposer: one of the drafts, a draft-free one (``ngram``, ``suffix``),
-        or ``tree``: the proposers named in ``tree`` as one token tree. ``first_alone``: a draft
-        model's first step proposes nothing, as the service's do when they draft ahead (the same
-        output for a seeded sampled request in both)."""
+        ``tree``: the proposers named in ``members`` as one token tree, or ``cascade``: the draft
+        model named in ``members`` with prompt lookup under it (``proposers.cascade``).
+        ``first_alone``: a draft model's first step proposes nothing, as the service's do when they
+        draft ahead (the same output for a seeded sampled request in both)."""
         prompt_ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids or (isinstance(prompt, str) and not prompt):
             raise ValueError("prompt must not be empty")
@@ -111,18 +110,22 @@ class SpecEngine:
                 f"exceed the context window of {self.context_window} tokens; shorten the prompt or lower max_tokens"
             )
         if params.speculation:
-            self._check_proposer(draft, tree)
-        return Generation(self, prompt_ids, params, draft if params.speculation else None, tree, first_alone)
+            self._check_proposer(draft, members)
+        return Generation(self, prompt_ids, params, draft if params.speculation else None, members, first_alone)
 
-    def _check_proposer(self, name: str | None, tree: Sequence[str]) -> None:
+    def _check_proposer(self, name: str | None, members: Sequence[str]) -> None:
         known = (*sorted(self.drafts), *sorted(self.heads), *sorted(self.medusa), *DRAFT_FREE)
         if name == TREE:
-            if len(tree) < 2 or not set(tree) <= set(known) or len(set(tree)) < len(tree):
-                raise ValueError(f"a tree needs two or more different ones of {', '.join(known)}; got {list(tree)}")
-            if medusa := sorted(set(tree) & set(self.medusa)):
+            if len(members) < 2 or not set(members) <= set(known) or len(set(members)) < len(members):
+                raise ValueError(f"a tree needs two or more different ones of {', '.join(known)}; got {list(members)}")
+            if medusa := sorted(set(members) & set(self.medusa)):
                 raise ValueError(f"Medusa heads {medusa} guess a tree of their own and join no token tree")
+        elif name == CASCADE:
+            if len(members) != 1 or members[0] not in self.drafts:
+                raise ValueError(f"a cascade runs one draft model, one of {', '.join(sorted(self.drafts))}; "
+                                 f"got {list(members)}")
         elif name not in known:
-            raise ValueError(f"unknown draft {name!r}; available: {', '.join(known)}, or {TREE}")
+            raise ValueError(f"unknown draft {name!r}; available: {', '.join(known)}, {TREE} or {CASCADE}")
 
 
 class LocalVerifier:
@@ -161,7 +164,7 @@ class Generation:
     """One request in flight. Iterate for chunks as they are committed; ``complete()`` drains it."""
 
     def __init__(self, engine: SpecEngine, prompt_ids: list[int], params: GenerationParams, draft: str | None,
-                 tree: Sequence[str], first_alone: bool = False) -> None:
+                 members: Sequence[str], first_alone: bool = False) -> None:
         self.engine = engine
         self.first_alone = first_alone
         self.params = params
@@ -171,7 +174,7 @@ class Generation:
         self.verify_generator = verifier_generator(self.decoding.stats.seed)
         self.capacity = session_capacity(len(prompt_ids), params.max_tokens, engine.context_window)
         self.length = DraftLength("fixed", params.k if draft else 0, params.k)
-        proposer = self._proposer(draft, tree) if draft else None
+        proposer = self._proposer(draft, members) if draft else None
         pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
         session = TargetSession(sequence, params.sampling, self.verify_generator,
                                 proposer.needs.hidden_layers if proposer else (), params.logprobs, params.processing,
@@ -179,11 +182,11 @@ class Generation:
         self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer,
                                     self.length, self.recorder)
 
-    def _proposer(self, name: str, tree: Sequence[str]) -> Proposer:
+    def _proposer(self, name: str, members: Sequence[str]) -> Proposer:
         return self.engine.proposers.build(name, self.engine.task, self.decoding.committed_ids(), self.recorder,
-                                           self._model_draft, tree)
+                                           self._model_draft, members)
 
-    def _model_draft(self, name: str, kind: ProposerKind, in_tree: bool) -> Proposer:
+    def _model_draft(self, name: str, kind: ProposerKind, in_tree: bool, cascade: Cascade = NO_CASCADE) -> Proposer:
         """A draft model or heads in this process, for this request (no lookahead: it runs alone)."""
         if kind is ProposerKind.MEDUSA:  # guessing in the target session's passes (``_guesser``)
             return MedusaDraft(name, self.params.sampling, self.recorder)
@@ -198,13 +201,13 @@ class Generation:
             capacity = bridged_capacity(self.capacity, len(self.decoding.prompt_ids), len(prompt))
             pool, sequence = private_sequence(model, prompt, capacity)
             session = DraftSession(sequence, self.params.sampling, draws, self.engine.draft_max_support,
-                                   allowed=bridge.mask)
+                                   cascade=cascade, allowed=bridge.mask)
             return BridgedDraft(name, model, pool, session, self.length, self.recorder, bridge,
                                 self.decoding.prompt_ids, self.first_alone)
         pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
         session = DraftSession(sequence, self.params.sampling, draws,
                                self.engine.draft_max_support, grammar=self._grammar(),
-                               output_start=len(self.decoding.prompt_ids), cascade=self.engine.cascade)
+                               output_start=len(self.decoding.prompt_ids), cascade=cascade)
         return LocalDraft(name, model, pool, session, self.length, self.recorder, self.first_alone)
 
     def _guesser(self, medusa: str) -> MedusaGuesser | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,10 @@ def load_model(spec: ModelSpec) -> PreTrainedModel:
     model = _from_pretrained(AutoModelForCausalLM, spec.source, "model", dtype=resolve_dtype(spec.dtype, device))
     if not is_gguf(spec.source) and (kept := read_vocabulary(spec.source)) is not None:
         model = prune_head(model, kept)  # a draft distilled with a reduced vocabulary (workers/vocabulary.py)
+    if empty := [name for name, tensor in model.state_dict().items() if tensor.is_meta]:
+        raise ModelLoadError(f"cannot load model from {spec.source!r}: {len(empty)} weights were left unloaded "
+                             f"({', '.join(empty[:3])}{', ...' if len(empty) > 3 else ''}); is the checkpoint "
+                             f"complete?")
     return model.to(device).eval()
 
 
@@ -152,12 +157,21 @@ def _without_invented_tokens(tokenizer: PreTrainedTokenizerBase, vocab_size: int
                                    **tokenizer.special_tokens_map)
 
 
+# One load at a time in a process. transformers' from_pretrained patches process-wide state while it
+# builds a model (the default dtype, weight tying and init functions swapped for no-ops, restored on
+# exit): two loads on two threads (a draft worker takes a canary's version while it swaps another)
+# can restore each other's patches, and a later load then leaves tied weights on the meta device
+# ("Cannot copy out of meta tensor" at .to(device); seen once in tests/test_canary_service.py).
+_LOADING = threading.RLock()
+
+
 def _from_pretrained(auto, source: str, what: str, **kwargs):
     """``auto.from_pretrained`` on a directory, hub id or GGUF file, its failures as ModelLoadError."""
     where, extra = _where(source)
     _check_local(source, what)
     try:
-        return auto.from_pretrained(where, **extra, **kwargs, local_files_only=_is_local(source))
+        with _LOADING:
+            return auto.from_pretrained(where, **extra, **kwargs, local_files_only=_is_local(source))
     except (OSError, ValueError, ImportError, StrictDataclassError) as exc:  # the last: a config.json transformers finds invalid
         raise ModelLoadError(f"cannot load {what} from {source!r}: {exc}") from exc
 

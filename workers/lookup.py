@@ -20,7 +20,8 @@ from .suffix_tree import SuffixConfig, SuffixProposer, TaskOutputs
 NGRAM, SUFFIX = "ngram", "suffix"
 DRAFT_FREE = (NGRAM, SUFFIX)
 TREE = "tree"  # a task's draft and draft-free proposers at once, as one token tree (workers/token_tree.py)
-RESERVED = (*DRAFT_FREE, TREE)  # proposer names no draft model may take
+CASCADE = "cascade"  # a task's draft model with prompt lookup under it (workers/drafting.py)
+RESERVED = (*DRAFT_FREE, TREE, CASCADE)  # proposer names no draft model may take
 # A version of a draft served beside it (a canary, cluster/canary.py) is named ``draft@version``:
 # it drafts as the draft does (same kind, same target layers), from other weights.
 VERSION_MARK = "@"
@@ -37,6 +38,7 @@ class ProposerKind(Enum):
     MEDUSA = "medusa"  # Medusa heads: guesses from the target's last hidden state, where it verifies
     DRAFT_FREE = "draft_free"  # prompt lookup or suffix decoding: no model, wherever the loop runs
     TREE = "tree"  # several of a task's proposers merged into one token tree (workers/token_tree.py)
+    CASCADE = "cascade"  # a draft model verifying prompt lookup's guesses as it drafts (workers/drafting.py)
 
 
 def kind_of(name: str, heads: Container[str] = (), medusa: Container[str] = ()) -> ProposerKind:
@@ -47,6 +49,8 @@ def kind_of(name: str, heads: Container[str] = (), medusa: Container[str] = ()) 
         return ProposerKind.DRAFT_FREE
     if name == TREE:
         return ProposerKind.TREE
+    if name == CASCADE:
+        return ProposerKind.CASCADE
     if name in medusa:
         return ProposerKind.MEDUSA
     return ProposerKind.HEAD if base_draft(name) in heads else ProposerKind.DRAFT

@@ -83,10 +83,13 @@ class SpeculativeLoop:
         if self.proposer is None:
             return NO_PROPOSAL
         try:
-            return await self.proposer.propose(k)
+            proposal = await self.proposer.propose(k)
         except ProposerGone as exc:
             self._lose_proposer(str(exc))
             return NO_PROPOSAL
+        # A cascade's chain may run past k (workers/drafting.py), never past what the request may
+        # still commit: the rest would be verified for nothing.
+        return proposal if proposal.parents is not None else proposal.first(max(0, self.decoding.remaining - 1))
 
     async def verify(self, proposal: DraftTokens) -> Verified:
         needs = self.proposer.needs if self.proposer is not None else NEEDS_NOTHING

@@ -13,6 +13,14 @@ from .processors import LogitsProcessing
 MAX_TOKENS_LIMIT = 4096  # per request; bounds a request's KV cache and its time on a replica
 MAX_K = 16  # proposals per verify step; beyond ~8 acceptance decays faster than passes are saved
 DEFAULT_K = 4  # a good k at alpha ~0.7-0.8 and c ~0.05 (Leviathan et al., fig. 3)
+# A cascade's guesses (prompt lookup's, which its draft model verifies in a proposal's first pass),
+# at most: past k where the draft draws them, so about the most of a repeated text one proposal
+# carries (workers/drafting.py; measured: docs/pages/benchmarks.md, cascades).
+CASCADE_GUESSES = 8
+# A guess the cascade's draft gives at least this probability is proposed as it is; below, the
+# draft draws its own token (workers/drafting.py). 0: every guess it can draw (on the demo zoo the
+# fastest on code and math, 0.02 on sql; a veto at 0.1 lost up to 0.7x on code: benchmarks.md).
+CASCADE_MIN_P = 0.0
 DEFAULT_MAX_TOKENS = 128
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 64

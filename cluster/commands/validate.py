@@ -126,7 +126,7 @@ def _in_process(args, own, task, draft, k, settings, say) -> Report:
         f"{', '.join(sorted(proposers))}")
     engine = SpecEngine.load(ModelSpec(models.target, threads=args.threads),
                              {name: ModelSpec(models.drafts[name], threads=args.threads) for name in used})
-    return validate(engine_decoder(engine, k, models.trees), prompts, arms, settings, say)
+    return validate(engine_decoder(engine, k, models.members), prompts, arms, settings, say)
 
 
 def _through_service(args, own, task, draft, k, settings, say) -> Report:

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def ensure_other_tokenizer_draft(zoo: Zoo, out: Path | None = None) -> Path:
     steps = max(MIN_STEPS, 3 * config["draft_budget"]["steps"])  # text alone teaches less than the target's logits
     recipe = TextDraft(ModelShape(**config["draft"]), TrainBudget(**{**config["draft_budget"], "steps": steps}),
                        config["context_window"], config["seq_len"], int(config["vocab_size"] * VOCAB_FRACTION))
-    documents = [doc for task in zoo.tasks for doc in _cut(zoo.corpus(task).train, CORPUS_CHARS)]
+    documents = [doc for task in zoo.tasks for doc in first_chars(zoo.corpus(task).train, CORPUS_CHARS)]
     target = AutoModelForCausalLM.from_pretrained(zoo.target_dir).eval()
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -118,7 +119,8 @@ def ensure_other_tokenizer_draft(zoo: Zoo, out: Path | None = None) -> Path:
     return out
 
 
-def _cut(documents: list[str], chars: int) -> list[str]:
+def first_chars(documents: Iterable[str], chars: int) -> list[str]:
+    """The first documents, until they hold ``chars`` characters (the one that reaches it kept whole)."""
     kept, held = [], 0
     for doc in documents:
         if held >= chars:
