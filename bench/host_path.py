@@ -547,8 +547,9 @@ def profile_report(profiles: dict) -> str:
 def run(settings: HostPathSettings, command: str) -> Path:
     source = ensure_zoo(settings.zoo)
     zoo = source if settings.on_zoo else ensure_host_path_zoo(source)
-    heads = zoo_heads(zoo) | {name: ensure_other_tokenizer_draft(zoo) for name in settings.paths
-                              if name == OTHER_TOKENIZER}
+    # Only the paths asked for: on a zoo itself, each is distilled on first use (minutes).
+    heads = zoo_heads(zoo, tuple(name for name in (MEDUSA, MTP) if name in settings.paths)) | {
+        name: ensure_other_tokenizer_draft(zoo) for name in settings.paths if name == OTHER_TOKENIZER}
     when = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = settings.out / f"{when}-host-path"
     print(f"host path: zoo {zoo.root}; levels {settings.sessions} sessions x paths {settings.paths}", flush=True)

@@ -27,7 +27,8 @@ from specserve.workers.wire import sampling_message
 
 from test_lossless_sampling import LENGTH, assert_same_distribution, tiny_head, tiny_model, word_tokenizer
 
-PROPOSERS = [{"draft": "sql"}, {"draft": "eagle3"}, {"draft": "ngram"}, {"draft": "tree", "tree": ("sql", "general")}]
+PROPOSERS = [{"draft": "sql"}, {"draft": "eagle3"}, {"draft": "ngram"},
+             {"draft": "tree", "members": ("sql", "general")}, {"draft": "cascade", "members": ("sql",)}]
 # A schema a tiny model can finish within a few dozen tokens: every value bounded.
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "admin"],
           "properties": {"name": {"enum": ["ada", "bob", "cy"]}, "age": {"type": "integer", "minimum": 0,
@@ -42,7 +43,7 @@ def generate(engine, prompt, grammar, sampling=SamplingParams(), seed=3, tokens=
     return engine.generate(prompt, params, **proposer).complete()
 
 
-@pytest.mark.parametrize("proposer", PROPOSERS, ids=["draft", "head", "ngram", "tree"])
+@pytest.mark.parametrize("proposer", PROPOSERS, ids=["draft", "head", "ngram", "tree", "cascade"])
 def test_greedy_output_under_a_schema_is_the_constrained_targets_with_every_proposer(tiny_engine, tiny_zoo, proposer):
     prompt = tiny_zoo.prompts("sql")[2]
     alone = generate(tiny_engine, prompt, SCHEMA)

@@ -24,8 +24,9 @@ def plain_logprobs(engine, prompt: str, output: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("proposer", [{}, {"draft": "sql"}, {"draft": "eagle3"}, {"draft": "ngram"},
-                                      {"draft": "tree", "tree": ("sql", "general")}],
-                         ids=["target-only", "draft", "head", "ngram", "tree"])
+                                      {"draft": "tree", "members": ("sql", "general")},
+                                      {"draft": "cascade", "members": ("sql",)}],
+                         ids=["target-only", "draft", "head", "ngram", "tree", "cascade"])
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9)],
                          ids=["greedy", "sampled"])
 def test_each_output_tokens_logprob_is_the_targets_own(tiny_engine, tiny_zoo, proposer, sampling):

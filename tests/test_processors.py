@@ -13,7 +13,8 @@ from specserve.workers.processors import LogitsProcessing
 from specserve.workers.request import GenerationParams
 
 TOKENS = 24
-PROPOSERS = [{"draft": "sql"}, {"draft": "eagle3"}, {"draft": "ngram"}, {"draft": "tree", "tree": ("sql", "general")}]
+PROPOSERS = [{"draft": "sql"}, {"draft": "eagle3"}, {"draft": "ngram"},
+             {"draft": "tree", "members": ("sql", "general")}, {"draft": "cascade", "members": ("sql",)}]
 
 
 def generate(engine, prompt, processing, sampling=SamplingParams(), **proposer):
@@ -22,7 +23,7 @@ def generate(engine, prompt, processing, sampling=SamplingParams(), **proposer):
     return engine.generate(prompt, params, **proposer).complete()
 
 
-@pytest.mark.parametrize("proposer", PROPOSERS, ids=["draft", "head", "ngram", "tree"])
+@pytest.mark.parametrize("proposer", PROPOSERS, ids=["draft", "head", "ngram", "tree", "cascade"])
 def test_greedy_output_under_penalties_is_the_processed_targets_with_every_proposer(tiny_engine, tiny_zoo, proposer):
     prompt = tiny_zoo.prompts("sql")[2]
     processing = LogitsProcessing(((5, 3.0),), presence_penalty=0.6, frequency_penalty=0.8)

@@ -23,8 +23,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--max-tokens", type=int, default=64, help="(default: %(default)s)")
     demo.add_argument("--k", type=int, default=DEFAULT_K, help="(default: %(default)s)")
     demo.add_argument("--variants", action="store_true",
-                      help="also a row per task for Medusa heads and an MTP module of the zoo's target (distilled "
-                           "beside the zoo on first use: a few minutes each on the demo zoo)")
+                      help="also a row per task for Medusa heads and an MTP module of the zoo's target and a draft "
+                           "of another tokenizer (distilled beside the zoo on first use: a few minutes each on the "
+                           "demo zoo), and for the task's draft under prompt lookup (a cascade)")
     demo.set_defaults(run=run)
 
 

@@ -149,11 +149,12 @@ def zoo_variants(zoo: Zoo) -> dict[str, Path]:
     return zoo_heads(zoo) | {OTHER_TOKENIZER: ensure_other_tokenizer_draft(zoo)}
 
 
-def zoo_heads(zoo: Zoo) -> dict[str, Path]:
-    """Medusa heads and an MTP module of ``zoo``'s target (a copy of it carrying one): its own (the
-    host-path zoo's), else distilled beside it on first use from its corpora (``<zoo>-medusa``,
-    ``<zoo>-mtp``; a few minutes each on the demo zoo's target)."""
-    return {MEDUSA: _beside(zoo, MEDUSA, _medusa), MTP: _beside(zoo, MTP, _mtp)}
+def zoo_heads(zoo: Zoo, names: tuple[str, ...] = (MEDUSA, MTP)) -> dict[str, Path]:
+    """Medusa heads and an MTP module of ``zoo``'s target (a copy of it carrying one), those of
+    ``names``: its own (the host-path zoo's), else distilled beside it on first use from its
+    corpora (``<zoo>-medusa``, ``<zoo>-mtp``; a few minutes each on the demo zoo's target)."""
+    distill = {MEDUSA: _medusa, MTP: _mtp}
+    return {name: _beside(zoo, name, distill[name]) for name in names}
 
 
 def _medusa(zoo: Zoo, target, tokenizer, documents: list[str], out: Path) -> dict:
