@@ -182,10 +182,11 @@ class RouterConfig(FrozenConfig):
     trees: bool = False
     # Tokens a tree may hold: its width is verify work (about free on a GPU, not on a CPU).
     tree_max_tokens: int = Field(24, ge=2, le=256)
-    # Offer AUTO a cascade of each task's draft model (``cascade``): prompt lookup's guesses, which
-    # the draft verifies as it drafts, proposing past k down the ones it draws (workers/drafting.py).
-    # The policy then serves it for the tasks where it measures faster than the draft alone and the
-    # draft-free proposers. A request may always ask for one (draft: cascade).
+    # Offer AUTO a cascade of each task's draft model (``cascade``) in the zoo's table: prompt
+    # lookup's guesses, which the draft verifies as it drafts, proposing past k down the ones it
+    # takes (workers/drafting.py). The policy then serves it for the tasks where it measures faster
+    # than the draft alone and the draft-free proposers. An operator's `tasks` table offers it where
+    # an entry names it; a request may always ask for one (draft: cascade).
     cascades: bool = False
     # Prompt lookup's guesses a cascade's proposal verifies, at most (and so its length past k).
     cascade_guesses: int = Field(CASCADE_GUESSES, ge=1, le=MAX_K - 1)

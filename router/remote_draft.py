@@ -254,6 +254,11 @@ class RemoteDraft(Proposer):
             return
         if self.needs:  # a head drafts from the verify pass's hidden states: nothing to draft ahead from
             return
+        # A cascade's lookahead would not be the proposal it drafts afresh: its guesses would come
+        # from lookup over a context without the target's token, and a hit is cut at k. So a seeded
+        # request's output would depend on whether it drafted ahead; a cascade drafts in turn.
+        if self.cascade.guesses:
+            return
         self.recorder.looked_ahead()
         step = self.mirror.ahead(proposed, k, self.length.min_confidence)
         odds = self.context.branch_odds if self.branch else None

@@ -134,6 +134,11 @@ def test_a_cascade_proposes_the_guesses_its_draft_vouches_for_as_they_are(tiny_z
     if taken < len(guesses):  # the first guess not taken: one the draft gives nothing (outside top p)
         row = proposal.q.ids[taken][proposal.q.probs[taken] > 0]
         assert guesses[taken] not in row.tolist()
+    # Drafted again from the same place, within 3 tokens (a branch's region starts there on a draft
+    # worker): the first pass holds 2 guesses at most, and the run stops at 3 whatever it takes.
+    run = session.step(3)
+    run.within(3)
+    assert len(run.guesses) <= 2 and len(run_alone(draft, pool, run).ids) <= 3
 
 
 def test_greedy_output_with_a_cascade_is_the_targets_alone(tiny_zoo):

@@ -123,7 +123,7 @@ def test_a_cascade_keeps_the_targets_output_and_proposes_past_k(client, tiny_zoo
     """A task's draft model under prompt lookup (``cascade``: the draft worker verifies the lookup's
     guesses as it drafts, and goes on past k down those it draws) on every task's prompts said
     twice, greedy and seeded sampled: greedy token for token the target's, and some proposal longer
-    than k (more tokens proposed than k a target pass)."""
+    than k (more tokens proposed than k a target pass). It never drafts ahead (router/remote_draft.py)."""
     past_k = accepted = 0
     for task in tiny_zoo.tasks:
         prompt = tiny_zoo.prompts(task)[0]
@@ -133,6 +133,7 @@ def test_a_cascade_keeps_the_targets_output_and_proposes_past_k(client, tiny_zoo
                                      speculation=pb.SPECULATION_ON))
         assert list(on.token_ids) == list(off.token_ids), task
         assert on.stats.draft == "cascade" and on.stats.route != "lost", on.stats
+        assert on.stats.lookaheads == 0  # a cascade drafts in turn: a lookahead would not be its fresh draft
         past_k += on.stats.proposed_tokens > 2 * on.stats.target_passes
         accepted += on.stats.accepted_tokens
         sampled = client.generate(request(prompt, task=task, draft="cascade", k=2, max_tokens=20, temperature=1.0,

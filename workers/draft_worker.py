@@ -272,7 +272,7 @@ class DraftStream:
         if step.HasField("fork") and step.guess and step.fork.keep <= self.session.sequence.length:
             self.branch = BranchRun(self.session, step.fork.keep, step.fork.token, step.fork.k, step.min_confidence,
                                     max(step.min_tokens, 1), reach)
-            self.last.longest = step.k  # the branch writes from ``reach`` on
+            self.last.within(step.k)  # the branch writes from ``reach`` on
         return self.last  # a step that failed has no result: nothing to rewind
 
     def reply(self, run: DraftRun, done: StepResult) -> pb.Proposal:

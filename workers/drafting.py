@@ -248,11 +248,18 @@ class DraftRun(Drafted):
         self.guess = guess
         self.planned: Segment | None = None
         self.guesses = session.guesses(k)  # the first pass's, after the committed tokens
-        # Its tokens at most: k where something else is written past them (a branch's region, from
-        # k on: ``DraftStream``), else as far as the guesses it draws reach.
+        # Its tokens at most: as far as the guesses it takes reach, or k where something else is
+        # written past them (``within``).
         self.longest = MAX_K
         if k < 1:
             self.result = DraftTokens.empty()
+
+    def within(self, tokens: int) -> None:
+        """Write no more than ``tokens`` past the committed ones (a branch's region starts there,
+        workers/draft_worker.py): at most that many drawn, and the guesses the first pass runs cut
+        to fit before it."""
+        self.longest = min(self.longest, tokens)
+        self.guesses = self.guesses[: max(0, tokens - 1)]
 
     def plan(self, room: int) -> Segment | None:
         extra = self.ids[-1:] if self.ids else self.guesses
@@ -292,7 +299,7 @@ class DraftRun(Drafted):
             if next_guess and 0.0 < (p := session.confidence(logits, next_guess[0], q)) and p >= session.cascade.min_p:
                 token, q, alternative = next_guess[0], one_hot(torch.tensor([next_guess[0]])), NO_ALTERNATIVE
         if next_guess and token == next_guess[0]:
-            self.k = min(max(self.k, len(self.ids) + 2), self.longest)
+            self.k = max(self.k, min(len(self.ids) + 2, self.longest))
         return self.took(logits, token, q, alternative)
 
 
