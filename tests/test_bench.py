@@ -389,3 +389,17 @@ def test_figures_match_hand_worked_samples():
     assert level["requests"] == 3 and level["tokens_per_second"] == pytest.approx(60 / 2.5)
     assert level["p50"] == pytest.approx(2.0) and level["ttft_p50"] == pytest.approx(0.2)
     assert level["tpot_p50"] == pytest.approx((2.0 - 0.2) / 19)  # of 1.8/19, 1.7/29, 0.9/9: the middle one
+
+
+def test_the_cascade_bench_runs_every_path_against_target_only(tiny_zoo):
+    """`python -m specserve.bench.cascade` on the tiny zoo, one prompt: a row per path, every output
+    target-only's, and its table."""
+    from specserve.bench.cascade import CascadeSettings, measure, paths, report
+
+    settings = CascadeSettings(zoo=str(tiny_zoo.root), tasks=("sql",), prompts=1, max_tokens=8, cascade_k=(1, 2),
+                               min_p=(0.0, 1.0))
+    rows = measure(settings, say=lambda line: None)
+    assert paths(settings) == ["off", "draft", "ngram", "cascade@0,k=1", "cascade@1,k=1", "cascade@0,k=2",
+                               "cascade@1,k=2"]
+    assert all(rows["sql"][path]["identical"] and rows["sql"][path]["tokens"] == 8 for path in paths(settings))
+    assert "| sql (sql) |" in report(rows, settings)
