@@ -83,8 +83,11 @@ PATHS = ("off", "draft", HEAD, NGRAM, MEDUSA, MTP)
 # target, which a draft of another vocabulary cannot be.
 ON_ZOO_PATHS = (OTHER_TOKENIZER,)
 # Asked for by name: each request's task draft under a cascade (prompt lookup's guesses, which it
-# verifies as it drafts: workers/drafting.py), beside "draft", its draft alone.
-NAMED_PATHS = (CASCADE,)
+# verifies as it drafts: workers/drafting.py), beside "draft", its draft alone; the MTP module served
+# by the target replica (models.on_replica: it drafts after each verify pass), beside MTP, the same
+# module on the draft workers.
+MTP_ON_REPLICA = "mtp-replica"
+NAMED_PATHS = (CASCADE, MTP_ON_REPLICA)
 COMPONENTS = ("router", "target replica", "draft worker", "ray daemons", "client")
 HOST_PATH_MODELS = ("drafts of one layer computing its function bit for bit; an EAGLE-3 head; Medusa heads; an "
                     "MTP module")
@@ -329,7 +332,8 @@ def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path,
     router = copy.deepcopy(MEASURED_ON_UNSEEN["router"]) | {"max_concurrent_requests": 2 * widest, "http_port": None,
                                                             "stream_interval_tokens": settings.stream_interval,
                                                             "replicas": settings.router_replicas}
-    overrides = {"models": {"zoo": str(zoo.root), "drafts": {name: str(where) for name, where in heads.items()}},
+    overrides = {"models": {"zoo": str(zoo.root), "drafts": {name: str(where) for name, where in heads.items()},
+                            "on_replica": [name for name in heads if name == MTP_ON_REPLICA]},
                  "target": copy.deepcopy(room),
                  "draft_pool": copy.deepcopy(room), "router": router}
     merge_into(overrides, copy.deepcopy(settings.service_overrides))
@@ -420,7 +424,8 @@ def engine_single_stream(zoo: Zoo, settings: HostPathSettings, heads: dict[str, 
     """One request at a time through the in-process engine: OFF and each proposer (k as the service's)."""
     engine = SpecEngine.load(ModelSpec(str(zoo.target_dir)), {name: ModelSpec(str(zoo.draft_dir(name)))
                                                               for name in zoo.draft_names if name not in heads}
-                             | {name: ModelSpec(str(where)) for name, where in heads.items()})
+                             | {name: ModelSpec(str(where)) for name, where in heads.items()},
+                             on_verifier=[name for name in heads if name == MTP_ON_REPLICA])
     router = settings.service_overrides.get("router", {})  # a cascade as the router's (--set)
     engine.proposers.cascade = Cascade(router.get("cascade_guesses", engine.proposers.cascade.guesses),
                                        router.get("cascade_min_p", engine.proposers.cascade.min_p))
@@ -548,8 +553,13 @@ def run(settings: HostPathSettings, command: str) -> Path:
     source = ensure_zoo(settings.zoo)
     zoo = source if settings.on_zoo else ensure_host_path_zoo(source)
     # Only the paths asked for: on a zoo itself, each is distilled on first use (minutes).
-    heads = zoo_heads(zoo, tuple(name for name in (MEDUSA, MTP) if name in settings.paths)) | {
+    heads = zoo_heads(zoo, tuple(name for name in (MEDUSA, MTP) if name in settings.paths
+                                 or name == MTP and MTP_ON_REPLICA in settings.paths)) | {
         name: ensure_other_tokenizer_draft(zoo) for name in settings.paths if name == OTHER_TOKENIZER}
+    if MTP_ON_REPLICA in settings.paths:  # the same module, served by the target replica
+        heads[MTP_ON_REPLICA] = heads[MTP]
+        if MTP not in settings.paths:
+            del heads[MTP]
     when = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = settings.out / f"{when}-host-path"
     print(f"host path: zoo {zoo.root}; levels {settings.sessions} sessions x paths {settings.paths}", flush=True)

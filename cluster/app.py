@@ -50,6 +50,8 @@ def build_app(args: dict) -> Application:
     # What crosses to the replicas is plain data, checked again there.
     target_app = target.bind(config.target.model_dump(mode="json"), models.spec(models.target, config.target.threads),
                              registration, {name: models.spec(models.drafts[name], config.target.threads)
-                                            for name in sorted(models.medusa)})
+                                            for name in sorted(models.medusa)},
+                             {name: models.spec(models.drafts[name], config.target.threads)
+                              for name in sorted(models.on_replica)})
     return router.bind(config.model_dump(mode="json"), models, target_app,
                        control.bind(config.model_dump(mode="json"), models))

@@ -30,6 +30,9 @@ class ModelsConfig(FrozenConfig):
     no zoo a target is required, and with no drafts it is served by the draft-free proposers alone
     (router.draft_free). `priors` is a profile written by `specserve validate --profile`: a JSON
     object {task: {draft: acceptance}} the routing policy starts from, over the zoo's own.
+    `on_replica` names drafts that are heads fed by the target's hidden states (an MTP module, an
+    EAGLE-3 head) which the target replicas serve, drafting after each verify pass with no trip to
+    a draft worker, as vLLM and SGLang run them; the others are the draft pool's.
     """
 
     zoo: str | None = "demo"
@@ -37,6 +40,7 @@ class ModelsConfig(FrozenConfig):
     drafts: dict[str, str] = Field(default_factory=dict)
     dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
     priors: str | None = None  # path of a profile JSON; None: the zoo's own measurements alone
+    on_replica: tuple[str, ...] = ()  # heads the target replicas serve (draft "mtp": a target's own module)
 
     @model_validator(mode="after")
     def _has_models(self) -> ModelsConfig:

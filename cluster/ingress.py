@@ -62,7 +62,7 @@ class Router:
         self.config = cfg
         self.models = models
         tokenizer = check_tokenizers(models)  # before any worker loads a model
-        heads = head_layers(models)
+        heads = {name: layers for name, layers in head_layers(models).items() if name not in models.on_replica}
         check_medusa(models)  # heads of another target: one line here, not a replica's traceback
         registration = Registration(cfg.namespace, cfg.router.heartbeat_seconds)
         registry = find_registry(cfg.namespace)
@@ -76,7 +76,7 @@ class Router:
         self.readiness = Readiness(frozenset(needed), ready_size(cfg, models))
         self.readiness.check(())  # what it waits for, before anything registered
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
-                                        priors=models.priors, trees=models.trees, heads=heads, medusa=models.medusa,
+                                        priors=models.priors, trees=models.trees, heads=heads, medusa=models.on_verifier,
                                         cascades=models.cascades,
                                         router_id=self.router_id,
                                         readiness=self.readiness)

@@ -35,11 +35,18 @@ class ModelSet:
     draft_free: tuple[str, ...] = ()  # the draft-free proposers configured (router.draft_free)
     trees: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task -> its token tree's members
     cascades: dict[str, str] = field(default_factory=dict)  # task -> the draft model its cascade runs
+    on_replica: frozenset[str] = frozenset()  # heads fed by hidden states that the target replicas serve
 
     @property
     def medusa(self) -> frozenset[str]:
         """The drafts that are Medusa heads: the target replicas serve them, not the draft pool."""
         return frozenset(name for name, source in self.drafts.items() if is_medusa(source))
+
+    @property
+    def on_verifier(self) -> frozenset[str]:
+        """The drafts the target replicas serve, whose proposals come with each verdict: Medusa heads
+        and the heads ``models.on_replica`` names."""
+        return self.medusa | self.on_replica
 
     @property
     def proposers(self) -> tuple[str, ...]:
@@ -133,8 +140,13 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
     if models.priors:
         for task, row in read_priors(models.priors, tasks, drafts).items():
             priors[task] = priors.get(task, {}) | row
+    if not_heads := [name for name in models.on_replica if name not in drafts or not is_head(drafts[name])]:
+        raise ValueError(f"models.on_replica names {not_heads}, which are no heads fed by the target's hidden states "
+                         f"(an MTP module, an EAGLE-3 head); those among the drafts: "
+                         f"{', '.join(sorted(n for n, s in drafts.items() if is_head(s))) or 'none'}")
     return ModelSet(target=str(target), drafts=drafts, tasks=tasks, dtype=models.dtype, priors=priors,
-                    draft_free=router.draft_free, trees=trees, cascades=cascades)
+                    draft_free=router.draft_free, trees=trees, cascades=cascades,
+                    on_replica=frozenset(models.on_replica))
 
 
 def is_draft_model(name: str, source: str) -> bool:

@@ -316,9 +316,9 @@ def ready_size(config: ServiceConfig, models: ModelSet) -> int:
 
 
 def served_drafts(config: ServiceConfig, models: ModelSet) -> tuple[str, ...]:
-    """The drafts the pool's workers serve (``draft_pool.drafts``; empty: every draft but Medusa
-    heads, which the target replicas serve)."""
-    return config.draft_pool.drafts or tuple(name for name in models.drafts if name not in models.medusa)
+    """The drafts the pool's workers serve (``draft_pool.drafts``; empty: every draft but those the
+    target replicas serve: Medusa heads, and the heads ``models.on_replica`` names)."""
+    return config.draft_pool.drafts or tuple(name for name in models.drafts if name not in models.on_verifier)
 
 
 def initial_size(config: ServiceConfig, models: ModelSet) -> int:

@@ -49,10 +49,10 @@ class RequestContext:
     decode_group: int = 1
 
     def opening(self, model: str = "", replaced: int = 0, aux_layers: tuple[int, ...] = (),
-                medusa: str = "", cascade: Cascade = NO_CASCADE) -> pb.SessionOpen:
+                medusa: str = "", medusa_depth: int = 0, cascade: Cascade = NO_CASCADE) -> pb.SessionOpen:
         """The open message of a worker's session holding every committed token: the target's
-        (with the hidden states an EAGLE-3 head reads, ``aux_layers``, or the Medusa heads that
-        guess in its passes, ``medusa``), or the draft ``model``'s (with prompt lookup under it,
+        (with the hidden states an EAGLE-3 head reads, ``aux_layers``, or the heads that guess in
+        or after its passes, ``medusa``, and the tokens a fed one drafts, ``medusa_depth``), or the draft ``model``'s (with prompt lookup under it,
         ``cascade``).
         A worker replacing ``replaced`` failed ones draws from a seed of its own (fresh draws keep
         the target's distribution), so a replay with the same seed and the same faults gives the
@@ -61,7 +61,7 @@ class RequestContext:
         return pb.SessionOpen(session_id=self.request_id, prompt_ids=self.history.committed_ids(), model=model,
                               sampling=sampling_message(self.params.sampling, seed),
                               max_new_tokens=self.history.remaining, task=self.task, aux_layers=aux_layers,
-                              medusa=medusa, cascade=cascade.guesses, cascade_min_p=cascade.min_p,
+                              medusa=medusa, medusa_depth=medusa_depth, cascade=cascade.guesses, cascade_min_p=cascade.min_p,
                               decode_group=0 if model else self.decode_group,
                               logprobs=not model and self.params.logprobs is not None,
                               top_logprobs=0 if model else self.params.logprobs or 0,

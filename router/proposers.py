@@ -25,7 +25,8 @@ from .remote_draft import RemoteDraft
 class ProposerFactory:
     """``trees``: task -> the members of its tree, its draft first; ``cascades``: task -> the draft
     model its cascade runs; ``heads``: the drafts that are EAGLE-3 heads -> the target hidden states
-    they read; ``medusa``: the drafts that are Medusa heads (the target replicas serve them)."""
+    they read (served by draft workers); ``medusa``: the drafts the target replicas serve, their
+    proposals coming with each verdict (Medusa heads, and heads ``models.on_replica`` names)."""
 
     draft_free: DraftFree
     trees: dict[str, tuple[str, ...]]
@@ -40,8 +41,8 @@ class ProposerFactory:
 
     def make(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> Proposer:
         def on_a_draft_worker(draft: str, kind: ProposerKind, in_tree: bool, cascade: Cascade = NO_CASCADE) -> Proposer:
-            if kind is ProposerKind.MEDUSA:  # on the target replica, in its verify passes
-                return MedusaDraft(draft, context.params.sampling, recorder)
+            if kind is ProposerKind.MEDUSA:  # on the target replica, in or after its verify passes
+                return MedusaDraft(draft, context.params.sampling, recorder, length.k_max)
             return RemoteDraft(draft, context, length, recorder, self.heads.get(base_draft(draft), ()),
                                branch=not in_tree, cascade=cascade)
         task = context.task

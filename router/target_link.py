@@ -73,7 +73,7 @@ class TargetLink:
         while True:
             try:
                 opening = context.opening(replaced=self.resumes, aux_layers=self.needs.hidden_layers,
-                                          medusa=self.needs.medusa)
+                                          medusa=self.needs.medusa, medusa_depth=self.needs.depth)
                 target, self.pick = await directory.pick_for("target", avoid=self.refused_by,
                                                              prompt=opening.prompt_ids)
                 self.replica = target.worker_id

@@ -61,8 +61,10 @@ def medusa_heads(tiny_zoo, tmp_path_factory):
 
 
 # The tiny zoo's target written again carrying an MTP module distilled for the session
-# (tests/test_mtp.py, and served by the session's service for MTP_TASK, from the draft workers).
+# (tests/test_mtp.py, and served by the session's service for MTP_TASK, from the draft workers,
+# and for MTP_HERE_TASK, from the target replica, as draft MTP_HERE: models.on_replica).
 MTP_TASK = "predicted"
+MTP_HERE_TASK, MTP_HERE = "predicted-here", "mtp-here"
 
 
 # A draft of another tokenizer for the tiny zoo's target (cluster/zoo/other_tokenizer.py: ~5 s
@@ -159,8 +161,9 @@ def service(tiny_zoo, metrics_port, medusa_heads, mtp_target, other_tokenizer_dr
     """The service on a real embedded Ray cluster, serving the tiny zoo; one per test session.
 
     The concurrency limit and queue are small so the RESOURCE_EXHAUSTED test can reach them. Its
-    target replica serves the session's Medusa heads, for MEDUSA_TASK alone; its draft workers the MTP
-    module of the session's target that carries one, for MTP_TASK alone, and a draft of another
+    target replica serves the session's Medusa heads, for MEDUSA_TASK alone, and the MTP module of
+    the session's target that carries one, for MTP_HERE_TASK alone; its draft workers the same
+    module, for MTP_TASK alone, and a draft of another
     tokenizer, for OTHER_TASK alone. Besides the zoo's
     tasks there is POOR_TASK, served only by the tiny zoo's worst draft, for the fallback tests;
     the policy judges after fewer trials than by default so they need little traffic. The table is
@@ -172,7 +175,8 @@ def service(tiny_zoo, metrics_port, medusa_heads, mtp_target, other_tokenizer_dr
 
     tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
     tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)], CANARY_TASK: ["eagle3", "sql"],
-              MEDUSA_TASK: ["medusa"], MTP_TASK: ["mtp"], OTHER_TASK: ["other"]}
+              MEDUSA_TASK: ["medusa"], MTP_TASK: ["mtp"], OTHER_TASK: ["other"],
+              MTP_HERE_TASK: [MTP_HERE]}
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
               "as_written": list(tasks),
               "policy": {"min_trials": 32},
@@ -193,7 +197,9 @@ def service(tiny_zoo, metrics_port, medusa_heads, mtp_target, other_tokenizer_dr
     models = {"zoo": str(tiny_zoo.root),
               "drafts": {"medusa": str(medusa_heads[0]),  # served by the target replica
                          "mtp": str(mtp_target[0]),  # the same target carrying a module: drafts with it
-                         "other": str(other_tokenizer_draft)}}  # through the tokens it shares with the target
+                         MTP_HERE: str(mtp_target[0]),  # the same, drafting on the target replica
+                         "other": str(other_tokenizer_draft)},  # through the tokens it shares with the target
+              "on_replica": [MTP_HERE]}
     running = start_service(port=0, overrides={"models": models, "router": router,
                                                "target": target, "draft_pool": draft_pool},
                             metrics_port=metrics_port)

@@ -21,6 +21,7 @@ import pytest
 
 from specserve.router.streams import WorkerStream, WorkerFailed
 from specserve.workers.registry import Endpoint
+from specserve.workers.request import MAX_K
 from specserve.workers.security import SecuritySettings, internal_aio_channel, internal_channel
 from specserve.bench.faults import freeze, holding_a_session, inspect, kill, thaw, workers
 from specserve.proto.v1 import internal_pb2, internal_pb2_grpc
@@ -297,7 +298,8 @@ def batch_of_requests(tiny_zoo) -> list[pb.GenerateRequest]:
 def strike_a_batch(client, tiny_zoo, kind: str, strike):
     """The batch streamed at once; when every request is drafting (DRAFTING chunks in), ``strike(worker)`` hits the
     worker of ``kind`` holding the most of their sessions (thawed at the end, should it be frozen).
-    Returns (requests, tokens undisturbed, tokens struck, final stats, sessions the worker held)."""
+    Returns (requests, tokens undisturbed, tokens struck, final stats, sessions the worker held, and
+    how many requests ended within a round of the strike: those may never have stepped after it)."""
     requests = batch_of_requests(tiny_zoo)
     with ThreadPoolExecutor(len(requests)) as pool:
         undisturbed = list(pool.map(lambda r: list(client.generate(r).token_ids), requests))
@@ -312,7 +314,8 @@ def strike_a_batch(client, tiny_zoo, kind: str, strike):
             thaw(victim.pid)
     struck = [[t for chunk in before + rest for t in chunk.token_ids] for before, rest in zip(befores, rests)]
     stats = [(before + rest)[-1].stats for before, rest in zip(befores, rests)]
-    return requests, undisturbed, struck, stats, held
+    ended = sum(sum(len(chunk.token_ids) for chunk in rest) <= MAX_K + 1 for rest in rests)
+    return requests, undisturbed, struck, stats, held, ended
 
 
 def thawed_after(seconds: float):
@@ -334,7 +337,7 @@ def test_a_worker_struck_while_its_passes_are_shared_loses_no_request(client, ti
         strike = lambda worker: kill(worker, restart=True)  # noqa: E731
     else:
         strike = thawed_after(SERVICE_TIMEOUTS[f"{kind}_step_seconds"] + 1.0)
-    requests, undisturbed, struck, stats, held = strike_a_batch(client, tiny_zoo, kind, strike)
+    requests, undisturbed, struck, stats, held, ended = strike_a_batch(client, tiny_zoo, kind, strike)
     assert held >= SHARED, f"the struck {kind} held {held} sessions; the test needs {SHARED} sharing its passes"
     for request, alone, tokens in zip(requests, undisturbed, struck):
         if request.temperature:
@@ -342,7 +345,8 @@ def test_a_worker_struck_while_its_passes_are_shared_loses_no_request(client, ti
         else:
             assert tokens == alone, "a request lost, repeated or changed tokens"
     moved = sum(s.target_resumes if kind == "target" else s.draft_reopens + (s.route == "lost") for s in stats)
-    assert moved >= SHARED, f"only {moved} requests moved off the struck {kind}: {[str(s) for s in stats]}"
+    # A sampled request may end on EOS in the round the strike fell in, with no step left to move.
+    assert moved >= SHARED - ended, f"only {moved} requests moved off the struck {kind}: {[str(s) for s in stats]}"
     wait_until_recovered(client)
 
 

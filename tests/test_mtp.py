@@ -1,8 +1,9 @@
 """MTP modules (workers/heads/mtp.py): `specserve distill --method mtp` writes the tiny zoo's target
 again carrying one (DeepSeek-V3's layout), which loads from its own keys; one specserve cannot run
 is refused in one line; it drafts losslessly in
-process and through the service (from the draft workers, fed the target's last hidden states), and
-a target that carries one serves it as draft "mtp" with no flag."""
+process and through the service (from the draft workers, fed the target's last hidden states, or
+on the target replica after each verify pass: models.on_replica), and a target that carries one
+serves it as draft "mtp" with no flag."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from specserve.workers.heads.mtp import MTP, MTP_WEIGHTS, is_mtp
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
 from specserve.workers.request import GenerationParams
 
-from conftest import MEDUSA_TASKS, MTP_TASK
+from specserve.workers.acceptance import SamplingParams
+
+from conftest import MEDUSA_TASKS, MTP_HERE, MTP_HERE_TASK, MTP_TASK
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +140,64 @@ def test_through_the_service_the_draft_workers_draft_with_the_module_and_greedy_
             assert reply.stats.draft == MTP and reply.stats.route != "lost", reply.stats
             accepted += reply.stats.accepted_tokens
     assert accepted > 0
+
+
+def test_on_the_verifier_the_module_proposes_what_it_proposes_as_a_draft_of_its_own(tiny_zoo, mtp_target):
+    """Drafting after each verify pass (heads/fed_guess.py: as a target replica serving it does)
+    proposes token for token and q for q what the module drafts before it: greedy and seeded sampled
+    requests give the same tokens, accept as many and take as many target passes, at every k."""
+    alone = SpecEngine.load(ModelSpec(str(tiny_zoo.target_dir)), {MTP: ModelSpec(str(mtp_target[0]))})
+    after = SpecEngine(alone.target, alone.tokenizer, {}, heads=alone.heads, on_verifier=(MTP,))
+    sampled = SamplingParams(temperature=1.0, top_p=0.9)
+    for task in MEDUSA_TASKS:
+        for prompt in tiny_zoo.prompts(task)[:2]:
+            for k, sampling in ((1, SamplingParams()), (3, SamplingParams()), (4, sampled), (2, sampled)):
+                params = GenerationParams(max_tokens=32, k=k, sampling=sampling, seed=11)
+                a, b = (engine.generate(prompt, params, draft=MTP).complete() for engine in (alone, after))
+                assert (b.token_ids, b.stats.accepted, b.stats.proposed, b.stats.target_passes) == (
+                    a.token_ids, a.stats.accepted, a.stats.proposed, a.stats.target_passes), (task, k)
+
+
+def test_through_the_service_the_target_replica_drafts_with_the_module_and_output_is_as_in_process(
+        service, client, tiny_zoo, mtp_target):
+    """MTP_HERE (models.on_replica) drafts on the target replica, its proposal in each verify reply:
+    greedy output is the target's alone, and a seeded sampled request gives the tokens it gives in
+    process, drafting as a draft of its own (the same proposals: the test above). Its prompt is one
+    no request sent before: a prompt prefix from the prefix cache has no hidden states in the
+    session, and the module starts after it (in process it reads them all)."""
+    from specserve.proto.v1 import specserve_pb2 as pb
+
+    engine = SpecEngine.load(ModelSpec(str(tiny_zoo.target_dir)), {MTP_HERE: ModelSpec(str(mtp_target[0]))})
+    accepted = 0
+    for task in MEDUSA_TASKS:
+        for prompt in tiny_zoo.prompts(task)[:2]:
+            plain = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=32, speculation=pb.SPECULATION_OFF))
+            reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=32, task=MTP_HERE_TASK, k=3,
+                                                       speculation=pb.SPECULATION_ON), timeout=120)
+            assert list(reply.token_ids) == list(plain.token_ids), (task, reply.stats)
+            assert reply.stats.draft == MTP_HERE and reply.stats.route != "lost", reply.stats
+            accepted += reply.stats.accepted_tokens
+            fresh = f"{MTP_HERE_TASK} {len(prompt)}. {prompt}"
+            seeded = client.generate(pb.GenerateRequest(prompt=fresh, max_tokens=24, task=MTP_HERE_TASK, k=2,
+                                                        temperature=1.0, top_p=0.9, seed=7,
+                                                        speculation=pb.SPECULATION_ON), timeout=120)
+            local = engine.generate(fresh, GenerationParams(max_tokens=24, k=2, seed=7,
+                                                            sampling=SamplingParams(temperature=1.0, top_p=0.9)),
+                                    draft=MTP_HERE).complete()
+            assert seeded.stats.cached_prompt_tokens == 0, seeded.stats
+            assert list(seeded.token_ids) == local.token_ids, (task, seeded.stats)
+            assert seeded.stats.accepted_tokens == local.stats.accepted, (seeded.stats, local.stats)
+    assert accepted > 0
+
+
+def test_on_replica_names_heads_fed_by_hidden_states_only(tiny_zoo, mtp_target):
+    for named in (["nowhere"], ["sql"]):
+        config = ServiceConfig.model_validate({"models": {"zoo": str(tiny_zoo.root),
+                                                          "drafts": {"mod": str(mtp_target[0])},
+                                                          "on_replica": named}})
+        with pytest.raises(ValueError, match=r"models.on_replica names .* no heads fed by .* among the drafts: .*mod"):
+            resolve_models(config.models, config.router)
+    config = ServiceConfig.model_validate({"models": {"zoo": str(tiny_zoo.root), "drafts": {"mod": str(mtp_target[0])},
+                                                      "on_replica": ["mod"]}})
+    models = resolve_models(config.models, config.router)
+    assert "mod" in models.on_verifier and "mod" not in models.medusa

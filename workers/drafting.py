@@ -237,10 +237,10 @@ class DraftRun(Drafted):
     tokens, or the prompt, in chunks if long) and a cascade's guesses, each later one the token
     drawn last.
 
-    A cascade's proposal may run past k: a token the draft drew where prompt lookup guessed the same
-    is a token two proposers agree on, and the draft goes on down the guesses it drew (up to
-    ``longest`` tokens; the stopping rule reads the draft's draws and the lookup's guesses, both
-    given by what stands, so q stays exact)."""
+    A cascade's proposal may run past k: a guess the draft takes (``min_p``'s choice, or its own draw
+    where that is the guess) is a token two proposers agree on, and the draft goes on down the
+    guesses it takes (up to ``longest`` tokens; the stopping rule reads the draft's draws and the
+    lookup's guesses, both given by what stands, so q stays exact)."""
 
     def __init__(self, session: DraftSession, k: int, min_confidence: float, min_tokens: int,
                  guess: bool = False) -> None:

@@ -8,7 +8,7 @@ draft, a draft-free one, or a token tree of several, each run alone (a batch of 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -19,6 +19,7 @@ from .grammar import GrammarCompiler, GrammarState
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_head_of
 from .heads.medusa import MedusaHeads, is_medusa, load_medusa
+from .heads.fed_guess import FedGuessBatch, FedGuesser
 from .heads.medusa_draft import GuessBatch, MedusaDraft, MedusaGuesser, runner_up
 from .heads.proposer import HeadDraft, HeadState
 from .kv_cache import session_capacity
@@ -53,7 +54,11 @@ class SpecEngine:
         heads: dict[str, Eagle3Head] | None = None,
         medusa: dict[str, MedusaHeads] | None = None,
         bridges: dict[str, TokenBridge] | None = None,
+        on_verifier: Collection[str] = (),
     ) -> None:
+        """``on_verifier``: heads among ``heads`` that draft after each verify pass, in the target
+        session's side, as a target replica serving them does (heads/fed_guess.py), rather than
+        before it as a draft of their own."""
         self.target = use_pooled_attention(target)
         self.tokenizer = tokenizer
         self.drafts = {name: use_pooled_attention(model) for name, model in drafts.items()}
@@ -61,12 +66,13 @@ class SpecEngine:
         self.medusa = dict(medusa or {})  # Medusa heads of this target, guessing from its last hidden state
         self.guesses = {name: GuessBatch(heads, MedusaHeads.reads_layer(target.config))
                         for name, heads in self.medusa.items()}
+        self.fed_guesses = {name: FedGuessBatch(self.heads[name]) for name in on_verifier}
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.bridges = dict(bridges or {})  # drafts of another tokenizer, by name (token_bridge.py)
         self.context_window = int(target.config.max_position_embeddings)
         # Prompt lookup and suffix decoding (over the prompt alone: no task's outputs), the heads'
         # names, a tree's size and a cascade's guesses: what each request's proposer is built from.
-        self.proposers = Proposers(DraftFree(), self.heads.keys(), medusa=self.medusa.keys())
+        self.proposers = Proposers(DraftFree(), self.heads.keys(), medusa={*self.medusa, *self.fed_guesses})
         self.task = ""  # whose outputs suffix decoding reads, if a caller teaches proposers.draft_free some
         self._grammars: GrammarCompiler | None = None
 
@@ -78,10 +84,11 @@ class SpecEngine:
         return self._grammars
 
     @classmethod
-    def load(cls, target: ModelSpec, drafts: dict[str, ModelSpec]) -> SpecEngine:
+    def load(cls, target: ModelSpec, drafts: dict[str, ModelSpec], on_verifier: Collection[str] = ()) -> SpecEngine:
         """Load models; a draft whose tokenizer is not the target's drafts through the tokens they
         share (refused where they share too few); a draft that is an EAGLE-3 head or Medusa heads
-        directory is loaded as heads of the target (refused if they are another's)."""
+        directory is loaded as heads of the target (refused if they are another's), those named in
+        ``on_verifier`` drafting after each verify pass."""
         tokenizer = load_tokenizer(target.source)
         heads = {name: spec for name, spec in drafts.items() if is_head(spec.source)}
         medusa = {name: spec for name, spec in drafts.items() if is_medusa(spec.source)}
@@ -92,7 +99,8 @@ class SpecEngine:
                    if (bridge := bridge_if_needed(tokenizer, spec.source, loaded[name].config.vocab_size, name)) is not None}
         return cls(model, tokenizer, loaded, bridges=bridges,
                    heads={name: gemv_layout(load_head_of(spec.source, model)) for name, spec in heads.items()},
-                   medusa={name: gemv_layout(load_medusa(spec.source, model)) for name, spec in medusa.items()})
+                   medusa={name: gemv_layout(load_medusa(spec.source, model)) for name, spec in medusa.items()},
+                   on_verifier=on_verifier)
 
     def generate(self, prompt: str | list[int], params: GenerationParams, draft: str | None = None,
                  members: Sequence[str] = (), first_alone: bool = False) -> Generation:
@@ -188,8 +196,8 @@ class Generation:
 
     def _model_draft(self, name: str, kind: ProposerKind, in_tree: bool, cascade: Cascade = NO_CASCADE) -> Proposer:
         """A draft model or heads in this process, for this request (no lookahead: it runs alone)."""
-        if kind is ProposerKind.MEDUSA:  # guessing in the target session's passes (``_guesser``)
-            return MedusaDraft(name, self.params.sampling, self.recorder)
+        if kind is ProposerKind.MEDUSA:  # guessing in or after the target session's passes (``_guesser``)
+            return MedusaDraft(name, self.params.sampling, self.recorder, self.length.k_max)
         if kind is ProposerKind.HEAD:
             state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling,
                               DraftDraws(self.decoding.stats.seed, name), self.engine.draft_max_support)
@@ -210,11 +218,15 @@ class Generation:
                                output_start=len(self.decoding.prompt_ids), cascade=cascade)
         return LocalDraft(name, model, pool, session, self.length, self.recorder, self.first_alone)
 
-    def _guesser(self, medusa: str) -> MedusaGuesser | None:
-        """The target session's side of Medusa heads ``medusa`` (none: ""), drawing as a draft of that name."""
+    def _guesser(self, medusa: str) -> MedusaGuesser | FedGuesser | None:
+        """The target session's side of the heads ``medusa`` (none: ""), drawing as a draft of that name."""
         if not medusa:
             return None
         seed = self.decoding.stats.seed
+        if (fed := self.engine.fed_guesses.get(medusa)) is not None:
+            state = HeadState(fed.head, self.capacity, self.params.sampling, DraftDraws(seed, medusa),
+                              self.engine.draft_max_support)
+            return FedGuesser(fed, state, self.length.k_max)
         return MedusaGuesser(self.engine.guesses[medusa], self.params.sampling, DraftDraws(seed, medusa),
                              self.engine.draft_max_support, DraftDraws(seed, runner_up(medusa)))
 

@@ -58,10 +58,12 @@ MEDUSA_NEXT = "medusa_next"
 class VerifyNeeds:
     """What a proposer needs of each verify pass besides the verdict: the target's hidden states of
     ``hidden_layers`` at the positions the pass committed (an EAGLE-3 head's aux layers; workers/heads/),
-    or the next proposal of the ``medusa`` heads the verifier serves, guessed in the pass."""
+    or the next proposal of the ``medusa`` heads the verifier serves, guessed in the pass (``depth``
+    tokens of a head fed by hidden states that drafts after it; 0: its default)."""
 
     hidden_layers: tuple[int, ...] = ()
     medusa: str = ""
+    depth: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.hidden_layers or self.medusa)

@@ -28,14 +28,19 @@ from .calibration import widest_within
 from .config import TargetConfig
 from .drafting import DRAFT_MAX_SUPPORT
 from .grammar import GrammarCompiler, grammar_compiler, no_grammars, warm_grammars
+from .heads.fed_guess import FedGuessBatch, FedGuesser
+from .heads.format import load_head_of
 from .heads.medusa import MedusaHeads, load_medusa
 from .heads.medusa_draft import GuessBatch, MedusaGuesser, runner_up
+from .heads.proposer import HeadState
+from .kv_cache import session_capacity
 from .loading import ModelSpec, gemv_layout, load_model
 from .logs import log_to_stderr
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
 from .multiplexing import serve_multiplexed
 from .ragged_pass import PooledSequence
 from .registry import Registration
+from .request import DEFAULT_K, MAX_K
 from .seeds import DraftDraws, verifier_generator
 from .verifying import DecodeRun, TargetSession
 from .wire import (hidden_message, logprobs_message, pass_info, processing_from, proposal_from, proposal_message,
@@ -46,8 +51,10 @@ class TargetReplica:
     """The Serve deployment class (options applied in ``cluster/app.py``)."""
 
     def __init__(self, config: dict, target: ModelSpec, registration: Registration,
-                 medusa: dict[str, ModelSpec] | None = None) -> None:
-        """``medusa``: the Medusa heads it serves by name, guessing in its verify passes."""
+                 medusa: dict[str, ModelSpec] | None = None, heads: dict[str, ModelSpec] | None = None) -> None:
+        """``medusa``: the Medusa heads it serves by name, guessing in its verify passes; ``heads``:
+        heads fed by its hidden states (an MTP module, an EAGLE-3 head) it serves by name, drafting
+        after each verify pass (heads/fed_guess.py)."""
         log_to_stderr()
         cfg = TargetConfig.model_validate(config)  # plain data across Serve, checked again here
         self.autoscaling = cfg.autoscaling
@@ -58,18 +65,29 @@ class TargetReplica:
         layer = MedusaHeads.reads_layer(model.config)
         self.medusa = {name: GuessBatch(gemv_layout(load_medusa(spec.source, model)), layer)
                        for name, spec in (medusa or {}).items()}
+        self.heads = {name: FedGuessBatch(gemv_layout(load_head_of(spec.source, model)))
+                      for name, spec in (heads or {}).items()}
         servicer = VerifierServicer(self)
         self.host = ModelHost("target", f"target-{uuid.uuid4().hex[:8]}", {"target": model}, cfg,
                               registration, lambda server: rpc.add_VerifierServicer_to_server(servicer, server),
                               time_passes=True)
 
-    def guesser(self, opened: pb.SessionOpen) -> MedusaGuesser:
-        """A session's side of the Medusa heads it names: ValueError if it serves none so named."""
+    def guesser(self, opened: pb.SessionOpen, reused: int = 0) -> MedusaGuesser | FedGuesser:
+        """A session's side of the heads it names (its first ``reused`` positions from the prefix
+        cache: a fed head starts after them): ValueError if it serves none so named."""
         name = opened.medusa
+        if (fed := self.heads.get(name)) is not None:
+            if opened.medusa_depth > MAX_K:
+                raise ValueError(f"medusa_depth must be 0..{MAX_K} (0: {DEFAULT_K}), got {opened.medusa_depth}")
+            sampling = sampling_from(opened.sampling)
+            capacity = session_capacity(len(opened.prompt_ids), opened.max_new_tokens,
+                                        fed.head.config.max_position_embeddings)
+            state = HeadState(fed.head, capacity, sampling, DraftDraws(opened.sampling.seed, name), DRAFT_MAX_SUPPORT)
+            return FedGuesser(fed, state, opened.medusa_depth or DEFAULT_K, reused)
         batch = self.medusa.get(name)
         if batch is None:
-            raise ValueError(f"this target replica serves no Medusa heads {name!r}; it serves "
-                             f"{', '.join(self.medusa) or 'none'}")
+            raise ValueError(f"this target replica serves no heads {name!r}; it serves "
+                             f"{', '.join([*self.medusa, *self.heads]) or 'none'}")
         return MedusaGuesser(batch, sampling_from(opened.sampling),
                              DraftDraws(opened.sampling.seed, name), DRAFT_MAX_SUPPORT,
                              DraftDraws(opened.sampling.seed, runner_up(name)))
@@ -97,8 +115,8 @@ class TargetReplica:
 
 def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
                    grammars: Callable[[], GrammarCompiler] = no_grammars,
-                   medusa: Callable[[pb.SessionOpen], MedusaGuesser | None] = lambda opened: None,
-                   ) -> TargetSession:
+                   guesser: Callable[[pb.SessionOpen, int], MedusaGuesser | FedGuesser | None] = (
+                       lambda opened, reused: None)) -> TargetSession:
     """The session a Verify stream's open message asks for (with the hidden states its head reads,
     the Medusa heads that guess in its passes, its processing and its grammar, which has consumed
     the output the session already holds)."""
@@ -114,7 +132,7 @@ def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
                          tuple(opened.aux_layers), opened.top_logprobs if opened.logprobs else None,
                          processing_from(processing),
                          processing.output_start if opened.HasField("processing") else None, grammar,
-                         medusa(opened) if opened.medusa else None)
+                         guesser(opened, sequence.reused) if opened.medusa else None)
 
 
 def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> pb.VerifyReply:

@@ -18,6 +18,7 @@ from .proposing import HiddenRows
 from .ragged_pass import PooledSequence, Segment
 
 if TYPE_CHECKING:
+    from .heads.fed_guess import FedGuesser
     from .heads.medusa_draft import MedusaGuesser
 
 NO_PROPOSAL = DraftTokens.empty()
@@ -41,7 +42,7 @@ class TargetSession:
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator,
                  aux_layers: tuple[int, ...] = (), logprobs: int | None = None,
                  processing: LogitsProcessing = NO_PROCESSING, output_start: int | None = None,
-                 grammar: GrammarState | None = None, guesser: MedusaGuesser | None = None) -> None:
+                 grammar: GrammarState | None = None, guesser: MedusaGuesser | FedGuesser | None = None) -> None:
         self.sequence = sequence
         # Penalties and a logit bias (workers/processors.py), over the output: the committed tokens
         # from ``output_start`` on (the request's first output token; None: the prompt's end now).
@@ -70,17 +71,17 @@ class TargetSession:
         # computed by another session, so its rows are nobody's here: the head starts after it, as
         # it starts after a long prompt's window (``take_aux``).
         self.aux_start = sequence.reused
-        # For a request drafted by Medusa heads served here: they guess the next proposal from the
-        # hidden state the pass computed for the verdict's last position (``take_next``).
+        # For a request drafted by heads served here: Medusa heads guess the next proposal from the
+        # hidden state the pass computed for the verdict's last position, a head fed by hidden states
+        # (heads/fed_guess.py) drafts it from every committed position's (``take_next``).
         self.guesser = guesser
         self.next: DraftTokens | None = None
 
     def plan(self, segment: Segment | None) -> Segment | None:
         if segment is not None:
             segment.ids_only = self.ids_only
-            # Medusa heads read the row a verdict comes from: none of a prefill chunk's.
-            medusa = (self.guesser.batch.layer,) if self.guesser is not None and segment.logits else ()
-            segment.aux_layers = self.aux_layers or medusa
+            guessing = self.guesser.layers(segment) if self.guesser is not None else ()
+            segment.aux_layers = self.aux_layers or guessing
         return segment
 
     def keep_aux(self, segment: Segment, proposed: int, kept: Sequence[int]) -> None:
@@ -94,14 +95,11 @@ class TargetSession:
             self.aux_rows.append(segment.aux[fixed + torch.tensor(kept, dtype=torch.long)])
 
     def guess_next(self, segment: Segment, proposed: int, kept: Sequence[int]) -> None:
-        """Owe the Medusa heads' next proposal, from the hidden state of the verdict's last position:
-        the last of the proposal's rows ``kept``, or the row before the proposal if none was. Made
-        with the pass's other sessions' once its verdicts are in (``after_pass``)."""
-        if self.guesser is None or segment.aux is None:
-            return
-        fixed = len(segment.tokens) - proposed
-        row = segment.aux[fixed + kept[-1]] if kept else segment.aux[fixed - 1]
-        self.guesser.batch.owe(self.guesser, self, row, len(self.sequence.committed))
+        """Hand the heads served here the segment's hidden states (its committed rows: all but its
+        last ``proposed``, then the proposal's rows ``kept``); after a verdict they owe the next
+        proposal, made with the pass's other sessions' once its verdicts are in (``after_pass``)."""
+        if self.guesser is not None and segment.aux is not None:
+            self.guesser.owe(self, segment, proposed, kept)
 
     def take_next(self) -> DraftTokens | None:
         """The heads' proposal after the last verdict, once (None: no heads, or no pass since)."""
@@ -228,13 +226,14 @@ class VerifyStep:
 
     @property
     def after_pass(self):
-        """Once every step of the pass advanced: its Medusa sessions' guesses, made together."""
+        """Once every step of the pass advanced: the guesses its sessions' heads owe, made together."""
         return self.session.guesser.batch.flush if self.session.guesser is not None else None
 
     def advance(self, logits: torch.Tensor) -> bool:
         self.session.sequence.ran(self.planned)
         if not self.planned.logits:  # a prefill chunk
             self.session.keep_aux(self.planned, 0, ())
+            self.session.guess_next(self.planned, 0, ())
             return False
         self.result = self.session.judge(self.proposal, logits)
         kept = list(self.result.path or range(self.result.num_accepted))

@@ -39,7 +39,7 @@ class SparseRow(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers", "alternatives", "decode_group", "logprobs", "top_logprobs", "processing", "grammar", "medusa", "cascade", "cascade_min_p")
+    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers", "alternatives", "decode_group", "logprobs", "top_logprobs", "processing", "grammar", "medusa", "cascade", "cascade_min_p", "medusa_depth")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class SessionOpen(_message.Message):
     MEDUSA_FIELD_NUMBER: _ClassVar[int]
     CASCADE_FIELD_NUMBER: _ClassVar[int]
     CASCADE_MIN_P_FIELD_NUMBER: _ClassVar[int]
+    MEDUSA_DEPTH_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: Sampling
@@ -72,7 +73,8 @@ class SessionOpen(_message.Message):
     medusa: str
     cascade: int
     cascade_min_p: float
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ..., alternatives: _Optional[bool] = ..., decode_group: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., processing: _Optional[_Union[Processing, _Mapping]] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., medusa: _Optional[str] = ..., cascade: _Optional[int] = ..., cascade_min_p: _Optional[float] = ...) -> None: ...
+    medusa_depth: int
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ..., alternatives: _Optional[bool] = ..., decode_group: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., processing: _Optional[_Union[Processing, _Mapping]] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., medusa: _Optional[str] = ..., cascade: _Optional[int] = ..., cascade_min_p: _Optional[float] = ..., medusa_depth: _Optional[int] = ...) -> None: ...
 
 class Grammar(_message.Message):
     __slots__ = ("compiled", "output_start")

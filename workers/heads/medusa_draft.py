@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -89,6 +90,21 @@ class MedusaGuesser:
         self.runner_up = runner_up
         self.max_support = max_support
 
+    def layers(self, segment) -> tuple[int, ...]:
+        """The target layers a pass keeps of the segment's rows: the heads read the row a verdict
+        comes from, none of a prefill chunk's."""
+        return (self.batch.layer,) if segment.logits else ()
+
+    def owe(self, owner, segment, proposed: int, kept: Sequence[int]) -> None:
+        """Owe ``owner`` the heads' next proposal, from the hidden state of the verdict's last
+        position: the last of the proposal's rows ``kept``, or the row before the proposal if none
+        was. Made with the pass's other sessions' once its verdicts are in (``batch.flush``)."""
+        if not segment.logits:
+            return
+        fixed = len(segment.tokens) - proposed
+        row = segment.aux[fixed + kept[-1]] if kept else segment.aux[fixed - 1]
+        self.batch.owe(self, owner, row, len(owner.sequence.committed))
+
     def drawn(self, logits: torch.Tensor, position: int) -> DraftTokens:
         """A sampled tree from the heads' logits [K, V]: at depth i, at ``position`` + i, two tokens
         drawn independently from head i's warped distribution, their q (one, without runner-up draws)."""
@@ -148,13 +164,14 @@ def cut(proposal: DraftTokens, depth: int) -> DraftTokens:
 
 
 class MedusaDraft(Proposer):
-    """A request's proposer over Medusa heads that run where its target session does."""
+    """A request's proposer over heads that run where its target session does: Medusa heads, or a
+    head fed by hidden states drafting ``depth`` tokens after each verdict (heads/fed_guess.py)."""
 
-    def __init__(self, name: str, sampling: SamplingParams, recorder: StepRecorder) -> None:
+    def __init__(self, name: str, sampling: SamplingParams, recorder: StepRecorder, depth: int = 0) -> None:
         self.name = name
         self.recorder = recorder
         self.deterministic = sampling.greedy
-        self.needs = VerifyNeeds(medusa=name)
+        self.needs = VerifyNeeds(medusa=name, depth=depth)
         self.next: DraftTokens | None = None  # the last verify pass's guesses
 
     async def propose(self, k: int) -> DraftTokens:
