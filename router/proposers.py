@@ -42,7 +42,7 @@ class ProposerFactory:
     def make(self, name: str, context: RequestContext, length: DraftLength, recorder: StepRecorder) -> Proposer:
         def on_a_draft_worker(draft: str, kind: ProposerKind, in_tree: bool, cascade: Cascade = NO_CASCADE) -> Proposer:
             if kind is ProposerKind.MEDUSA:  # on the target replica, in or after its verify passes
-                return MedusaDraft(draft, context.params.sampling, recorder, length.k_max)
+                return MedusaDraft(draft, context.params.sampling, recorder, length.most)
             return RemoteDraft(draft, context, length, recorder, self.heads.get(base_draft(draft), ()),
                                branch=not in_tree, cascade=cascade)
         task = context.task

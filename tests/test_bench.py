@@ -403,3 +403,14 @@ def test_the_cascade_bench_runs_every_path_against_target_only(tiny_zoo):
                                "cascade@1,k=2"]
     assert all(rows["sql"][path]["identical"] and rows["sql"][path]["tokens"] == 8 for path in paths(settings))
     assert "| sql (sql) |" in report(rows, settings)
+
+
+def test_the_bridge_modes_bench_runs_both_conversions_against_target_only(tiny_zoo, other_tokenizer_draft):
+    """`python -m specserve.bench.bridge_modes` on the tiny zoo's draft of another tokenizer, one
+    prompt: the intersection and the conversion through text, every greedy output target-only's."""
+    from specserve.bench.bridge_modes import measure, report
+
+    rows = measure(str(tiny_zoo.root), (2,), 1, 8, say=lambda line: None, draft=other_tokenizer_draft, tasks=("sql",))
+    assert list(rows["sql"]) == ["off", "intersection,k=2", "text,k=2"]
+    assert all(row["identical"] and row["tokens"] == 8 for row in rows["sql"].values())
+    assert "| sql |" in report(rows)

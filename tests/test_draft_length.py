@@ -24,3 +24,9 @@ def test_fixed_and_confidence_keep_k_and_only_confidence_sets_a_threshold():
         length.update(proposed=4, accepted=4)
         length.update(proposed=4, accepted=0)
         assert length.k == 4 and length.min_confidence == threshold
+
+
+def test_the_most_a_step_may_ask_for_is_k_max_only_where_k_moves_up_to_it():
+    assert DraftLength("heuristic", k=4, k_max=8).most == 8
+    assert DraftLength("fixed", k=4, k_max=8).most == 4
+    assert DraftLength("confidence", k=4, k_max=8, confidence_threshold=0.4).most == 4

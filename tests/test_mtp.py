@@ -201,3 +201,11 @@ def test_on_replica_names_heads_fed_by_hidden_states_only(tiny_zoo, mtp_target):
                                                       "on_replica": ["mod"]}})
     models = resolve_models(config.models, config.router)
     assert "mod" in models.on_verifier and "mod" not in models.medusa
+
+
+def test_serve_on_replica_is_models_on_replica():
+    from specserve.cluster.cli import build_parser
+    from specserve.cluster.commands.serve import _serve_overrides
+
+    args = build_parser().parse_args(["serve", "--target", "DIR", "--on-replica", "mtp,head"])
+    assert _serve_overrides(args)["models"]["on_replica"] == ["mtp", "head"]

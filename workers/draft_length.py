@@ -24,6 +24,12 @@ class DraftLength:
         """What the draft worker gets: 0 means draft all k."""
         return self.confidence_threshold if self.schedule == "confidence" else 0.0
 
+    @property
+    def most(self) -> int:
+        """The most tokens a step of the request may ask for: the heuristic schedule moves k up to
+        ``k_max``, the others keep it (a head drafting after each verdict drafts this many)."""
+        return self.k_max if self.schedule == "heuristic" else self.k
+
     def next_k(self, proposed: int, accepted: int) -> int:
         """The k after a step that proposed `proposed` tokens and had `accepted` of them kept."""
         if self.schedule != "heuristic" or not proposed:

@@ -197,7 +197,7 @@ class Generation:
     def _model_draft(self, name: str, kind: ProposerKind, in_tree: bool, cascade: Cascade = NO_CASCADE) -> Proposer:
         """A draft model or heads in this process, for this request (no lookahead: it runs alone)."""
         if kind is ProposerKind.MEDUSA:  # guessing in or after the target session's passes (``_guesser``)
-            return MedusaDraft(name, self.params.sampling, self.recorder, self.length.k_max)
+            return MedusaDraft(name, self.params.sampling, self.recorder, self.length.most)
         if kind is ProposerKind.HEAD:
             state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling,
                               DraftDraws(self.decoding.stats.seed, name), self.engine.draft_max_support)
@@ -226,7 +226,7 @@ class Generation:
         if (fed := self.engine.fed_guesses.get(medusa)) is not None:
             state = HeadState(fed.head, self.capacity, self.params.sampling, DraftDraws(seed, medusa),
                               self.engine.draft_max_support)
-            return FedGuesser(fed, state, self.length.k_max)
+            return FedGuesser(fed, state, self.length.most)
         return MedusaGuesser(self.engine.guesses[medusa], self.params.sampling, DraftDraws(seed, medusa),
                              self.engine.draft_max_support, DraftDraws(seed, runner_up(medusa)))
 

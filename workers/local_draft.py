@@ -71,7 +71,7 @@ class BridgedDraft(LocalDraft):
             raise ProposerGone(f"draft {self.name}'s tokens of the text outgrew its cache "
                                f"({sequence.region.capacity} positions)")
         self.drafted = await super().propose(k)
-        self.proposed = self.bridge.proposal(self.drafted)
+        self.proposed = self.bridge.proposal(self.drafted, self.committed)
         return self.proposed
 
     def commit(self, step: Committed) -> None:

@@ -140,9 +140,11 @@ class TokenBridge:
         ids = self.draft.encode(text, add_special_tokens=False)
         return ids or self.draft.encode(" ", add_special_tokens=False)
 
-    def proposal(self, drafted: DraftTokens) -> DraftTokens:
+    def proposal(self, drafted: DraftTokens, committed: Sequence[int] = ()) -> DraftTokens:
         """A proposal of draft ids (drawn under ``mask``) as the target's ids, q unchanged. A
-        support entry of no target token has probability 0 and becomes id 0 (it is never drawn)."""
+        support entry of no target token has probability 0 and becomes id 0 (it is never drawn).
+        ``committed``: the target's ids it follows, which the intersection does not read (a
+        conversion through text does: bench/bridge_modes.py)."""
         if not drafted.ids:
             return drafted
         ids = self.to_target[torch.tensor(drafted.ids)]

@@ -36,6 +36,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                                 "caps the service (default: the config's router.replicas, 1 unless set there)")
     serve_cmd.add_argument("--priors", metavar="FILE", help="a profile from `specserve validate` the routing policy "
                                                             "starts from (acceptance per task and draft)")
+    serve_cmd.add_argument("--on-replica", metavar="NAME,NAME", type=lambda s: [n for n in s.split(",") if n],
+                           help="drafts that are heads fed by the target's hidden states (an MTP module: draft mtp) "
+                                "the target replicas serve, drafting after each verify pass, instead of the draft pool "
+                                "(config models.on_replica)")
     serve_cmd.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                            help="embedded cluster: where Prometheus scrapes the specserve_ metrics (Ray exports them "
                                 "as ray_specserve_*) (default: %(default)s)")
@@ -78,6 +82,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict:
         merge_into(overrides, {"router": {"http_port": None if args.http_port == "off" else args.http_port}})
     if args.priors:
         merge_into(overrides, {"models": {"priors": args.priors}})
+    if args.on_replica:
+        merge_into(overrides, {"models": {"on_replica": args.on_replica}})
     if args.router_replicas is not None:
         merge_into(overrides, {"router": {"replicas": args.router_replicas}})
     return overrides
