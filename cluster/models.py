@@ -109,8 +109,10 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
              for task, names in tasks.items()}
     trees = {}  # a task's tree (its first draft and the draft-free proposers), for a request that asks for one
     for task, names in tasks.items():
-        # Medusa heads propose a tree of their own, which a token tree would verify as a chain.
-        own = next((name for name in names if name in drafts and not is_medusa(drafts[name])), None)
+        # Medusa heads propose a tree of their own, which a token tree would verify as a chain; a head
+        # the replicas serve proposes with the verdict, not when a tree asks.
+        own = next((name for name in names if name in drafts and not is_medusa(drafts[name])
+                    and name not in models.on_replica), None)
         if own and router.draft_free:
             trees[task] = (own, *router.draft_free)
             # AUTO serves it only where offered. No prior: it accepts at least what its draft does,
@@ -140,10 +142,14 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
     if models.priors:
         for task, row in read_priors(models.priors, tasks, drafts).items():
             priors[task] = priors.get(task, {}) | row
-    if not_heads := [name for name in models.on_replica if name not in drafts or not is_head(drafts[name])]:
+    fed = sorted(name for name, source in drafts.items() if is_head(source))
+    if not_drafts := [name for name in models.on_replica if name not in drafts]:
+        raise ValueError(f"models.on_replica names {not_drafts}, which are not among the drafts served "
+                         f"({', '.join(sorted(drafts)) or 'none'}; a target's own MTP module is draft {MTP!r} where "
+                         f"a task serves it)")
+    if not_heads := [name for name in models.on_replica if name not in fed]:
         raise ValueError(f"models.on_replica names {not_heads}, which are no heads fed by the target's hidden states "
-                         f"(an MTP module, an EAGLE-3 head); those among the drafts: "
-                         f"{', '.join(sorted(n for n, s in drafts.items() if is_head(s))) or 'none'}")
+                         f"(an MTP module, an EAGLE-3 head); those among the drafts: {', '.join(fed) or 'none'}")
     return ModelSet(target=str(target), drafts=drafts, tasks=tasks, dtype=models.dtype, priors=priors,
                     draft_free=router.draft_free, trees=trees, cascades=cascades,
                     on_replica=frozenset(models.on_replica))

@@ -299,7 +299,7 @@ def strike_a_batch(client, tiny_zoo, kind: str, strike):
     """The batch streamed at once; when every request is drafting (DRAFTING chunks in), ``strike(worker)`` hits the
     worker of ``kind`` holding the most of their sessions (thawed at the end, should it be frozen).
     Returns (requests, tokens undisturbed, tokens struck, final stats, sessions the worker held, and
-    how many requests ended within a round of the strike: those may never have stepped after it)."""
+    how many sampled requests ended within a round of the strike: those may never have stepped after it)."""
     requests = batch_of_requests(tiny_zoo)
     with ThreadPoolExecutor(len(requests)) as pool:
         undisturbed = list(pool.map(lambda r: list(client.generate(r).token_ids), requests))
@@ -314,7 +314,8 @@ def strike_a_batch(client, tiny_zoo, kind: str, strike):
             thaw(victim.pid)
     struck = [[t for chunk in before + rest for t in chunk.token_ids] for before, rest in zip(befores, rests)]
     stats = [(before + rest)[-1].stats for before, rest in zip(befores, rests)]
-    ended = sum(sum(len(chunk.token_ids) for chunk in rest) <= MAX_K + 1 for rest in rests)
+    ended = sum(bool(request.temperature) and sum(len(chunk.token_ids) for chunk in rest) <= MAX_K + 1
+                for request, rest in zip(requests, rests))
     return requests, undisturbed, struck, stats, held, ended
 
 

@@ -23,7 +23,13 @@ from specserve.workers.heads.mtp import MTP, MTP_WEIGHTS, is_mtp
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
 from specserve.workers.request import GenerationParams
 
+from types import SimpleNamespace
+
+from specserve.workers import verifying
 from specserve.workers.acceptance import SamplingParams
+from specserve.workers.heads.fed_guess import FedGuessBatch, FedGuesser
+from specserve.workers.heads.proposer import HeadState
+from specserve.workers.seeds import DraftDraws
 
 from conftest import MEDUSA_TASKS, MTP_HERE, MTP_HERE_TASK, MTP_TASK
 
@@ -191,11 +197,11 @@ def test_through_the_service_the_target_replica_drafts_with_the_module_and_outpu
 
 
 def test_on_replica_names_heads_fed_by_hidden_states_only(tiny_zoo, mtp_target):
-    for named in (["nowhere"], ["sql"]):
+    for named, why in ((["nowhere"], "not among the drafts served"), (["sql"], "no heads fed by .* drafts: .*mod")):
         config = ServiceConfig.model_validate({"models": {"zoo": str(tiny_zoo.root),
                                                           "drafts": {"mod": str(mtp_target[0])},
                                                           "on_replica": named}})
-        with pytest.raises(ValueError, match=r"models.on_replica names .* no heads fed by .* among the drafts: .*mod"):
+        with pytest.raises(ValueError, match=rf"models.on_replica names .*{why}"):
             resolve_models(config.models, config.router)
     config = ServiceConfig.model_validate({"models": {"zoo": str(tiny_zoo.root), "drafts": {"mod": str(mtp_target[0])},
                                                       "on_replica": ["mod"]}})
@@ -209,3 +215,57 @@ def test_serve_on_replica_is_models_on_replica():
 
     args = build_parser().parse_args(["serve", "--target", "DIR", "--on-replica", "mtp,head"])
     assert _serve_overrides(args)["models"]["on_replica"] == ["mtp", "head"]
+
+
+class BrokenDraws(DraftDraws):
+    def uniform(self, position: int) -> float:
+        raise RuntimeError("no uniform here")
+
+
+def owing_session(batch: FedGuessBatch, width: int, draws: DraftDraws, prompt: int = 4) -> tuple:
+    """A session of the head on the verifier after its prompt's pass: the prompt's hidden states
+    and the verdict's token; it owes its first proposal."""
+    guesser = FedGuesser(batch, HeadState(batch.head, 64, SamplingParams(temperature=1.0), draws), depth=3)
+    owner = SimpleNamespace(sequence=SimpleNamespace(committed=list(range(5, 6 + prompt))), next=None)
+    guesser.owe(owner, SimpleNamespace(tokens=list(range(5, 5 + prompt)), aux=torch.randn(prompt, width), logits=1),
+                0, ())
+    return guesser, owner
+
+
+def test_on_the_verifier_a_session_whose_drafting_fails_goes_target_only_alone(target, mtp_target):
+    batch = FedGuessBatch(load_head_of(str(mtp_target[0]), target))
+    width = target.config.hidden_size
+    good, good_owner = owing_session(batch, width, DraftDraws(3, MTP))
+    bad, bad_owner = owing_session(batch, width, BrokenDraws(3, MTP))
+    batch.flush()  # one pass of both, then each one's draw
+    assert len(good_owner.next.ids) == 3 and not good.gone
+    assert bad_owner.next is None and "no uniform here" in bad.gone
+    assert bad.layers(None) == () and batch.pending == []  # it keeps no more hidden states, owes nothing
+    bad.owe(bad_owner, None, 0, ())
+    assert batch.pending == []
+
+
+def test_on_the_verifier_a_failed_pass_of_the_head_ends_its_sessions_drafting_not_the_pass(target, mtp_target,
+                                                                                             monkeypatch):
+    batch = FedGuessBatch(load_head_of(str(mtp_target[0]), target))
+    sessions = [owing_session(batch, target.config.hidden_size, DraftDraws(seed, MTP)) for seed in (1, 2)]
+
+    def fails(parts):
+        raise RuntimeError("out of memory")
+    monkeypatch.setattr(batch.head, "step_many", fails)
+    batch.flush()  # raises nothing: the target's verdicts stand
+    assert all(owner.next is None and "RuntimeError" in guesser.gone for guesser, owner in sessions)
+
+
+def test_on_the_verifier_a_long_prompt_feeds_the_head_its_last_window_as_a_verdicts_reply_would(target, mtp_target,
+                                                                                              monkeypatch):
+    width = target.config.hidden_size
+    monkeypatch.setattr(verifying, "AUX_WINDOW_BYTES", 8 * width * 4)  # 8 float32 rows
+    batch = FedGuessBatch(load_head_of(str(mtp_target[0]), target))
+    guesser = FedGuesser(batch, HeadState(batch.head, 64, SamplingParams(), DraftDraws(1, MTP)), depth=2)
+    owner = SimpleNamespace(sequence=SimpleNamespace(committed=list(range(1, 22))), next=None)
+    for chunk, logits in ((range(0, 12), 0), (range(12, 20), 1)):  # a prompt of 20 in two chunks, then a verdict
+        guesser.owe(owner, SimpleNamespace(tokens=list(chunk), aux=torch.randn(len(chunk), width), logits=logits), 0, ())
+    assert (guesser.state.origin, guesser.state.known) == (12, 20)  # positions 12..19, as take_aux cuts them
+    batch.flush()
+    assert len(owner.next.ids) == 2

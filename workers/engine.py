@@ -66,6 +66,9 @@ class SpecEngine:
         self.medusa = dict(medusa or {})  # Medusa heads of this target, guessing from its last hidden state
         self.guesses = {name: GuessBatch(heads, MedusaHeads.reads_layer(target.config))
                         for name, heads in self.medusa.items()}
+        if not_heads := sorted(set(on_verifier) - set(self.heads)):
+            raise ValueError(f"on_verifier names {not_heads}, which are none of the heads fed by hidden states "
+                             f"({', '.join(sorted(self.heads)) or 'none'})")
         self.fed_guesses = {name: FedGuessBatch(self.heads[name]) for name in on_verifier}
         self.draft_max_support = draft_max_support  # tokens a sampling draft's q keeps (see drafting.py)
         self.bridges = dict(bridges or {})  # drafts of another tokenizer, by name (token_bridge.py)

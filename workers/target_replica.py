@@ -77,8 +77,6 @@ class TargetReplica:
         cache: a fed head starts after them): ValueError if it serves none so named."""
         name = opened.medusa
         if (fed := self.heads.get(name)) is not None:
-            if opened.medusa_depth > MAX_K:
-                raise ValueError(f"medusa_depth must be 0..{MAX_K} (0: {DEFAULT_K}), got {opened.medusa_depth}")
             sampling = sampling_from(opened.sampling)
             capacity = session_capacity(len(opened.prompt_ids), opened.max_new_tokens,
                                         fed.head.config.max_position_embeddings)
@@ -123,6 +121,8 @@ def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
     if opened.medusa and opened.aux_layers:
         raise ValueError("a session drafts with Medusa heads or with an EAGLE-3 head's hidden states, not both: "
                          "give SessionOpen.medusa or aux_layers")
+    if opened.medusa_depth > MAX_K:
+        raise ValueError(f"medusa_depth must be 0..{MAX_K} (0: {DEFAULT_K}), got {opened.medusa_depth}")
     processing = opened.processing
     grammar = None
     if opened.HasField("grammar"):

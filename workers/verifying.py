@@ -113,10 +113,7 @@ class TargetSession:
         rows, self.aux_rows = self.aux_rows, []
         taken = HiddenRows(self.aux_start, torch.cat(rows) if rows else torch.zeros(0, 0))
         self.aux_start = taken.stop
-        window = max(1, AUX_WINDOW_BYTES // max(1, taken.rows[:1].numel() * taken.rows.element_size()))
-        if len(taken.rows) > window:  # a long prompt's: its last positions only (the head starts there)
-            taken = HiddenRows(taken.stop - window, taken.rows[-window:])
-        return taken
+        return windowed(taken)
 
     def take_logprobs(self) -> TokenLogprobs | None:
         """The logprobs of the tokens committed since the last call (None: not asked for)."""
@@ -147,6 +144,7 @@ class TargetSession:
         return VerifyStep(self, proposal)
 
     def decode(self, n: int) -> DecodeRun:
+        self.guesser = None  # a session decoding in runs drafts no more (target_replica.DecodeRuns)
         return DecodeRun(self, n)
 
     def judge(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
@@ -198,6 +196,15 @@ class TargetSession:
         # Row 0 predicts the tree's first level, row n + 1 what follows node n.
         self._keep_logprobs(raw, [0] + [node + 1 for node in tree.path], committed)
         return Outcome(len(tree.path), tree.token, tree.path)
+
+
+def windowed(taken: HiddenRows) -> HiddenRows:
+    """Hidden states taken at once, at most AUX_WINDOW_BYTES of them: a long prompt's last positions
+    only (a head starts there, wherever it drafts)."""
+    window = max(1, AUX_WINDOW_BYTES // max(1, taken.rows[:1].numel() * taken.rows.element_size()))
+    if len(taken.rows) > window:
+        return HiddenRows(taken.stop - window, taken.rows[-window:])
+    return taken
 
 
 def _argmax(rows: torch.Tensor) -> torch.Tensor:

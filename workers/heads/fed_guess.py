@@ -2,18 +2,20 @@
 verifies: on the target replica, after each verify pass, with no trip to a draft worker.
 
 ``FedGuesser`` is a target session's side (``TargetSession.guesser``, as Medusa heads' is): every
-pass of the session leaves the head the hidden states of the positions it committed, and after a
-verdict the session owes its next proposal. ``FedGuessBatch`` drafts what the pass's sessions owe
-together once its verdicts are in (the steps' ``after_pass``): one pass of the head over every
-session's newly committed positions, then one per drafted token, each shared by all of them
+pass of the session leaves it the hidden states of the positions it committed, and after a verdict
+the session owes its next proposal. ``FedGuessBatch`` drafts what the pass's sessions owe together
+once its verdicts are in (the steps' ``after_pass``): one pass of the head over every session's
+newly committed positions, then one per drafted token, each shared by all of them
 (``FedHead.step_many``), as vLLM runs its MTP and EAGLE drafters after the target's forward.
 
 What it proposes is what the same head drafts in process or on a draft worker (``HeadState``,
-``HeadRun``): the same draws, keyed by the request's seed, the head's name and the position; the
-reply carries ``depth`` tokens and the request's proposer cuts them to its k (a run's first tokens
-do not depend on how many follow). The router relays them as it relays Medusa heads' guesses
+``HeadRun``): the same draws, keyed by the request's seed, the head's name and the position, and
+the same hidden states (a verdict's, cut to the same window: ``verifying.windowed``); the reply
+carries ``depth`` tokens and the request's proposer cuts them to its k (a run's first tokens do not
+depend on how many follow). The router relays them as it relays Medusa heads' guesses
 (``VerifyReply.next``). Before the first verdict there is nothing to draft from: the first step is
-target-only, as a head's is anywhere.
+target-only, as a head's is anywhere. A session whose drafting fails goes target-only for good
+(``FedGuesser.gone``): never another session's proposal, never the pass's verdicts.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from collections.abc import Sequence
 
 import torch
 
-from ..proposing import HiddenRows, ProposerGone
+from ..proposing import HiddenRows
+from ..verifying import windowed
 from .eagle3 import FedHead
 from .proposer import HeadRun, HeadState
 
 log = logging.getLogger("specserve.workers")
-# A run's rows at most in one pass (its first feeds every position committed since the last run).
+# A run's rows in one pass, at most: its first feeds every position committed since the last run
+# (a prompt's: at most the window's).
 PASS_ROWS = 2**31
 
 
@@ -46,26 +50,33 @@ class FedGuessBatch:
     @torch.inference_mode()
     def flush(self) -> None:
         pending, self.pending = self.pending, []
-        runs = []
+        runs: list[tuple[FedGuesser, object, HeadRun]] = []
         for guesser, owner in pending:
             try:
-                runs.append((owner, HeadRun(guesser.state, guesser.depth)))
-            except ProposerGone as exc:  # no hidden states for some position: target-only from here
-                log.warning("a head on the target replica cannot draft for a session (%s); it goes target-only", exc)
-        active = [run for _, run in runs if run.result is None]
-        try:
-            while active:
-                segments = [run.plan(PASS_ROWS) for run in active]
-                for run, output in zip(active, self.head.step_many([s.run_on(self.head) for s in segments]),
-                                       strict=True):
-                    run.advance(output)
-                active = [run for run in active if run.result is None]
-        except Exception:  # noqa: BLE001 - no proposal is a target-only step, never another output
-            log.exception("a head on the target replica failed to draft for %d sessions; their next steps go "
-                          "target-only", len(active))
-            return
-        for owner, run in runs:
-            owner.next = run.result
+                runs.append((guesser, owner, HeadRun(guesser.state, guesser.depth)))
+            except Exception as exc:  # noqa: BLE001 - hidden states missing (ProposerGone), a cache too small
+                guesser.drop(str(exc))
+        active = [entry for entry in runs if entry[2].result is None]
+        while active:
+            try:
+                segments = [run.plan(PASS_ROWS) for _, _, run in active]
+                outputs = self.head.step_many([segment.run_on(self.head) for segment in segments])
+            except Exception as exc:  # noqa: BLE001 - their shared pass: each of them goes target-only
+                log.exception("a head on the target replica failed a pass of %d sessions", len(active))
+                for guesser, _, _ in active:
+                    guesser.drop(f"its head's pass failed ({type(exc).__name__})")
+                break
+            going = []
+            for entry, output in zip(active, outputs, strict=True):
+                try:
+                    if not entry[2].advance(output):
+                        going.append(entry)
+                except Exception as exc:  # noqa: BLE001 - this session's draw: the others' go on
+                    entry[0].drop(f"drafting failed ({type(exc).__name__}: {exc})")
+            active = going
+        for guesser, owner, run in runs:
+            if not guesser.gone:
+                owner.next = run.result
 
 
 class FedGuesser:
@@ -77,22 +88,35 @@ class FedGuesser:
         self.state = state
         self.depth = depth
         self.start = start  # the position of the next hidden state the session keeps
+        self.rows: list[torch.Tensor] = []  # those of the positions committed since the last verdict
+        self.gone = ""  # why it drafts no more (its session goes target-only); empty: it drafts
 
     def layers(self, segment) -> tuple[int, ...]:
         """The target layers a pass keeps of the segment's rows: every committed position feeds the head."""
-        return self.batch.head.config.aux_layers
+        return () if self.gone else self.batch.head.config.aux_layers
 
     def owe(self, owner, segment, proposed: int, kept: Sequence[int]) -> None:
-        """Take the hidden states of the segment's committed rows (all but its last ``proposed``, then
-        the proposal's ``kept``) and the session's committed tokens; after a verdict (a segment with
-        logits), owe the next proposal."""
+        """Keep the hidden states of the segment's committed rows (all but its last ``proposed``,
+        then the proposal's ``kept``); after a verdict (a segment with logits), hand the head those
+        kept since the last one (as a verdict's reply carries them to a draft worker) and the
+        session's committed tokens, and owe the next proposal."""
+        if self.gone:
+            return
         fixed = len(segment.tokens) - proposed
-        rows = segment.aux[:fixed]
-        if kept:  # a chain's accepted tokens: the positions after the fixed ones
-            rows = torch.cat([rows, segment.aux[fixed + torch.tensor(kept, dtype=torch.long)]])
-        self.state.add(HiddenRows(self.start, rows))
+        self.rows.append(segment.aux[:fixed])
+        if kept:  # in node order: a chain's accepted tokens, a tree's path
+            self.rows.append(segment.aux[fixed + torch.tensor(kept, dtype=torch.long)])
+        if not segment.logits:  # a prefill chunk
+            return
+        rows, self.rows = torch.cat(self.rows), []
+        self.state.add(windowed(HiddenRows(self.start, rows)))
         self.start += len(rows)
         committed = owner.sequence.committed
         self.state.commit(committed[len(self.state.committed) :])
-        if segment.logits:
-            self.batch.owe(self, owner)
+        self.batch.owe(self, owner)
+
+    def drop(self, why: str) -> None:
+        """Draft no more for this session (said once): its next steps are target-only."""
+        if not self.gone:
+            log.warning("a head on the target replica drafts no more for a session: %s; it goes target-only", why)
+            self.gone, self.rows = why or "failed", []
