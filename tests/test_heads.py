@@ -70,12 +70,12 @@ def test_a_head_drafts_greedy_output_identical_to_the_target_alone_and_in_a_tree
 
 def test_a_long_prompts_hidden_states_come_as_its_last_window_and_the_head_drafts_from_there(engine, tiny_zoo,
                                                                                             monkeypatch):
-    """A reply's hidden states are capped (verifying.AUX_WINDOW_BYTES, under gRPC's message cap):
+    """A reply's hidden states are capped (proposing.AUX_WINDOW_BYTES, under gRPC's message cap):
     the head's cache starts at the window, its positions stay absolute, the output stays the target's."""
-    import specserve.workers.verifying as verifying
+    import specserve.workers.proposing as proposing
 
     width = engine.heads["head"].fc.weight.shape[1]  # 3 x the target's hidden size
-    monkeypatch.setattr(verifying, "AUX_WINDOW_BYTES", 12 * width * 4)  # 12 positions in float32
+    monkeypatch.setattr(proposing, "AUX_WINDOW_BYTES", 12 * width * 4)  # 12 positions in float32
     prompt = tiny_zoo.prompts("sql")[0]
     assert len(engine.tokenizer.encode(prompt)) > 24
     from specserve.workers.heads.proposer import HeadState

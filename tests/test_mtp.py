@@ -25,7 +25,7 @@ from specserve.workers.request import GenerationParams
 
 from types import SimpleNamespace
 
-from specserve.workers import verifying
+from specserve.workers import proposing
 from specserve.workers.acceptance import SamplingParams
 from specserve.workers.heads.fed_guess import FedGuessBatch, FedGuesser
 from specserve.workers.heads.proposer import HeadState
@@ -134,18 +134,25 @@ def test_distill_says_which_flags_shape_an_eagle3_head_not_a_module(tiny_zoo, me
 
 def test_through_the_service_the_draft_workers_draft_with_the_module_and_greedy_output_is_the_targets(
         service, client, tiny_zoo):
+    assert greedy_through_the_service(client, tiny_zoo, MTP_TASK, MTP) > 0
+
+
+def greedy_through_the_service(client, tiny_zoo, task: str, draft: str, then=lambda prompt: None) -> int:
+    """Greedy requests of ``task`` (served by ``draft`` alone) over two prompts of each of Medusa's
+    tasks, each the target's alone; ``then(prompt)`` after each. Returns the tokens accepted."""
     from specserve.proto.v1 import specserve_pb2 as pb
 
     accepted = 0
-    for task in MEDUSA_TASKS:
-        for prompt in tiny_zoo.prompts(task)[:2]:
+    for text_task in MEDUSA_TASKS:
+        for prompt in tiny_zoo.prompts(text_task)[:2]:
             plain = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=32, speculation=pb.SPECULATION_OFF))
-            reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=32, task=MTP_TASK, k=3,
+            reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=32, task=task, k=3,
                                                        speculation=pb.SPECULATION_ON), timeout=120)
-            assert list(reply.token_ids) == list(plain.token_ids), (task, reply.stats)
-            assert reply.stats.draft == MTP and reply.stats.route != "lost", reply.stats
+            assert list(reply.token_ids) == list(plain.token_ids), (text_task, reply.stats)
+            assert reply.stats.draft == draft and reply.stats.route != "lost", reply.stats
             accepted += reply.stats.accepted_tokens
-    assert accepted > 0
+            then(prompt)
+    return accepted
 
 
 def test_on_the_verifier_the_module_proposes_what_it_proposes_as_a_draft_of_its_own(tiny_zoo, mtp_target):
@@ -174,26 +181,20 @@ def test_through_the_service_the_target_replica_drafts_with_the_module_and_outpu
     from specserve.proto.v1 import specserve_pb2 as pb
 
     engine = SpecEngine.load(ModelSpec(str(tiny_zoo.target_dir)), {MTP_HERE: ModelSpec(str(mtp_target[0]))})
-    accepted = 0
-    for task in MEDUSA_TASKS:
-        for prompt in tiny_zoo.prompts(task)[:2]:
-            plain = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=32, speculation=pb.SPECULATION_OFF))
-            reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=32, task=MTP_HERE_TASK, k=3,
-                                                       speculation=pb.SPECULATION_ON), timeout=120)
-            assert list(reply.token_ids) == list(plain.token_ids), (task, reply.stats)
-            assert reply.stats.draft == MTP_HERE and reply.stats.route != "lost", reply.stats
-            accepted += reply.stats.accepted_tokens
-            fresh = f"{MTP_HERE_TASK} {len(prompt)}. {prompt}"
-            seeded = client.generate(pb.GenerateRequest(prompt=fresh, max_tokens=24, task=MTP_HERE_TASK, k=2,
-                                                        temperature=1.0, top_p=0.9, seed=7,
-                                                        speculation=pb.SPECULATION_ON), timeout=120)
-            local = engine.generate(fresh, GenerationParams(max_tokens=24, k=2, seed=7,
-                                                            sampling=SamplingParams(temperature=1.0, top_p=0.9)),
-                                    draft=MTP_HERE).complete()
-            assert seeded.stats.cached_prompt_tokens == 0, seeded.stats
-            assert list(seeded.token_ids) == local.token_ids, (task, seeded.stats)
-            assert seeded.stats.accepted_tokens == local.stats.accepted, (seeded.stats, local.stats)
-    assert accepted > 0
+
+    def seeded_as_in_process(prompt: str) -> None:
+        fresh = f"{MTP_HERE_TASK} {len(prompt)}. {prompt}"
+        seeded = client.generate(pb.GenerateRequest(prompt=fresh, max_tokens=24, task=MTP_HERE_TASK, k=2,
+                                                    temperature=1.0, top_p=0.9, seed=7,
+                                                    speculation=pb.SPECULATION_ON), timeout=120)
+        local = engine.generate(fresh, GenerationParams(max_tokens=24, k=2, seed=7,
+                                                        sampling=SamplingParams(temperature=1.0, top_p=0.9)),
+                                draft=MTP_HERE).complete()
+        assert seeded.stats.cached_prompt_tokens == 0, seeded.stats
+        assert list(seeded.token_ids) == local.token_ids, (prompt, seeded.stats)
+        assert seeded.stats.accepted_tokens == local.stats.accepted, (seeded.stats, local.stats)
+
+    assert greedy_through_the_service(client, tiny_zoo, MTP_HERE_TASK, MTP_HERE, seeded_as_in_process) > 0
 
 
 def test_on_replica_names_heads_fed_by_hidden_states_only(tiny_zoo, mtp_target):
@@ -260,7 +261,7 @@ def test_on_the_verifier_a_failed_pass_of_the_head_ends_its_sessions_drafting_no
 def test_on_the_verifier_a_long_prompt_feeds_the_head_its_last_window_as_a_verdicts_reply_would(target, mtp_target,
                                                                                               monkeypatch):
     width = target.config.hidden_size
-    monkeypatch.setattr(verifying, "AUX_WINDOW_BYTES", 8 * width * 4)  # 8 float32 rows
+    monkeypatch.setattr(proposing, "AUX_WINDOW_BYTES", 8 * width * 4)  # 8 float32 rows
     batch = FedGuessBatch(load_head_of(str(mtp_target[0]), target))
     guesser = FedGuesser(batch, HeadState(batch.head, 64, SamplingParams(), DraftDraws(1, MTP)), depth=2)
     owner = SimpleNamespace(sequence=SimpleNamespace(committed=list(range(1, 22))), next=None)

@@ -90,6 +90,22 @@ class HiddenRows:
         return self.start + len(self.rows)
 
 
+# Hidden states taken at once, at most: a long prompt's are cut to its last positions that fit
+# (SmolLM2 in float32, 6.9 kB a position: about 900). Two replies' may travel joined
+# (wire.join_hidden), and a gRPC message holds 16 MiB at most (workers/grpc_host.py), so a prompt of
+# any length reaches the head, which then attends over that window of it instead of all of it.
+AUX_WINDOW_BYTES = 6 * 1024 * 1024
+
+
+def windowed(taken: HiddenRows) -> HiddenRows:
+    """Hidden states taken at once, at most AUX_WINDOW_BYTES of them: a long prompt's last positions
+    only (a head starts there, wherever it drafts: a draft worker, in process, the target replica)."""
+    window = max(1, AUX_WINDOW_BYTES // max(1, taken.rows[:1].numel() * taken.rows.element_size()))
+    if len(taken.rows) > window:
+        return HiddenRows(taken.stop - window, taken.rows[-window:])
+    return taken
+
+
 class ProposerGone(Exception):
     """The proposer cannot propose any more (the reason is the message): go on target-only."""
 

@@ -14,7 +14,7 @@ from .drafting import DraftTokens
 from .grammar import GrammarState
 from .logprobs import NO_LOGPROBS, TokenLogprobs, token_logprobs
 from .processors import NO_PROCESSING, LogitsProcessing
-from .proposing import HiddenRows
+from .proposing import HiddenRows, windowed
 from .ragged_pass import PooledSequence, Segment
 
 if TYPE_CHECKING:
@@ -24,13 +24,6 @@ if TYPE_CHECKING:
 NO_PROPOSAL = DraftTokens.empty()
 GRAMMAR_ENDED = "grammar"  # Verified.ended, VerifyReply.ended: the grammar could take no further token
 log = logging.getLogger("specserve.workers")
-
-
-# A reply's hidden states at most: a long prompt's are cut to its last positions that fit (SmolLM2
-# in float32, 6.9 kB a position: about 900). Two replies' may travel joined (wire.join_hidden), and
-# a gRPC message holds 16 MiB at most (workers/grpc_host.py), so a prompt of any length reaches the
-# head, which then attends over that window of it instead of all of it.
-AUX_WINDOW_BYTES = 6 * 1024 * 1024
 
 
 class TargetSession:
@@ -196,15 +189,6 @@ class TargetSession:
         # Row 0 predicts the tree's first level, row n + 1 what follows node n.
         self._keep_logprobs(raw, [0] + [node + 1 for node in tree.path], committed)
         return Outcome(len(tree.path), tree.token, tree.path)
-
-
-def windowed(taken: HiddenRows) -> HiddenRows:
-    """Hidden states taken at once, at most AUX_WINDOW_BYTES of them: a long prompt's last positions
-    only (a head starts there, wherever it drafts)."""
-    window = max(1, AUX_WINDOW_BYTES // max(1, taken.rows[:1].numel() * taken.rows.element_size()))
-    if len(taken.rows) > window:
-        return HiddenRows(taken.stop - window, taken.rows[-window:])
-    return taken
 
 
 def _argmax(rows: torch.Tensor) -> torch.Tensor:

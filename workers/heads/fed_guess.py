@@ -10,7 +10,7 @@ newly committed positions, then one per drafted token, each shared by all of the
 
 What it proposes is what the same head drafts in process or on a draft worker (``HeadState``,
 ``HeadRun``): the same draws, keyed by the request's seed, the head's name and the position, and
-the same hidden states (a verdict's, cut to the same window: ``verifying.windowed``); the reply
+the same hidden states (a verdict's, cut to the same window: ``proposing.windowed``); the reply
 carries ``depth`` tokens and the request's proposer cuts them to its k (a run's first tokens do not
 depend on how many follow). The router relays them as it relays Medusa heads' guesses
 (``VerifyReply.next``). Before the first verdict there is nothing to draft from: the first step is
@@ -25,8 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..proposing import HiddenRows
-from ..verifying import windowed
+from ..proposing import HiddenRows, windowed
 from .eagle3 import FedHead
 from .proposer import HeadRun, HeadState
 

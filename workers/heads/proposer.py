@@ -69,7 +69,7 @@ class HeadState:
     def add(self, hidden: HiddenRows) -> None:
         """The target's hidden states of committed positions; rows held already are skipped (a
         replica that took the request over sends every position again)."""
-        if not self.known and hidden.start > 0:  # a long prompt's last positions (verifying.AUX_WINDOW_BYTES)
+        if not self.known and hidden.start > 0:  # a long prompt's last positions (proposing.AUX_WINDOW_BYTES)
             self.origin = self.fed = self.known = hidden.start
         if hidden.start > self.known:  # said at the next proposal: a verdict is no place to fail
             self.gap = f"positions {self.known}..{hidden.start - 1} have no hidden states"
