@@ -51,6 +51,9 @@ class DraftPool:
         unknown = [name for name in names if name not in models.drafts]
         if unknown:
             raise ValueError(f"draft_pool.drafts names unknown drafts {unknown}; known: {', '.join(models.drafts)}")
+        if theirs := sorted(set(names) & models.on_verifier):
+            raise ValueError(f"draft_pool.drafts names {theirs}, which the target replicas serve (Medusa heads, "
+                             f"models.on_replica): take them out of one of the two")
         self.config = config
         self.scaling = pool.autoscaling if names else None  # no drafts: nothing to scale
         self.specs = {name: models.spec(models.drafts[name], pool.threads) for name in names}

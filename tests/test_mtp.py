@@ -270,3 +270,13 @@ def test_on_the_verifier_a_long_prompt_feeds_the_head_its_last_window_as_a_verdi
     assert (guesser.state.origin, guesser.state.known) == (12, 20)  # positions 12..19, as take_aux cuts them
     batch.flush()
     assert len(owner.next.ids) == 2
+
+
+def test_the_draft_pool_is_refused_a_head_the_replicas_serve(tiny_zoo, mtp_target):
+    from specserve.cluster.pool import DraftPool
+
+    config = ServiceConfig.model_validate({"models": {"zoo": str(tiny_zoo.root), "drafts": {"mod": str(mtp_target[0])},
+                                                      "on_replica": ["mod"]},
+                                           "draft_pool": {"drafts": ["sql", "mod"]}})
+    with pytest.raises(ValueError, match=r"draft_pool.drafts names \['mod'\], which the target replicas serve"):
+        DraftPool(config, resolve_models(config.models, config.router))
