@@ -5,7 +5,8 @@ whose pass costs next to nothing, drafts that are copies of it, a small EAGLE-3 
 ceiling in tokens/s and its CPU per token are those of the host path: gRPC, protobuf, the router's
 bookkeeping, the replica's and the workers' scheduling. At each level of concurrent sessions, for
 each path (speculation OFF; ON with the task's draft, the EAGLE-3 head, n-gram lookup, Medusa heads
-on the target replica, an MTP module), clients stream
+on the target replica, an MTP module on the draft workers; by name, a task's draft under a
+cascade, the MTP module on the target replica), clients stream
 greedy requests back to back, and each process's CPU time over the level is read from /proc:
 router, target replica, draft workers, Ray's daemons (raylet, GCS, Serve's controller, ...), and the
 client (this process: its grpc.aio streams). Per generated token and per round (a target verify
@@ -19,6 +20,7 @@ With ``--on-zoo`` all of it runs on the zoo itself instead (its trained target a
 heads and an MTP module distilled beside it on first use): where passes cost what they cost, what each path gains.
 
     specserve host-path [--zoo demo] [--sessions 1,16,64,256] [--paths off,draft,eagle3,ngram,medusa,mtp] [--on-zoo]
+    specserve host-path --on-zoo --sessions 1,16 --paths off,mtp,mtp-replica   # the module where it drafts
 """
 
 from __future__ import annotations
