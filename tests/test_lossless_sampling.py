@@ -338,6 +338,8 @@ def cascade_prompt() -> tuple[int, ...]:
     return tuple(word_tokenizer().convert_tokens_to_ids(["a", "b", "c", "a", "b"]))
 
 
+@pytest.mark.slow  # ~60-70 s; by default the cascade's q is checked row by row (tests/test_cascade.py), and
+# sampled requests go through the service's (tests/test_service.py)
 def test_sampling_through_a_cascade_matches_target_distribution(tokenizer):
     """A cascade (workers/drafting.py): prompt lookup guesses after a prompt that repeats itself, the
     draft verifies the guesses in its first pass and proposes past k (k 1) down those it draws. In
