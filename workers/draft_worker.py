@@ -27,8 +27,8 @@ from .drafting import DRAFT_MAX_SUPPORT, BranchRun, Cascade, DraftSession, Draft
 from .grammar import GrammarCompiler, GrammarError, GrammarState, grammar_compiler, no_grammars, warm_grammars
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
-from .heads.proposer import HeadRun, HeadScheduler, HeadState
-from .kv_cache import STEP_ROOM, session_capacity
+from .heads.proposer import HeadRun, HeadScheduler, opened_state
+from .kv_cache import STEP_ROOM
 from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .logs import log_to_stderr
 from .lookup import VERSION_MARK, base_draft
@@ -346,10 +346,8 @@ class HeadStream:
     target's hidden states that came with the verdict, and drafts (a HeadRun, in the head's batch)."""
 
     def __init__(self, head: Eagle3Head, opened: pb.SessionOpen) -> None:
-        sampling = sampling_from(opened.sampling)
-        self.greedy = sampling.greedy
-        capacity = session_capacity(len(opened.prompt_ids), opened.max_new_tokens, head.config.max_position_embeddings)
-        self.state = HeadState(head, capacity, sampling, DraftDraws(opened.sampling.seed, opened.model))
+        self.state = opened_state(head, opened, opened.model)
+        self.greedy = self.state.sampling.greedy
         self.state.commit(opened.prompt_ids)
         self.last = DraftTokens.empty()
 

@@ -32,8 +32,7 @@ from .heads.fed_guess import FedGuessBatch, FedGuesser
 from .heads.format import load_head_of
 from .heads.medusa import MedusaHeads, load_medusa
 from .heads.medusa_draft import GuessBatch, MedusaGuesser, runner_up
-from .heads.proposer import HeadState
-from .kv_cache import session_capacity
+from .heads.proposer import opened_state
 from .loading import ModelSpec, gemv_layout, load_model
 from .logs import log_to_stderr
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
@@ -77,11 +76,7 @@ class TargetReplica:
         cache: a fed head starts after them): ValueError if it serves none so named."""
         name = opened.medusa
         if (fed := self.heads.get(name)) is not None:
-            sampling = sampling_from(opened.sampling)
-            capacity = session_capacity(len(opened.prompt_ids), opened.max_new_tokens,
-                                        fed.head.config.max_position_embeddings)
-            state = HeadState(fed.head, capacity, sampling, DraftDraws(opened.sampling.seed, name), DRAFT_MAX_SUPPORT)
-            return FedGuesser(fed, state, opened.medusa_depth or DEFAULT_K, reused)
+            return FedGuesser(fed, opened_state(fed.head, opened, name), opened.medusa_depth or DEFAULT_K, reused)
         batch = self.medusa.get(name)
         if batch is None:
             raise ValueError(f"this target replica serves no heads {name!r}; it serves "

@@ -24,8 +24,10 @@ from ..batching import Scheduler, advance_all
 from ..config import BatchingConfig
 from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
 from ..grpc_host import Device
+from ..kv_cache import session_capacity
 from ..proposing import AUX_HIDDEN, Committed, HiddenRows, Proposer, ProposerGone, StepRecorder, VerifyNeeds
 from ..seeds import DraftDraws
+from ..wire import sampling_from
 from .eagle3 import FedHead, HeadCache
 
 
@@ -95,6 +97,14 @@ class HeadState:
             while run.result is None:
                 run.advance(self.head.step_many([run.plan(2**31).run_on(self.head)])[0])
         return run.result
+
+
+def opened_state(head: FedHead, opened, name: str) -> HeadState:
+    """The state a worker's session of ``head`` starts from, as its open message (``pb.SessionOpen``)
+    asks: room for the prompt and the tokens still to come, the request's sampling, draws keyed by
+    ``name`` (a draft worker's and a target replica's alike)."""
+    capacity = session_capacity(len(opened.prompt_ids), opened.max_new_tokens, head.config.max_position_embeddings)
+    return HeadState(head, capacity, sampling_from(opened.sampling), DraftDraws(opened.sampling.seed, name))
 
 
 @dataclass(frozen=True)
