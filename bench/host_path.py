@@ -50,6 +50,7 @@ import torch
 
 from specserve.cluster.bringup import merge_into, start_service
 from specserve.cluster.commands.common import comma_ints, dotted_overrides
+from specserve.cluster.commands.serve import sim_overrides
 from specserve.cluster.demo import MEASURED_ON_UNSEEN, ensure_zoo
 from specserve.cluster.local import zoo_engine
 from specserve.workers.engine import SpecEngine
@@ -60,6 +61,7 @@ from specserve.workers.acceptance import SamplingParams
 from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
 from specserve.workers.grpc_host import DEVICE_THREAD, Device
+from specserve.workers.sim_device import PRESETS, TARGET, SimConfig
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.drafting import Cascade
 from specserve.workers.lookup import CASCADE, NGRAM
@@ -74,6 +76,7 @@ from specserve.workers.heads.mtp import MTP
 from specserve.cluster.zoo.zoo import Zoo
 
 from .cli import module_main
+from .faults import inspect
 from .memory import component_of
 from .settings import REPLICA_CORE, RESULTS_DIR, provenance
 
@@ -114,6 +117,9 @@ class HostPathSettings:
     # On ``zoo`` itself (its trained target and drafts, Medusa heads distilled beside it), not the
     # host-path zoo: where the models' passes cost what they cost, the paths' speedups.
     on_zoo: bool = False
+    # A preset of workers/sim_device.py: every model process (and the in-process scheduler) on a
+    # simulated device with that accelerator's timing. None: the models' passes as they run here.
+    sim: str | None = None
 
 
 @dataclass
@@ -133,6 +139,11 @@ class Level:
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # by component
     device_seconds: dict[str, float] = field(default_factory=dict)  # of which on device threads (the passes)
     processes: dict[str, int] = field(default_factory=dict)  # how many processes each component had
+    # By worker kind (target, draft), over its processes: seconds their devices were busy with
+    # passes (simulated: the modelled times), the math's overrun of them, and how many devices.
+    busy_seconds: dict[str, float] = field(default_factory=dict)
+    overrun_seconds: dict[str, float] = field(default_factory=dict)
+    devices: dict[str, int] = field(default_factory=dict)
 
     @property
     def tokens_per_second(self) -> float:
@@ -148,6 +159,14 @@ class Level:
 
     def us_per_round(self, component: str) -> float:
         return 1e6 * self.cpu_seconds.get(component, 0.0) / max(self.rounds, 1)
+
+    def busy_share(self, kind: str) -> float:
+        """The share of the level's time the devices of ``kind`` spent in passes (mean over them)."""
+        return self.busy_seconds.get(kind, 0.0) / max(self.seconds * self.devices.get(kind, 0), 1e-9)
+
+    def device_us_per_token(self, kind: str = "target") -> float:
+        """Device time per generated token: the busy seconds of ``kind``'s devices, per token."""
+        return 1e6 * self.busy_seconds.get(kind, 0.0) / max(self.tokens, 1)
 
 
 # ---- the processes ---------------------------------------------------------------------------
@@ -204,6 +223,33 @@ def cpu_by_component(table, before: dict[int, tuple[float, float]],
         device[name] = device.get(name, 0.0) + passes - then_passes
         counted[name] = counted.get(name, 0) + 1
     return used, device, counted
+
+
+def device_readings(address: str) -> dict[str, tuple[str, float, float]]:
+    """Per worker (by id): its kind and its device's busy and overrun seconds so far (its Inspect)."""
+    with grpc.insecure_channel(address) as channel:
+        workers = rpc.SpecServeStub(channel).GetStats(pb.GetStatsRequest()).workers
+    readings = {}
+    for worker in workers:
+        try:
+            state = inspect(worker.kind, worker.address)
+        except grpc.RpcError:  # a worker gone since the registry listed it
+            continue
+        readings[worker.worker_id] = (worker.kind, state.device_busy_seconds, state.device_overrun_seconds)
+    return readings
+
+
+def device_by_kind(before: dict, after: dict) -> tuple[dict, dict, dict]:
+    """Per kind, between two readings: busy seconds, overrun seconds and devices (those in both)."""
+    busy: dict[str, float] = {}
+    overrun: dict[str, float] = {}
+    devices: dict[str, int] = {}
+    for worker, (kind, was_busy, was_over) in before.items():
+        if worker in after:
+            busy[kind] = busy.get(kind, 0.0) + after[worker][1] - was_busy
+            overrun[kind] = overrun.get(kind, 0.0) + after[worker][2] - was_over
+            devices[kind] = devices.get(kind, 0) + 1
+    return busy, overrun, devices
 
 
 # ---- where the CPU goes -----------------------------------------------------------------------
@@ -338,6 +384,8 @@ def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path,
                             "on_replica": [name for name in heads if name == MTP_ON_REPLICA]},
                  "target": copy.deepcopy(room),
                  "draft_pool": copy.deepcopy(room), "router": router}
+    if settings.sim is not None:  # every model process on a simulated device of that preset
+        merge_into(overrides, sim_overrides(settings.sim))
     merge_into(overrides, copy.deepcopy(settings.service_overrides))
     service = start_service(port=0, overrides=overrides)
     prompts = [(task, p) for task in zoo.tasks for p in zoo.prompts(task)[:8]]
@@ -357,11 +405,14 @@ def measure_service(zoo: Zoo, settings: HostPathSettings, progress, out: Path,
             for path in settings.paths:
                 requests = [request_for(path, p, t, zoo, settings) for t, p in prompts]
                 level = Level(path, sessions)
+                devices = device_readings(service.address)
                 before, start = cpu_now(table), time.perf_counter()
                 outputs = asyncio.run(run_level(service.address, requests, sessions, per_session, level, connections))
                 level.seconds = time.perf_counter() - start
                 level.cpu_seconds, level.device_seconds, level.processes = cpu_by_component(table, before,
                                                                                             cpu_now(table))
+                level.busy_seconds, level.overrun_seconds, level.devices = device_by_kind(
+                    devices, device_readings(service.address))
                 if sessions == settings.profile_sessions and spy.available:  # again, sampled: the sampler
                     spy.start(f"{path}-{sessions}")  # takes CPU of its own, so not in the figures above
                     asyncio.run(run_level(service.address, requests, sessions, per_session, Level(path, sessions),
@@ -393,14 +444,17 @@ def pinned_here() -> set[int]:
     return before
 
 
-def scheduler_target_only(zoo: Zoo, sessions: int, max_tokens: int) -> dict:
-    """Target-only through one in-process scheduler, ``sessions`` at once sharing its passes."""
+def scheduler_target_only(zoo: Zoo, sessions: int, max_tokens: int, sim: str | None = None) -> dict:
+    """Target-only through one in-process scheduler, ``sessions`` at once sharing its passes (on a
+    simulated device of preset ``sim``, if given, as the service's replica)."""
     engine = zoo_engine(zoo, [])
     target, tokenizer = engine.target, engine.tokenizer
     prompts = [encode_prompt(tokenizer, p) for task in zoo.tasks for p in zoo.prompts(task)[:8]]
     batch = [prompts[i % len(prompts)] for i in range(sessions)]
     pool = KVPool(KVShape.of(target), Budget(2**28))
-    scheduler = Scheduler(target, pool, Device(1, (REPLICA_CORE,)), BatchingConfig(max_sessions_per_pass=sessions))
+    device = Device(1, (REPLICA_CORE,), SimConfig(preset=sim) if sim else None)
+    scheduler = Scheduler(target, pool, device, BatchingConfig(max_sessions_per_pass=sessions),
+                          timing=device.timing("target", TARGET))
 
     async def run() -> None:
         runs = [TargetSession(PooledSequence(pool.take(len(p) + max_tokens + 1), p), SamplingParams(),
@@ -412,14 +466,16 @@ def scheduler_target_only(zoo: Zoo, sessions: int, max_tokens: int) -> dict:
     asyncio.run(run())  # warm
     rounds = max(1, math.ceil(4096 / (sessions * max_tokens)))
     me = {os.getpid(): (psutil.Process(), "in process")}
+    busy = device.busy_seconds
     before, start = cpu_now(me), time.perf_counter()
     for _ in range(rounds):
         asyncio.run(run())
-    seconds, ((cpu, device),) = time.perf_counter() - start, cpu_now(me).values()
-    cpu, device = cpu - before[os.getpid()][0], device - before[os.getpid()][1]
-    tokens = rounds * sessions * max_tokens
+    seconds, ((cpu, on_device),) = time.perf_counter() - start, cpu_now(me).values()
+    cpu, on_device = cpu - before[os.getpid()][0], on_device - before[os.getpid()][1]
+    tokens, busy = rounds * sessions * max_tokens, device.busy_seconds - busy
     return {"sessions": sessions, "tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
-            "cpu_us_per_token": 1e6 * cpu / tokens, "device_us_per_token": 1e6 * device / tokens}
+            "cpu_us_per_token": 1e6 * cpu / tokens, "device_us_per_token": 1e6 * on_device / tokens,
+            "busy_share": busy / seconds, "busy_us_per_token": 1e6 * busy / tokens}
 
 
 def engine_single_stream(zoo: Zoo, settings: HostPathSettings, heads: dict[str, Path]) -> list[dict]:
@@ -526,6 +582,41 @@ def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -
     return "\n".join(lines) + "\n"
 
 
+def device_report(levels: list[Level], in_process: dict, meta: dict) -> str:
+    """The devices' side: how busy they were, their time per token, and each process's CPU per token
+    against it (the host keeps up where every process's is below the target device's)."""
+    lines = ["", f"## The devices ({'simulated, preset ' + meta['sim'] if meta.get('sim') else 'this host: the passes as they ran'})", "",
+             "Busy: the share of the level's wall time each kind's devices spent in passes (mean over them; "
+             "simulated: the passes' modelled times, workers/sim_device.py). Device us/token: the target devices' busy "
+             "time per generated token. Overrun: the real math's time beyond the modelled, as a share of the busy "
+             "time (above a few percent the simulation runs slower than the device it models). The host keeps up "
+             "where each process's CPU per token is below the target device's time per token.", "",
+             "| path | sessions | tokens/s | target busy | draft busy | target device us/tok | overrun | router us/tok "
+             "| replica us/tok | replica off device | draft us/tok | draft off device | host keeps up |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for lv in levels:
+        device = lv.device_us_per_token("target")
+        over = sum(lv.overrun_seconds.values()) / max(sum(lv.busy_seconds.values()), 1e-9)
+        spent = {"router": lv.us_per_token("router"), "replica": lv.us_per_token("target replica"),
+                 "draft": lv.us_per_token("draft worker") / max(lv.processes.get("draft worker", 1), 1)}
+        worst = max(spent, key=spent.get)
+        lines.append(f"| {lv.path} | {lv.sessions} | {lv.tokens_per_second:,.0f} | {lv.busy_share('target'):.0%} "
+                     f"| {lv.busy_share('draft'):.0%} | {device:,.0f} | {over:.0%} | {spent['router']:,.0f} "
+                     f"| {spent['replica']:,.0f} | {lv.host_us_per_token('target replica'):,.0f} "
+                     f"| {lv.us_per_token('draft worker'):,.0f} | {lv.host_us_per_token('draft worker'):,.0f} "
+                     f"| {'yes' if spent[worst] < device else 'no: ' + worst} |")
+    lines += ["", "Draft us/tok sums the draft workers; the check takes one worker's share (each has its own core on a GPU node).",
+              "", "In process, the target alone through one scheduler on the same device:", "",
+              "| sessions | tokens/s | busy | device us/tok | CPU us/tok | service OFF / in process |", "|---|---|---|---|---|---|"]
+    by = {(lv.path, lv.sessions): lv for lv in levels}
+    for row in in_process["scheduler"]:
+        off = by.get(("off", row["sessions"]))
+        ratio = f"{off.tokens_per_second / row['tokens_per_second']:.2f}x" if off else "-"
+        lines.append(f"| {row['sessions']} | {row['tokens_per_second']:,.0f} | {row.get('busy_share', 0):.0%} "
+                     f"| {row.get('busy_us_per_token', 0):,.0f} | {row['cpu_us_per_token']:,.0f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
 def router_bound(levels: list[Level], path: str) -> str:
     """The most tokens/s one router core could serve on ``path``, at its cheapest level."""
     measured = [lv for lv in levels if lv.path == path and lv.us_per_token("router") > 0]
@@ -574,7 +665,7 @@ def run(settings: HostPathSettings, command: str) -> Path:
     print("in process, on the replica's core:", flush=True)
     affinity = pinned_here()
     try:
-        scheduler = [scheduler_target_only(zoo, n, settings.max_tokens) for n in settings.sessions]
+        scheduler = [scheduler_target_only(zoo, n, settings.max_tokens, settings.sim) for n in settings.sessions]
         engine = engine_single_stream(zoo, settings, heads)
     finally:
         os.sched_setaffinity(0, affinity)
@@ -583,7 +674,7 @@ def run(settings: HostPathSettings, command: str) -> Path:
             "models": ("the zoo's own trained target and drafts, its EAGLE-3 head, Medusa heads and an MTP module "
                        "distilled for it"
                        if settings.on_zoo else HOST_PATH_MODELS),
-            "max_tokens": settings.max_tokens, "k": settings.k, "paths": list(settings.paths),
+            "max_tokens": settings.max_tokens, "k": settings.k, "paths": list(settings.paths), "sim": settings.sim,
             "sessions": list(settings.sessions), "command": command, "provenance": provenance(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"}
     out.mkdir(parents=True, exist_ok=True)
@@ -591,7 +682,7 @@ def run(settings: HostPathSettings, command: str) -> Path:
                "levels": [asdict(lv) | {"tokens_per_second": lv.tokens_per_second} for lv in levels],
                "in_process": in_process, "identical": identical, "profiles": profiles}
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    text = report(levels, in_process, identical, meta) + profile_report(profiles)
+    text = report(levels, in_process, identical, meta) + device_report(levels, in_process, meta) + profile_report(profiles)
     (out / "report.md").write_text(text)
     print(text, flush=True)
     print(f"written to {out}", flush=True)
@@ -628,6 +719,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="run on the zoo itself (its trained models; Medusa heads distilled beside it on first "
                              "use), not the host-path zoo derived from it: the paths' speedups where passes cost what "
                              "they cost")
+    parser.add_argument("--sim", choices=tuple(PRESETS), default=d.sim, metavar="PRESET",
+                        help="every model process, and the in-process scheduler, on a simulated device with this "
+                             f"preset's timing ({', '.join(PRESETS)}; workers/sim_device.py): the host path held "
+                             "against an accelerator's time per token (default: the passes as they run here)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="override a field of the service's config, e.g. target.prefix_caching=false (repeatable; "
                              "VALUE is YAML)")
@@ -646,12 +741,13 @@ def _run_command(args: argparse.Namespace) -> int:
                                 max_tokens=args.max_tokens, k=args.k, min_tokens=args.min_tokens, out=args.out,
                                 profile_sessions=args.profile_sessions or None, stream_interval=args.stream_interval,
                                 router_replicas=args.router_replicas,
-                                service_overrides=dotted_overrides(args.overrides), on_zoo=args.on_zoo)
+                                service_overrides=dotted_overrides(args.overrides), on_zoo=args.on_zoo, sim=args.sim)
     run(settings, "specserve host-path " + " ".join(
         f"--{name.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, tuple) else v}"
         for name, v in (("zoo", args.zoo), ("sessions", tuple(args.sessions)), ("paths", tuple(args.paths)),
                         ("stream_interval", args.stream_interval), ("router_replicas", args.router_replicas)))
-        + (" --on-zoo" if args.on_zoo else "") + "".join(f" --set {item}" for item in args.overrides))
+        + (" --on-zoo" if args.on_zoo else "") + (f" --sim {args.sim}" if args.sim else "")
+        + "".join(f" --set {item}" for item in args.overrides))
     return 0
 
 

@@ -13,6 +13,8 @@ only and draws from its own generator; only low bits of shared matrix products c
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import logging
 import threading
 import time
@@ -27,9 +29,14 @@ from .grpc_host import Device
 from .kv_pool import KVPool, Region
 from .prefix_cache import PrefixCache
 from .ragged_pass import Segment, run_pass
+from .sim_device import PassCurve, PassShape, shape_of
 from .steps import Step
 
 log = logging.getLogger("specserve.workers")
+# Launches in flight at once with ``overlap`` (a simulated device): the pass on the device and the
+# one queued behind it, whose math and planning ran while the first held the device (vLLM's async
+# scheduling keeps one step ahead the same way).
+OVERLAP_DEPTH = 2
 
 
 @dataclass(eq=False)  # identity: a ticket is one submission
@@ -103,8 +110,10 @@ class Scheduler:
     """Runs the steps of one model's sessions in batched passes on the process's device."""
 
     def __init__(self, model: PreTrainedModel, pool: KVPool, device: Device, config: BatchingConfig,
-                 prefix_caching: bool = False) -> None:
+                 prefix_caching: bool = False, timing: PassCurve | None = None) -> None:
+        """``timing``: on a simulated device, the curve its passes take (workers/sim_device.py)."""
         self.model = model
+        self.timing = timing
         self.pool = pool
         # Sessions' prompt prefixes, reused across sessions (workers/prefix_cache.py).
         self.prefix = PrefixCache(pool) if prefix_caching and pool is not None else None
@@ -114,7 +123,12 @@ class Scheduler:
         self.active: list[Ticket] = []
         self.counts = PassCounts()
         self._driver: asyncio.Task | None = None
-        self._in_flight: set[int] = set()  # ids of regions the running pass touches
+        self._in_flight: collections.Counter[int] = collections.Counter()  # ids of regions passes in flight touch
+        self._flying: set[int] = set()  # ids of the tickets in those passes
+        self._landing: set[object] = set()  # launches whose passes are not over
+        self._wake = asyncio.Event()  # a pass landed, or a step arrived or was abandoned
+        # On a simulated device, the next pass is planned and launched while one runs (``overlap``).
+        self.overlapped = device.stream is not None and config.overlap
         # pool None: a subclass that keeps each session's cache itself (an EAGLE-3 head's): no graphs
         capture = config.cuda_graphs and pool is not None and pool.shape.device.type == "cuda"
         self.graphs = (PassGraphs(model, pool, capture=capture, compiled=config.compiled)
@@ -138,7 +152,9 @@ class Scheduler:
         self.waiting.append(ticket)
         self._news.set()
         if self._driver is None or self._driver.done():
+            self._wake = asyncio.Event()  # of this loop (a scheduler may outlive one: asyncio.run in turn)
             self._driver = asyncio.create_task(self._drive())
+        self._wake.set()
         await ticket.future
         return StepResult(step.result, ticket.device_seconds, ticket.pass_tokens, ticket.pass_sessions,
                           ticket.queue_seconds or 0.0)
@@ -151,6 +167,7 @@ class Scheduler:
             if ticket.step is step:
                 ticket.abandoned = True
                 self._news.set()
+                self._wake.set()
 
     @property
     def passing(self) -> bool:
@@ -194,46 +211,79 @@ class Scheduler:
             self.pool.give_back(region)
 
     async def _drive(self) -> None:
-        while self.waiting or self.active:
-            for ticket in [t for t in (*self.waiting, *self.active) if t.abandoned]:
+        """Plan a pass from the steps not in one, run its math on the device thread, then settle it:
+        at once on a real device (its math is the pass); on a simulated one with ``overlap``, when
+        the device would end it, while the next pass is planned and launched meanwhile."""
+        while self.waiting or self.active or self._landing:
+            for ticket in [t for t in (*self.waiting, *self.active) if t.abandoned and id(t) not in self._flying]:
                 self._finish(ticket)
-            self.waiting = [t for t in self.waiting if not t.dropped]
-            self.active = [t for t in self.active if not t.dropped]
-            members = self._plan(candidates(self.active, self.waiting, self.config, time.monotonic()))
+            self.waiting = [t for t in self.waiting if not t.dropped or id(t) in self._flying]
+            self.active = [t for t in self.active if not t.dropped or id(t) in self._flying]
+            free = lambda queue: [t for t in queue if id(t) not in self._flying]  # noqa: E731
+            members = (self._plan(candidates(free(self.active), free(self.waiting), self.config, time.monotonic()))
+                       if len(self._landing) < OVERLAP_DEPTH else [])
             if not members:
-                if self.waiting or self.active:
+                if self._landing:  # wait for a pass to land (or a step to arrive), then plan again
+                    self._wake.clear()
+                    await self._wake.wait()
+                elif self.waiting or self.active:
                     await asyncio.sleep(0.001)  # only steps of a task still inside its wait: let it pass
                 continue
-            self._in_flight = {id(segment.region) for _, segment in members}
+            regions = [id(segment.region) for _, segment in members]
+            self._in_flight.update(regions)
+            self._flying.update(id(ticket) for ticket, _ in members)
             started = time.monotonic()
             self._news.clear()
             in_pass = {id(ticket) for ticket, _ in members}  # a step this pass left out ends a run back to back
             self._left_out = any(id(t) not in in_pass for t in (*self.waiting, *self.active))
+            landing = object()
+            self._landing.add(landing)
             try:
                 passes = await self.device.run(self._run_passes, members)
-            finally:
-                self._in_flight = set()
-                for region in self._to_release:
-                    self._give_back(region)
-                self._to_release.clear()
-                self._close_if_done()
-            for ran, outcomes, seconds in passes:
-                self._settle(ran, outcomes, seconds, started)
+            except BaseException:
+                self._landed(landing, [], started, regions, members)
+                raise
+            end = passes[-1][3] if passes else None
+            if self.overlapped and end is not None:  # its results are read when the device would have them
+                # partial, not a lambda: bound now, before the next launch rebinds these names
+                self.device.stream.land(end, functools.partial(asyncio.get_running_loop().call_soon_threadsafe,
+                                                               self._landed, landing, passes, started, regions, members))
+            else:
+                self._landed(landing, passes, started, regions, members)
 
-    def _run_passes(self, members: list[tuple[Ticket, Segment]]) -> list[tuple[list, list, float]]:
+    def _landed(self, landing: object, passes: list, started: float, regions: list[int], members: list) -> None:
+        """On the event loop, a launch's passes are over: their regions and steps are free again, and
+        each pass's steps are settled."""
+        self._landing.discard(landing)
+        self._in_flight.subtract(regions)
+        self._in_flight = +self._in_flight  # drop the regions no pass touches any more
+        for ticket, _ in members:
+            self._flying.discard(id(ticket))
+        for region in [r for r in self._to_release if id(r) not in self._in_flight]:
+            self._to_release.remove(region)
+            self._give_back(region)
+        self._close_if_done()
+        for ran, outcomes, seconds, _ in passes:
+            self._settle(ran, outcomes, seconds, started)
+        self._wake.set()
+
+    def _run_passes(self, members: list[tuple[Ticket, Segment]]) -> list[tuple[list, list, float, float | None]]:
         """On the device thread: a pass, then (``back_to_back``) the next of the same steps at once,
         while every one of them needs another and nothing new has happened on the event loop. Each
-        pass as (members, outcomes, device seconds); a pass that fails fails its steps and ends the run."""
+        pass as (members, outcomes, device seconds, when it ends on a simulated device that overlaps,
+        else None); a pass that fails fails its steps and ends the run."""
         passes = []
         while True:
             start = time.perf_counter()
+            modelled = self._modelled(members)  # the shape before the pass: its advance moves the steps on
             try:
                 outcomes = self._run(members)
             except Exception as exc:  # the whole pass failed: every step in it fails, the scheduler goes on
                 log.exception("a batched pass of %d sessions failed", len(members))
-                passes.append((members, [exc] * len(members), 0.0))
+                passes.append((members, [exc] * len(members), 0.0, None))
                 return passes
-            passes.append((members, outcomes, time.perf_counter() - start))
+            busy, end = self.device.passed(start, modelled, wait=not self.overlapped)
+            passes.append((members, outcomes, busy, end))
             members = self._next_pass(members, outcomes)
             if not members:
                 return passes
@@ -258,6 +308,13 @@ class Scheduler:
             following.append((ticket, segment))
             room -= len(segment.tokens)
         return following
+
+    def _modelled(self, members: list[tuple[Ticket, Segment]]) -> float | None:
+        """On a simulated device, the pass's time by its curve; None on a real one."""
+        return self.timing.seconds(self._shape([segment for _, segment in members])) if self.timing else None
+
+    def _shape(self, segments: list[Segment]) -> PassShape:
+        return shape_of(segments)
 
     def _run(self, members: list[tuple[Ticket, Segment]]) -> list:
         """On the device thread: the pass (a graph's replay where one fits), then each step's advance."""

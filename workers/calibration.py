@@ -23,6 +23,7 @@ import torch
 
 from .batching import Scheduler
 from .ragged_pass import Segment, run_pass
+from .sim_device import PassShape
 
 log = logging.getLogger("specserve.workers")
 WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per pass: up to 8 sessions of k = 15, or 32 of k = 3
@@ -32,6 +33,8 @@ TIMED = 2  # passes timed per width; the fastest is kept (the others met the mac
 def time_pass_widths(scheduler: Scheduler) -> tuple[tuple[int, float], ...]:
     """(tokens, seconds) of a pass of each width that fits the scheduler's passes. On the device thread."""
     widths = [w for w in WIDTHS if w <= scheduler.config.max_tokens_per_pass]
+    if scheduler.timing is not None:  # a simulated device: what its curve gives a session's pass
+        return tuple((width, scheduler.timing.seconds(PassShape(width, 1, width))) for width in widths)
     region = scheduler.pool.take(max(widths))
     cuda = scheduler.pool.shape.device.type == "cuda"
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .sim_device import SimConfig
+
 # Custom resources standing in for devices without GPUs: only nodes of a kind advertise its resource.
 TARGET_DEVICE = "specserve_target_device"
 DRAFT_DEVICE = "specserve_draft_device"
@@ -48,6 +50,11 @@ class BatchingConfig(FrozenConfig):
     # loop and back (1.6-2.4 ms a draft step on the 2-core host). A step that arrives, or is
     # abandoned, ends the run of passes at the next boundary, as it would join or leave a pass.
     back_to_back: bool = True
+    # On a simulated device (workers/sim_device.py), plan and launch the next pass while one runs,
+    # reading each pass's results when the device would end it (SGLang's overlap scheduler, vLLM's
+    # async scheduling): the host's work between passes leaves the device idle no longer. A real
+    # device's pass is its math on this thread, so there it changes nothing.
+    overlap: bool = True
 
 
 class WorkerConfig(FrozenConfig):
@@ -56,7 +63,9 @@ class WorkerConfig(FrozenConfig):
     # Every process takes one unit of `device_resource` (only nodes of its kind advertise it), and
     # on GPUs its GPU too. "auto": on GPUs when the nodes of its kind have them (so CPU draft nodes
     # in a GPU cluster keep drafts on CPU); "gpu": always; "resource": the custom resource alone.
-    device: str = Field("auto", pattern="^(auto|gpu|resource)$")
+    # "sim": placed as "resource", its passes timed as an accelerator's (``sim``; workers/sim_device.py).
+    device: str = Field("auto", pattern="^(auto|gpu|resource|sim)$")
+    sim: SimConfig = SimConfig()  # read where device is "sim"
     device_resource: str
     gpus: float = Field(1.0, gt=0)  # per process when on GPUs (fractions share a GPU)
     threads: int = Field(1, ge=1)  # torch intra-op threads

@@ -75,7 +75,7 @@ class DraftWorker:
                               lambda server: rpc.add_DrafterServicer_to_server(servicer, server), extra=tuple(self.heads),
                               spare_pools=config.version_pools if self.models else 0)
         # Each head's sessions draft in shared passes, as a draft model's do (on the same device).
-        self.head_schedulers = {name: HeadScheduler(head, self.host.device, config.batching)
+        self.head_schedulers = {name: HeadScheduler(head, self.host.device, config.batching, name)
                                 for name, head in self.heads.items()}
 
     def swap_draft(self, name: str, source: str) -> str:
@@ -133,7 +133,7 @@ class DraftWorker:
         spec = dataclasses.replace(self.specs[base], source=source)
         if base in self.heads:
             head = self._loaded_head(base, spec)
-            scheduler = HeadScheduler(head, self.host.device, self.batching)
+            scheduler = HeadScheduler(head, self.host.device, self.batching, base)
             self.host.on_loop(lambda: self._serve_head(name, spec, head, scheduler))
             return
         adopted = next((n for n in self.models if n != name and base_draft(n) == base and self.specs[n] == spec), None)
@@ -143,7 +143,7 @@ class DraftWorker:
             if self.target is not None:
                 check_version_tokenizer(self.target.source, source, base)
             model = load_model(spec)
-            scheduler = self.host.added_scheduler(model)
+            scheduler = self.host.added_scheduler(model, base)
             warm_grammars(source)
         self.host.on_loop(lambda: self._serve_model(name, spec, model, scheduler))
 

@@ -21,6 +21,8 @@ from typing import TypeVar
 import grpc
 import torch
 
+from .sim_device import PassCurve, SimConfig, SimStream
+
 log = logging.getLogger("specserve.grpc")
 T = TypeVar("T")
 # Streams carry a few hundred bytes per step; the cap only has to bound a malicious prompt.
@@ -56,14 +58,38 @@ def name_os_thread(name: str) -> None:
 
 
 class Device:
-    """One thread that runs every model call of this process, pinned to its cores on CPU."""
+    """One thread that runs every model call of this process, pinned to its cores on CPU.
 
-    def __init__(self, threads: int, cpus: tuple[int, ...] = ()) -> None:
+    With ``sim`` it stands for an accelerator it is not (workers/sim_device.py): each pass's math
+    runs here, then holds the device for the time the pass's curve gives it."""
+
+    def __init__(self, threads: int, cpus: tuple[int, ...] = (), sim: SimConfig | None = None) -> None:
         self.cpus = usable_cpus(cpus)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="device", initializer=self._setup, initargs=(threads,))
         # Calls submitted (counted on the event loop) and started (on the device thread): one thread
         # writes each, so their difference, the calls waiting, needs no lock.
         self._submitted = self._started = 0
+        self.sim = sim
+        self.stream = SimStream() if sim is not None else None
+        self.busy_seconds = 0.0  # in passes, summed (written on the device thread)
+
+    def timing(self, model: str, role: str) -> PassCurve | None:
+        """The curve ``model``'s passes take on this device (None: a real device, its passes' own time)."""
+        return self.sim.curve(model, role) if self.sim is not None else None
+
+    def passed(self, started: float, modelled: float | None, wait: bool = True) -> tuple[float, float | None]:
+        """On the device thread, after a pass's math (begun at ``started``): on a simulated device,
+        the pass queued for its ``modelled`` seconds, and with ``wait`` its end waited out here. The
+        seconds the device was busy with it, and (simulated, not waited) when it ends."""
+        if self.stream is None or modelled is None:
+            busy, end = time.perf_counter() - started, None
+        elif wait:
+            busy, end = self.stream.hold(modelled, started), None
+        else:
+            begin, end = self.stream.enqueue(modelled, started)
+            busy = end - begin
+        self.busy_seconds += busy
+        return busy, end
 
     def _setup(self, threads: int) -> None:
         if self.cpus:

@@ -19,6 +19,7 @@ from specserve.proto.v1 import internal_pb2 as pb
 
 from .batching import Scheduler
 from .calibration import time_pass_widths
+from .sim_device import DRAFT, TARGET
 from .config import WorkerConfig
 from .grpc_host import BackgroundServer, Device, advertised_host
 from .kv_cache import session_capacity
@@ -113,7 +114,8 @@ class ModelHost:
         self.slots = SessionSlots(f"{kind} {worker_id}", config.max_sessions)
         self.idle_seconds = config.session_idle_seconds
         self.pass_sessions = config.batching.max_sessions_per_pass
-        self.device = Device(config.threads, config.cpus)
+        self.device = Device(config.threads, config.cpus, config.sim if config.device == "sim" else None)
+        self.role = TARGET if kind == "target" else DRAFT  # the curve its models' passes take, simulated
         device = next(iter(models.values())).device if models else torch.device("cpu")
         self.budget = device_budget(config.kv_cache_mib, config.gpu_memory_utilization, config.gpus,
                                     device)  # shared by the pools of all its models
@@ -121,7 +123,7 @@ class ModelHost:
         # On a GPU each pool takes its whole share at its first session: ``spare_pools`` shares stay
         # free for models added while serving (a draft worker's versions).
         self.pools = len(models) + spare_pools
-        self.schedulers = {name: self._scheduler(model) for name, model in models.items()}
+        self.schedulers = {name: self._scheduler(model, name) for name, model in models.items()}
         compiled = [s.graphs for s in self.schedulers.values() if s.graphs is not None and s.graphs.compiled]
         if compiled:  # before it registers, so no request meets a compile; on this thread, not the device's
             # pinned one, whose pinning the C++ compiler's processes would inherit (a minute cold).
@@ -147,17 +149,18 @@ class ModelHost:
         log.info("%s %s serving %s at %s (cores %s; %s)", kind, worker_id, ", ".join(self.models), self.address,
                  sorted(self.device.cpus) or "unpinned", security.describe_internal())
 
-    def _scheduler(self, model: PreTrainedModel) -> Scheduler:
+    def _scheduler(self, model: PreTrainedModel, name: str) -> Scheduler:
         shape = KVShape.of(model)
         pool = KVPool(shape, self.budget, arena_positions(self.budget, shape, self.pools))
-        return Scheduler(use_pooled_attention(gemv_layout(model)), pool, self.device, self.batching, self.prefix_caching)
+        return Scheduler(use_pooled_attention(gemv_layout(model)), pool, self.device, self.batching, self.prefix_caching,
+                         timing=self.device.timing(name, self.role))
 
-    def added_scheduler(self, model: PreTrainedModel) -> Scheduler:
+    def added_scheduler(self, model: PreTrainedModel, name: str) -> Scheduler:
         """A scheduler, its pool and (compiled) warmed passes for a model loaded while serving; not
         yet serving anything (``on_loop`` puts it in ``schedulers``). It needs room in the budget for
         a pool, and on a GPU for the model's weights too (taken from the budget until it closes, as
         the budget was sized without them): ValueError otherwise."""
-        scheduler = self._scheduler(model)
+        scheduler = self._scheduler(model, name)
         cuda = scheduler.pool.shape.device.type == "cuda"
         weights = sum(p.numel() * p.element_size() for p in model.parameters()) if cuda else 0
         needed = min(scheduler.pool.arena_positions, ARENA_POSITIONS) * scheduler.pool.shape.bytes_per_position
@@ -259,7 +262,9 @@ class ModelHost:
             **_prefix_counts(schedulers),
             kv_pool_bytes=sum(s.pool.allocated_bytes for s in schedulers),
             passes=sum(c.passes for c in counts), pass_tokens=sum(c.tokens for c in counts),
-            pass_sessions=sum(c.sessions for c in counts), max_pass_sessions=max((c.max_sessions for c in counts), default=0))
+            pass_sessions=sum(c.sessions for c in counts), max_pass_sessions=max((c.max_sessions for c in counts), default=0),
+            device_busy_seconds=self.device.busy_seconds, device_simulated=self.device.stream is not None,
+            device_overrun_seconds=self.device.stream.overrun_seconds if self.device.stream is not None else 0.0)
 
     def load(self, schedulers: Iterable[Scheduler] = ()) -> HostLoad:
         """Its load now (``schedulers``: those it runs outside ``self.schedulers``, a draft worker's heads')."""

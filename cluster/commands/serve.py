@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from specserve.router.config import DEFAULT_HTTP_PORT
+from specserve.workers.sim_device import PRESETS
 
 from ..config import DEFAULT_METRICS_PORT
 from ..model_args import add_model_arguments, own_models
@@ -40,6 +41,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                            help="drafts that are heads fed by the target's hidden states (an MTP module: draft mtp) "
                                 "the target replicas serve, drafting after each verify pass, instead of the draft pool "
                                 "(config models.on_replica)")
+    serve_cmd.add_argument("--sim", choices=tuple(PRESETS), metavar="PRESET",
+                           help=f"run every model process on a simulated device with this preset's timing "
+                                f"({', '.join(PRESETS)}): the models' math real, each pass held for the accelerator's "
+                                "time; a timing model for measuring the host path, not for serving "
+                                "(config target.device / draft_pool.device: sim)")
     serve_cmd.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                            help="embedded cluster: where Prometheus scrapes the specserve_ metrics (Ray exports them "
                                 "as ray_specserve_*) (default: %(default)s)")
@@ -86,7 +92,14 @@ def _serve_overrides(args: argparse.Namespace) -> dict:
         merge_into(overrides, {"models": {"on_replica": args.on_replica}})
     if args.router_replicas is not None:
         merge_into(overrides, {"router": {"replicas": args.router_replicas}})
+    if args.sim:
+        merge_into(overrides, sim_overrides(args.sim))
     return overrides
+
+
+def sim_overrides(preset: str) -> dict:
+    """Every model process of the service on a simulated device with ``preset``'s timing."""
+    return {kind: {"device": "sim", "sim": {"preset": preset}} for kind in ("target", "draft_pool")}
 
 
 def http_port(text: str) -> int | str:

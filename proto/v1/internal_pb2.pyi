@@ -245,7 +245,7 @@ class InspectRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker_id", "models", "live_sessions", "resources", "pid", "kv_reserved_bytes", "kv_budget_bytes", "kv_pool_bytes", "passes", "pass_tokens", "pass_sessions", "max_pass_sessions", "prefix_sessions", "prefix_hits", "prefix_prompt_tokens", "prefix_reused_tokens", "kv_cached_bytes", "prefix_evictions")
+    __slots__ = ("worker_id", "models", "live_sessions", "resources", "pid", "kv_reserved_bytes", "kv_budget_bytes", "kv_pool_bytes", "passes", "pass_tokens", "pass_sessions", "max_pass_sessions", "prefix_sessions", "prefix_hits", "prefix_prompt_tokens", "prefix_reused_tokens", "kv_cached_bytes", "prefix_evictions", "device_busy_seconds", "device_simulated", "device_overrun_seconds")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +271,9 @@ class WorkerState(_message.Message):
     PREFIX_REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_OVERRUN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     models: _containers.RepeatedScalarFieldContainer[str]
     live_sessions: int
@@ -289,7 +292,10 @@ class WorkerState(_message.Message):
     prefix_reused_tokens: int
     kv_cached_bytes: int
     prefix_evictions: int
-    def __init__(self, worker_id: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ..., kv_reserved_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., kv_pool_bytes: _Optional[int] = ..., passes: _Optional[int] = ..., pass_tokens: _Optional[int] = ..., pass_sessions: _Optional[int] = ..., max_pass_sessions: _Optional[int] = ..., prefix_sessions: _Optional[int] = ..., prefix_hits: _Optional[int] = ..., prefix_prompt_tokens: _Optional[int] = ..., prefix_reused_tokens: _Optional[int] = ..., kv_cached_bytes: _Optional[int] = ..., prefix_evictions: _Optional[int] = ...) -> None: ...
+    device_busy_seconds: float
+    device_simulated: bool
+    device_overrun_seconds: float
+    def __init__(self, worker_id: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., live_sessions: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ..., kv_reserved_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., kv_pool_bytes: _Optional[int] = ..., passes: _Optional[int] = ..., pass_tokens: _Optional[int] = ..., pass_sessions: _Optional[int] = ..., max_pass_sessions: _Optional[int] = ..., prefix_sessions: _Optional[int] = ..., prefix_hits: _Optional[int] = ..., prefix_prompt_tokens: _Optional[int] = ..., prefix_reused_tokens: _Optional[int] = ..., kv_cached_bytes: _Optional[int] = ..., prefix_evictions: _Optional[int] = ..., device_busy_seconds: _Optional[float] = ..., device_simulated: _Optional[bool] = ..., device_overrun_seconds: _Optional[float] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
     __slots__ = ("model", "ids", "start")

@@ -27,6 +27,7 @@ from ..grpc_host import Device
 from ..kv_cache import session_capacity
 from ..proposing import AUX_HIDDEN, Committed, HiddenRows, Proposer, ProposerGone, StepRecorder, VerifyNeeds
 from ..seeds import DraftDraws
+from ..sim_device import HEAD, PassShape
 from ..wire import sampling_from
 from .eagle3 import FedHead, HeadCache
 
@@ -192,12 +193,17 @@ class HeadScheduler(Scheduler):
     """The continuous batch of one head's sessions on a draft worker: each pass runs every pending
     session's rows through ``FedHead.step_many`` (workers/batching.py does the rest)."""
 
-    def __init__(self, head: FedHead, device: Device, config: BatchingConfig) -> None:
-        super().__init__(head, None, device, config)  # no KV pool: each session's cache is its own
+    def __init__(self, head: FedHead, device: Device, config: BatchingConfig, name: str = "") -> None:
+        # no KV pool: each session's cache is its own
+        super().__init__(head, None, device, config, timing=device.timing(name, HEAD))
 
     @torch.inference_mode()
     def _run(self, members: list) -> list:
         return advance_all(members, self.model.step_many([segment.run_on(self.model) for _, segment in members]))
+
+    def _shape(self, segments: list) -> PassShape:
+        rows = sum(len(s.ids) for s in segments)
+        return PassShape(rows, len(segments), sum(int(s.positions[-1]) + 1 for s in segments if len(s.positions)))
 
 
 class HeadDraft(Proposer):
