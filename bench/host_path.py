@@ -164,9 +164,11 @@ class Level:
         """The share of the level's time the devices of ``kind`` spent in passes (mean over them)."""
         return self.busy_seconds.get(kind, 0.0) / max(self.seconds * self.devices.get(kind, 0), 1e-9)
 
-    def device_us_per_token(self, kind: str = "target") -> float:
-        """Device time per generated token: the busy seconds of ``kind``'s devices, per token."""
-        return 1e6 * self.busy_seconds.get(kind, 0.0) / max(self.tokens, 1)
+    def device_us_per_token(self, kind: str = "target", modelled: bool = False) -> float:
+        """Device time per generated token: the busy seconds of ``kind``'s devices, per token (with
+        ``modelled``, less the math's overrun: what the simulated accelerator itself would take)."""
+        busy = self.busy_seconds.get(kind, 0.0) - (self.overrun_seconds.get(kind, 0.0) if modelled else 0.0)
+        return 1e6 * busy / max(self.tokens, 1)
 
 
 # ---- the processes ---------------------------------------------------------------------------
@@ -479,11 +481,14 @@ def scheduler_target_only(zoo: Zoo, sessions: int, max_tokens: int, sim: str | N
 
 
 def engine_single_stream(zoo: Zoo, settings: HostPathSettings, heads: dict[str, Path]) -> list[dict]:
-    """One request at a time through the in-process engine: OFF and each proposer (k as the service's)."""
+    """One request at a time through the in-process engine: OFF and each proposer (k as the service's;
+    with ``settings.sim``, every model's passes on one simulated device of that preset)."""
     engine = SpecEngine.load(ModelSpec(str(zoo.target_dir)), {name: ModelSpec(str(zoo.draft_dir(name)))
                                                               for name in zoo.draft_names if name not in heads}
                              | {name: ModelSpec(str(where)) for name, where in heads.items()},
                              on_verifier=[name for name in heads if name == MTP_ON_REPLICA])
+    if settings.sim is not None:  # its models on one simulated device of the service's preset
+        engine.simulate(SimConfig(preset=settings.sim))
     router = settings.service_overrides.get("router", {})  # a cascade as the router's (--set)
     engine.proposers.cascade = Cascade(router.get("cascade_guesses", engine.proposers.cascade.guesses),
                                        router.get("cascade_min_p", engine.proposers.cascade.min_p))
@@ -587,15 +592,16 @@ def device_report(levels: list[Level], in_process: dict, meta: dict) -> str:
     against it (the host keeps up where every process's is below the target device's)."""
     lines = ["", f"## The devices ({'simulated, preset ' + meta['sim'] if meta.get('sim') else 'this host: the passes as they ran'})", "",
              "Busy: the share of the level's wall time each kind's devices spent in passes (mean over them; "
-             "simulated: the passes' modelled times, workers/sim_device.py). Device us/token: the target devices' busy "
-             "time per generated token. Overrun: the real math's time beyond the modelled, as a share of the busy "
-             "time (above a few percent the simulation runs slower than the device it models). The host keeps up "
-             "where each process's CPU per token is below the target device's time per token.", "",
+             "simulated: the passes' modelled times, or the real math's where it took longer, workers/sim_device.py). "
+             "Device us/token: the target devices' modelled time per generated token (what the accelerator would "
+             "take). Overrun: the real math's time beyond the modelled, as a share of the busy time (above a few "
+             "percent the simulation runs slower than the device it models: this host's math is the bound). The host "
+             "keeps up where each process's CPU per token is below the target device's time per token.", "",
              "| path | sessions | tokens/s | target busy | draft busy | target device us/tok | overrun | router us/tok "
              "| replica us/tok | replica off device | draft us/tok | draft off device | host keeps up |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for lv in levels:
-        device = lv.device_us_per_token("target")
+        device = lv.device_us_per_token("target", modelled=True)
         over = sum(lv.overrun_seconds.values()) / max(sum(lv.busy_seconds.values()), 1e-9)
         spent = {"router": lv.us_per_token("router"), "replica": lv.us_per_token("target replica"),
                  "draft": lv.us_per_token("draft worker") / max(lv.processes.get("draft worker", 1), 1)}
@@ -607,7 +613,8 @@ def device_report(levels: list[Level], in_process: dict, meta: dict) -> str:
                      f"| {'yes' if spent[worst] < device else 'no: ' + worst} |")
     lines += ["", "Draft us/tok sums the draft workers; the check takes one worker's share (each has its own core on a GPU node).",
               "", "In process, the target alone through one scheduler on the same device:", "",
-              "| sessions | tokens/s | busy | device us/tok | CPU us/tok | service OFF / in process |", "|---|---|---|---|---|---|"]
+              "| sessions | tokens/s | busy | busy us/tok (overrun included) | CPU us/tok | service OFF / in process |",
+              "|---|---|---|---|---|---|"]
     by = {(lv.path, lv.sessions): lv for lv in levels}
     for row in in_process["scheduler"]:
         off = by.get(("off", row["sessions"]))

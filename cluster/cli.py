@@ -16,6 +16,7 @@ import sys
 from importlib.metadata import entry_points
 
 import grpc
+from pydantic import ValidationError
 from transformers.utils import logging as hf_logging
 
 from specserve.workers.loading import ModelLoadError
@@ -57,6 +58,10 @@ def what_to_fix(exc: Exception) -> str:
     if isinstance(exc, PermissionError) and exc.filename:
         return (f"permission denied on {exc.filename}: give the user running specserve access to it (read for "
                 f"models and zoos, write for what it builds under SPECSERVE_HOME, {specserve_home()})")
+    if isinstance(exc, ValidationError):  # a config (its file, or a flag over it): each field and what is wrong
+        wrong = "; ".join(f"{'.'.join(str(part) for part in error['loc']) or 'the config'}: "
+                          f"{error['msg'].removeprefix('Value error, ')}" for error in exc.errors())
+        return f"the configuration is invalid: {wrong} (fix the config file or the flag that sets it)"
     return str(exc)
 
 

@@ -122,6 +122,20 @@ def test_serve_refuses_what_is_no_model_in_one_line_before_starting_a_cluster(ti
         assert "Started a local Ray instance" not in done.stderr  # refused before any cluster
 
 
+def test_serve_refuses_a_bad_set_in_one_line_before_starting_a_cluster(tiny_zoo, specserve_home):
+    """`--set` reaches every field of the config, checked as the file's are: a field that does not
+    exist, or a simulated draft's alignment outside 0..1, is one line naming it, before any cluster."""
+    for flag, words in (("target.batching.overlapp=false", "overlapp"),
+                        ("draft_pool.sim.alignment={sql: {sql: 1.5}}", "sim.alignment must be between 0 and 1"),
+                        ("no-equals-sign", "--set expects KEY=VALUE")):
+        done = run_cli("serve", "--zoo", str(tiny_zoo.root), "--sim", "h200-demo", "--set", flag, "--port", "0",
+                       home=specserve_home)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        error = [line for line in done.stderr.splitlines() if line.startswith("specserve: error: ")]
+        assert len(error) == 1 and words in error[0], done.stderr
+        assert "Started a local Ray instance" not in done.stderr
+
+
 @pytest.mark.slow  # three CLI starts, 24 s: the default run checks the no-model refusal's one line
 def test_serve_refuses_a_broken_zoo_in_one_line_before_starting_a_cluster(specserve_home, tmp_path):
     """An interrupted build or copy leaves a manifest that is no JSON: say which zoo, and how to fix it."""

@@ -18,8 +18,8 @@ from specserve.workers.config import BatchingConfig, DraftPoolConfig, TargetConf
 from specserve.workers.grpc_host import Device
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.ragged_pass import PooledSequence, Segment
-from specserve.workers.sim_device import (CURVES, DRAFT, H100_70B_TARGET, H200_DEMO_DRAFT, H200_DEMO_TARGET, HEAD,
-                                          PRESETS, ROLES, TARGET, PassShape, SimConfig, SimStream, shape_of)
+from specserve.workers.sim_device import (ANY_TASK, CURVES, DRAFT, H100_70B_TARGET, H200_DEMO_DRAFT, H200_DEMO_TARGET,
+                                          HEAD, PRESETS, ROLES, TARGET, PassShape, SimConfig, SimStream, shape_of)
 from specserve.workers.verifying import TargetSession
 
 from scheduled import GREEDY, decode_alone
@@ -143,19 +143,44 @@ async def one_step_at_a_time(scheduler: Scheduler, session: TargetSession, token
     return verdicts
 
 
+def test_the_in_process_engine_on_a_simulated_device_generates_what_it_generates_on_this_one(tiny_zoo, tiny_engine):
+    """Every pass of the engine's models (the target's, each draft's, run alone) holds one simulated
+    device for its modelled time: greedy output with each draft, prompt lookup and OFF as on the
+    host's own device, and the device busy with at least every target pass's fixed cost."""
+    from specserve.cluster.local import zoo_engine
+    from specserve.workers.request import GenerationParams
+
+    engine = zoo_engine(tiny_zoo, tiny_zoo.draft_names)  # its own: the shared engine stays on this host's device
+    stream = engine.simulate(SimConfig(preset="h200-demo"))
+    passes = 0
+    for draft in (None, *tiny_zoo.draft_names, "ngram"):
+        params = GenerationParams(max_tokens=16, k=3, speculation=draft is not None)
+        for task in tiny_zoo.tasks[:2]:
+            prompt = tiny_zoo.prompts(task)[0]
+            on_sim = engine.generate(prompt, params, draft=draft).complete()
+            assert on_sim.token_ids == tiny_engine.generate(prompt, params, draft=draft).complete().token_ids, \
+                (draft, task)
+            passes += on_sim.stats.target_passes
+    assert stream.busy_seconds >= passes * H200_DEMO_TARGET.fixed_ms / 1000 > 0
+
+
 # A cluster of its own (~3 min on a 2-core host): with the slow suite. `specserve host-path --sim`
 # checks the same through the service at every level of its run.
 @pytest.mark.slow
 def test_the_service_on_simulated_devices_answers_as_the_target_alone(tiny_zoo, tiny_engine, specserve_home):
     """`specserve serve --sim h200-demo`: every model process on a simulated device, greedy tokens
-    through the service (draft models, speculation ON and OFF) identical to the target alone."""
+    through the service (draft models, speculation ON and OFF) identical to the target alone; with
+    the first task's draft aligned 0 there (every argmax shifted a token), still identical, and
+    that draft accepted far less there than its ~0.8."""
     import os
 
     from conftest import free_port, serve_in_subprocess
     from specserve.proto.v1 import specserve_pb2 as pb
     from specserve.workers.request import GenerationParams
 
-    args = ["--zoo", str(tiny_zoo.root), "--sim", "h200-demo", "--port", "0", "--metrics-port", str(free_port())]
+    misaligned = (tiny_zoo.tasks[0], tiny_zoo.default_draft(tiny_zoo.tasks[0]))
+    args = ["--zoo", str(tiny_zoo.root), "--sim", "h200-demo", "--port", "0", "--metrics-port", str(free_port()),
+            "--set", f"draft_pool.sim.alignment={{{misaligned[1]}: {{{misaligned[0]}: 0.0}}}}"]
     with serve_in_subprocess(args, dict(os.environ, SPECSERVE_HOME=specserve_home)) as (client, _):
         for task in tiny_zoo.tasks:
             prompt = tiny_zoo.prompts(task)[0]
@@ -164,3 +189,54 @@ def test_the_service_on_simulated_devices_answers_as_the_target_alone(tiny_zoo, 
                 reply = client.generate(pb.GenerateRequest(prompt=prompt, max_tokens=24, speculation=speculation,
                                                            task=task))
                 assert list(reply.token_ids) == alone.token_ids, (task, speculation, reply.stats.draft)
+                if (task, reply.stats.draft) == misaligned:
+                    assert reply.stats.accepted_tokens < 0.3 * reply.stats.proposed_tokens, reply.stats
+
+
+def test_an_alignment_set_by_hand_sets_a_target_copys_acceptance_per_task_and_changes_no_output(tiny_zoo,
+                                                                                                tiny_engine):
+    """A draft that is a copy of the target, aligned 0 on one task and unset on another: every
+    greedy proposal rejected on the first (its argmax shifted a token), every one accepted on the
+    second, the output the target's on both; and in between, the share it is set to."""
+    from specserve.cluster.local import zoo_engine
+    from specserve.workers.loading import ModelSpec
+    from specserve.workers.request import GenerationParams
+
+    first, second = tiny_zoo.tasks[:2]
+    engine = zoo_engine(tiny_zoo, [], extra={"copy": ModelSpec(str(tiny_zoo.target_dir))})
+    engine.simulate(SimConfig(alignment={"copy": {first: 0.0, ANY_TASK: 1.0}}))
+    params = GenerationParams(max_tokens=24, k=3)
+    accepted = {}
+    for task in (first, second):
+        engine.task = task
+        prompt = tiny_zoo.prompts(task)[0]
+        done = engine.generate(prompt, params, draft="copy").complete()
+        alone = tiny_engine.generate(prompt, GenerationParams(max_tokens=24, speculation=False)).complete()
+        assert done.token_ids == alone.token_ids, task
+        accepted[task] = done.stats.accepted / done.stats.proposed
+    assert accepted == {first: 0.0, second: 1.0}
+    engine.simulate(SimConfig(alignment={"copy": {ANY_TASK: 0.5}}))
+    done = engine.generate(tiny_zoo.prompts(second)[1], GenerationParams(max_tokens=64, k=1, seed=1),
+                           draft="copy").complete()
+    assert 0.3 < done.stats.accepted / done.stats.proposed < 0.7  # ~40 draws at 0.5 (seeded: the same each run)
+
+
+def test_sampling_through_a_draft_aligned_by_hand_matches_the_target_distribution():
+    """A misaligned position drafts from a shifted distribution, and that is the q the rule is given:
+    the sampled output keeps the target's distribution exactly (tests/test_lossless_sampling.py's
+    bounds, at this test's sample size). The draft is a copy of the target aligned at half its
+    positions: accepted at all of those and, sampled over seven tokens, at some of the others (a
+    shifted distribution still overlaps the target's)."""
+    from test_lossless_sampling import (assert_same_distribution, exact_distribution, params_for,
+                                        sample_distribution, tiny_model, word_tokenizer)
+
+    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.engine import SpecEngine
+
+    samples, sampling, tokenizer = 4_000, SamplingParams(temperature=1.0, top_p=0.9), word_tokenizer()
+    engine = SpecEngine(tiny_model(0), tokenizer, {"d": tiny_model(0)})
+    engine.simulate(SimConfig(alignment={"d": {ANY_TASK: 0.5}}))
+    counts, alpha = sample_distribution(engine, params_for(sampling, 2), samples, "d")
+    assert 0.5 < alpha < 0.95, "it should accept and reject, or the test proves little"
+    assert_same_distribution(exact_distribution(tiny_model(0), [tokenizer.bos_token_id], sampling,
+                                                tokenizer.eos_token_id), counts, samples)

@@ -23,7 +23,8 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .batching import Scheduler, StepResult
 from .config import DraftPoolConfig
-from .drafting import DRAFT_MAX_SUPPORT, BranchRun, Cascade, DraftSession, DraftRun, DraftTokens, score_continuation
+from .drafting import (DRAFT_MAX_SUPPORT, BranchRun, Cascade, DraftSession, DraftRun, DraftTokens, Misalignment,
+                       score_continuation)
 from .grammar import GrammarCompiler, GrammarError, GrammarState, grammar_compiler, no_grammars, warm_grammars
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
@@ -77,6 +78,15 @@ class DraftWorker:
         # Each head's sessions draft in shared passes, as a draft model's do (on the same device).
         self.head_schedulers = {name: HeadScheduler(head, self.host.device, config.batching, name)
                                 for name, head in self.heads.items()}
+
+    def misalignment(self, opened: pb.SessionOpen) -> Misalignment | None:
+        """On a simulated device, the alignment set for the session's draft on its task (a version
+        takes its draft's), as the in-process engine's (SpecEngine.simulate)."""
+        sim = self.host.device.sim
+        if sim is None:
+            return None
+        return Misalignment.of(sim.alignment_of(base_draft(opened.model), opened.task), opened.sampling.seed,
+                               opened.model)
 
     def swap_draft(self, name: str, source: str) -> str:
         """Serve the draft at ``source`` (a model directory, or an EAGLE-3 head's for a head) as draft
@@ -235,7 +245,8 @@ class DraftStream:
     """One Draft stream's session: each step brings the draft to what stands, then proposes."""
 
     def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen,
-                 grammars: Callable[[], GrammarCompiler] = no_grammars, allowed: torch.Tensor | None = None) -> None:
+                 grammars: Callable[[], GrammarCompiler] = no_grammars, allowed: torch.Tensor | None = None,
+                 misalignment: Misalignment | None = None) -> None:
         if opened.cascade >= MAX_K or not 0.0 <= opened.cascade_min_p <= 1.0:
             raise ValueError(f"cascade must be 0..{MAX_K - 1} (prompt lookup's guesses a proposal's first pass "
                              f"verifies) and cascade_min_p 0..1, got {opened.cascade} and {opened.cascade_min_p}")
@@ -243,7 +254,7 @@ class DraftStream:
         self.greedy = sampling.greedy
         self.session = DraftSession(sequence, sampling, DraftDraws(opened.sampling.seed, opened.model), DRAFT_MAX_SUPPORT,
                                     opened.alternatives, draft_grammar(opened, grammars), opened.grammar.output_start,
-                                    Cascade(opened.cascade, opened.cascade_min_p), allowed)
+                                    Cascade(opened.cascade, opened.cascade_min_p), allowed, misalignment)
         self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
         self.held: DraftTokens | None = None  # that proposal: the last run's result, or an adopted branch's
         self.branch: BranchRun | None = None  # drafted beside the last run, for another verdict
@@ -296,12 +307,13 @@ class BridgedStream(DraftStream):
     position), no alternatives and within no grammar (the target's, over the target's tokens): all
     lossless, as its q is exact."""
 
-    def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen, bridge: TokenBridge) -> None:
+    def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen, bridge: TokenBridge,
+                 misalignment: Misalignment | None = None) -> None:
         without = pb.SessionOpen()
         without.CopyFrom(opened)
         without.ClearField("grammar")
         without.alternatives = False
-        super().__init__(sequence, without, allowed=bridge.mask)
+        super().__init__(sequence, without, allowed=bridge.mask, misalignment=misalignment)
         self.bridge = bridge
         self.name = opened.model
         self.committed = list(opened.prompt_ids)  # the target's tokens that stand
@@ -469,8 +481,9 @@ class DrafterServicer(rpc.DrafterServicer):
         try:
             bridge = self.worker.bridges.get(opened.model)
             with host.session(opened.model, opened, context, bridge) as (scheduler, sequence):
-                stream = (DraftStream(sequence, opened, self.worker.grammars[opened.model])
-                          if bridge is None else BridgedStream(sequence, opened, bridge))
+                misaligned = self.worker.misalignment(opened)
+                stream = (DraftStream(sequence, opened, self.worker.grammars[opened.model], misalignment=misaligned)
+                          if bridge is None else BridgedStream(sequence, opened, bridge, misaligned))
                 async for run, done in _runs(scheduler, stream, host.steps(requests), opened.task):
                     yield stream.reply(run, done)
         except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)

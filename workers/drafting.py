@@ -91,13 +91,33 @@ class DraftTokens:
         return DraftTokens(list(ids), one_hot(torch.tensor(ids)), None if parents is None else list(parents))
 
 
+@dataclass(frozen=True)
+class Misalignment:
+    """A draft's alignment with the target set by hand, on a simulated device (workers/sim_device.py
+    ``SimConfig.alignment``): at each position, decided by a draw of its own before the token is,
+    the draft drafts from its own distribution with probability ``alignment``, else from that
+    distribution shifted by one token id (as sharp, mostly wrong). A draft that is a copy of the
+    target is then accepted at about ``alignment`` of its positions. Lossless either way: q is the
+    distribution each token was drawn from."""
+
+    alignment: float
+    draws: DraftDraws  # keyed apart from the draft's token draws (``of``)
+
+    @staticmethod
+    def of(alignment: float | None, seed: int, draft: str) -> Misalignment | None:
+        return None if alignment is None or alignment >= 1.0 else Misalignment(alignment, DraftDraws(seed, f"{draft}:misaligned"))
+
+    def logits(self, logits: torch.Tensor, position: int) -> torch.Tensor:
+        return logits if self.draws.uniform(position) < self.alignment else logits.roll(1, -1)
+
+
 class DraftSession:
     """Proposes continuations of one request's committed tokens with a draft model."""
 
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, draws: DraftDraws,
                  max_support: int = DRAFT_MAX_SUPPORT, alternatives: bool = False,
                  grammar: GrammarState | None = None, output_start: int = 0, cascade: Cascade = NO_CASCADE,
-                 allowed: torch.Tensor | None = None) -> None:
+                 allowed: torch.Tensor | None = None, misalignment: Misalignment | None = None) -> None:
         self.sequence = sequence
         self.sampling = sampling
         self.draws = draws
@@ -117,6 +137,7 @@ class DraftSession:
         # draw again (workers/seeds.py). 0: a draft of the target's tokenizer, the same positions.
         self.position_offset = 0
         self.lookup = NgramIndex() if cascade.guesses else None
+        self.misalignment = misalignment  # on a simulated device, an alignment set by hand
 
     def guesses(self, k: int) -> list[int]:
         """Up to ``cascade.guesses`` tokens prompt lookup guesses after the committed ones (fewer
@@ -158,7 +179,11 @@ class DraftSession:
     def constrain(self, logits: torch.Tensor, drafted: Sequence[int], fork: int | None = None) -> torch.Tensor:
         """The logits [1, V] of the token after the committed tokens (the first ``fork`` of them,
         for a branch) and ``drafted``, masked to what the grammar allows there (as they are
-        without one, or where ``drafted`` already left it), and to the tokens it ``allowed``."""
+        without one, or where ``drafted`` already left it), and to the tokens it ``allowed``; shifted
+        first where its ``misalignment`` says so."""
+        if self.misalignment is not None:
+            before = len(self.sequence.committed) if fork is None else fork
+            logits = self.misalignment.logits(logits, before + len(drafted) + self.position_offset)
         if self.allowed is not None:
             if self.allowed.device != logits.device:  # moved once, not a copy per token
                 self.allowed = self.allowed.to(logits.device)

@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .decoding import Completion, Decoding
 from .draft_length import DraftLength
-from .drafting import DRAFT_MAX_SUPPORT, NO_CASCADE, Cascade, DraftSession, DraftTokens
+from .drafting import DRAFT_MAX_SUPPORT, NO_CASCADE, Cascade, DraftSession, DraftTokens, Misalignment
 from .grammar import GrammarCompiler, GrammarState
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_head_of
@@ -33,6 +33,7 @@ from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .prompt import encode_prompt
 from .request import GenerationParams
 from .seeds import DraftDraws, verifier_generator
+from .sim_device import DRAFT, HEAD, TARGET, SimConfig, SimStream, simulate
 from .ragged_pass import use_pooled_attention
 from .recording import StatsRecorder
 from .stats import SpecStats
@@ -77,6 +78,7 @@ class SpecEngine:
         # names, a tree's size and a cascade's guesses: what each request's proposer is built from.
         self.proposers = Proposers(DraftFree(), self.heads.keys(), medusa={*self.medusa, *self.fed_guesses})
         self.task = ""  # whose outputs suffix decoding reads, if a caller teaches proposers.draft_free some
+        self.sim: SimConfig | None = None  # its models' simulated device (``simulate``), if on one
         self._grammars: GrammarCompiler | None = None
 
     @property
@@ -85,6 +87,19 @@ class SpecEngine:
         if self._grammars is None:
             self._grammars = GrammarCompiler(self.tokenizer)
         return self._grammars
+
+    def simulate(self, sim: SimConfig) -> SimStream:
+        """Every model's passes from now on held to ``sim``'s timing (workers/sim_device.py), on one
+        simulated device: the target, its drafts and heads share it, as one GPU's stream, since this
+        engine runs them one after another; its drafts aligned on ``task`` as ``sim.alignment`` says.
+        The stream, for its counters."""
+        self.sim, stream = sim, SimStream()
+        simulate(self.target, stream, sim.curve(TARGET, TARGET))
+        for name, model in self.drafts.items():
+            simulate(model, stream, sim.curve(name, DRAFT))
+        for name, head in self.heads.items():
+            simulate(head, stream, sim.curve(name, HEAD))
+        return stream
 
     @classmethod
     def load(cls, target: ModelSpec, drafts: dict[str, ModelSpec], on_verifier: Collection[str] = ()) -> SpecEngine:
@@ -207,18 +222,20 @@ class Generation:
             return HeadDraft(name, state, self.recorder, self.decoding.committed_ids())
         model = self.engine.drafts[name]
         draws = DraftDraws(self.decoding.stats.seed, name)
+        sim = self.engine.sim  # an alignment set by hand for the draft on the engine's task, if any
+        misaligned = Misalignment.of(sim.alignment_of(name, self.engine.task), self.decoding.stats.seed, name) if sim else None
         if (bridge := self.engine.bridges.get(name)) is not None:  # its own tokens of the text, no grammar
             prompt = bridge.encode(self.decoding.prompt_ids)
             capacity = bridged_capacity(self.capacity, len(self.decoding.prompt_ids), len(prompt))
             pool, sequence = private_sequence(model, prompt, capacity)
             session = DraftSession(sequence, self.params.sampling, draws, self.engine.draft_max_support,
-                                   cascade=cascade, allowed=bridge.mask)
+                                   cascade=cascade, allowed=bridge.mask, misalignment=misaligned)
             return BridgedDraft(name, model, pool, session, self.length, self.recorder, bridge,
                                 self.decoding.prompt_ids, self.first_alone)
         pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
         session = DraftSession(sequence, self.params.sampling, draws,
                                self.engine.draft_max_support, grammar=self._grammar(),
-                               output_start=len(self.decoding.prompt_ids), cascade=cascade)
+                               output_start=len(self.decoding.prompt_ids), cascade=cascade, misalignment=misaligned)
         return LocalDraft(name, model, pool, session, self.length, self.recorder, self.first_alone)
 
     def _guesser(self, medusa: str) -> MedusaGuesser | FedGuesser | None:

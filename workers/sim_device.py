@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 log = logging.getLogger("specserve.workers")
 TARGET, DRAFT, HEAD = "target", "draft", "head"  # the roles a model plays on a device
 ROLES = (TARGET, DRAFT, HEAD)
+ANY_TASK = "*"  # in SimConfig.alignment: every task not named
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,12 @@ class SimConfig(BaseModel):
     # By model name, the curve it takes instead of its role's (a key of CURVES): a draft the size of
     # another preset's, say.
     models: dict[str, str] = Field(default_factory=dict)
+    # By draft model name, then task (ANY_TASK: every task not named), how often its drafted tokens
+    # come from its own distribution (workers/drafting.py Misalignment): 1 (or unnamed), always;
+    # 0.6, 60% of positions, the rest drafted from a shifted one. On the host-path zoo, whose drafts
+    # are copies of the target, that is the draft's acceptance rate on the task: alpha per task as
+    # a parameter, so the routing policy has real choices to make.
+    alignment: dict[str, dict[str, float]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _known(self) -> SimConfig:
@@ -156,10 +163,20 @@ class SimConfig(BaseModel):
         if unknown:
             raise ValueError(f"sim.models names curves {', '.join(sorted(set(unknown.values())))} for "
                              f"{', '.join(sorted(unknown))}; the curves: {', '.join(CURVES)}")
+        wrong = [f"{draft}.{task}: {a}" for draft, tasks in self.alignment.items() for task, a in tasks.items()
+                 if not 0.0 <= a <= 1.0]
+        if wrong:
+            raise ValueError(f"sim.alignment must be between 0 and 1 (the share of positions a draft drafts from "
+                             f"its own distribution), got {', '.join(wrong)}")
         return self
 
     def curve(self, model: str, role: str) -> PassCurve:
         return CURVES[self.models.get(model) or PRESETS[self.preset][role]]
+
+    def alignment_of(self, draft: str, task: str) -> float | None:
+        """The alignment set for ``draft`` on ``task`` (None: none set, the draft's own)."""
+        tasks = self.alignment.get(draft, {})
+        return tasks.get(task, tasks.get(ANY_TASK))
 
 
 class SimStream:
@@ -170,6 +187,7 @@ class SimStream:
 
     def __init__(self) -> None:
         self.busy_until = 0.0  # time.perf_counter() when the last pass queued ends
+        self.busy_seconds = 0.0  # in passes, summed
         self.overrun_seconds = 0.0  # the math's time beyond the modelled, summed over passes
         self.overrun_passes = 0
         self._landings: list[tuple[float, int, Callable[[], None]]] = []  # a heap by end
@@ -187,6 +205,7 @@ class SimStream:
             self.overrun_passes += 1
             end = now
         self.busy_until = end
+        self.busy_seconds += end - begin
         return begin, end
 
     def hold(self, seconds: float, started: float) -> float:
@@ -225,6 +244,26 @@ class SimStream:
                 callback()
             except Exception:  # its event loop gone (the scheduler's owner stopped): the next ones still land
                 log.exception("a simulated pass's landing failed")
+
+
+# A model's attribute (``simulate``): the stream and curve of the simulated device its passes run
+# alone on (the in-process engine's passes; a scheduler's are timed by its Device instead).
+SIMULATED = "specserve_simulated_device"
+
+
+def simulate(model: object, stream: SimStream, curve: PassCurve) -> None:
+    """Time ``model``'s passes run alone (workers/steps.py run_alone, a head's own passes) on
+    ``stream`` by ``curve``."""
+    setattr(model, SIMULATED, (stream, curve))
+
+
+def held(model: object, shape: PassShape, started: float) -> None:
+    """After a pass of ``model`` run alone, begun at ``started``: on a simulated device (``simulate``),
+    the rest of its modelled time waited out; on a real one, nothing."""
+    timed = getattr(model, SIMULATED, None)
+    if timed is not None:
+        stream, curve = timed
+        stream.hold(curve.seconds(shape), started)
 
 
 def shape_of(segments: Sequence) -> PassShape:

@@ -8,6 +8,7 @@ the segment it ran (``advance``), until the step says it is done and holds its `
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -16,6 +17,7 @@ from transformers import PreTrainedModel
 
 from .kv_pool import Budget, KVPool, KVShape
 from .ragged_pass import PooledSequence, Segment, run_pass
+from .sim_device import held, shape_of
 
 
 class Step(Protocol):
@@ -38,8 +40,10 @@ def private_sequence(model: PreTrainedModel, prompt_ids: Sequence[int], capacity
 def run_alone(model: PreTrainedModel, pool: KVPool, step: Step) -> object:
     """Every pass of ``step`` on its own: a batch of one, with no limit on a pass's tokens."""
     while True:
-        segment = step.plan(2**31)
-        done = step.advance(run_pass(model, pool, [segment])[0])
+        segment, started = step.plan(2**31), time.perf_counter()
+        logits = run_pass(model, pool, [segment])[0]
+        held(model, shape_of([segment]), started)  # on a simulated device, the pass's modelled time
+        done = step.advance(logits)
         if (after := getattr(step, "after_pass", None)) is not None:
             after()
         if done:

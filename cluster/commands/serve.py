@@ -14,7 +14,7 @@ from specserve.workers.sim_device import PRESETS
 
 from ..config import DEFAULT_METRICS_PORT
 from ..model_args import add_model_arguments, own_models
-from .common import SECURITY_EPILOG
+from .common import SECURITY_EPILOG, dotted_overrides
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -46,6 +46,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                                 f"({', '.join(PRESETS)}): the models' math real, each pass held for the accelerator's "
                                 "time; a timing model for measuring the host path, not for serving "
                                 "(config target.device / draft_pool.device: sim)")
+    serve_cmd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                           help="override a field of the Serve config, e.g. target.batching.overlap=false or "
+                                "draft_pool.sim.alignment='{code: {sql: 0.3}}' (repeatable; VALUE is YAML; applied "
+                                "after every other flag)")
     serve_cmd.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                            help="embedded cluster: where Prometheus scrapes the specserve_ metrics (Ray exports them "
                                 "as ray_specserve_*) (default: %(default)s)")
@@ -94,6 +98,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict:
         merge_into(overrides, {"router": {"replicas": args.router_replicas}})
     if args.sim:
         merge_into(overrides, sim_overrides(args.sim))
+    merge_into(overrides, dotted_overrides(args.overrides))
     return overrides
 
 

@@ -21,13 +21,15 @@ target-only, as a head's is anywhere. A session whose drafting fails goes target
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 import torch
 
 from ..proposing import HiddenRows, windowed
 from .eagle3 import FedHead
-from .proposer import HeadRun, HeadState
+from ..sim_device import held
+from .proposer import HeadRun, HeadState, head_shape
 
 log = logging.getLogger("specserve.workers")
 # A run's rows in one pass, at most: its first feeds every position committed since the last run
@@ -58,8 +60,9 @@ class FedGuessBatch:
         active = [entry for entry in runs if entry[2].result is None]
         while active:
             try:
-                segments = [run.plan(PASS_ROWS) for _, _, run in active]
+                segments, started = [run.plan(PASS_ROWS) for _, _, run in active], time.perf_counter()
                 outputs = self.head.step_many([segment.run_on(self.head) for segment in segments])
+                held(self.head, head_shape(segments), started)  # simulated (in process): its modelled time
             except Exception as exc:  # noqa: BLE001 - their shared pass: each of them goes target-only
                 log.exception("a head on the target replica failed a pass of %d sessions", len(active))
                 for guesser, _, _ in active:

@@ -27,7 +27,7 @@ from ..grpc_host import Device
 from ..kv_cache import session_capacity
 from ..proposing import AUX_HIDDEN, Committed, HiddenRows, Proposer, ProposerGone, StepRecorder, VerifyNeeds
 from ..seeds import DraftDraws
-from ..sim_device import HEAD, PassShape
+from ..sim_device import HEAD, PassShape, held
 from ..wire import sampling_from
 from .eagle3 import FedHead, HeadCache
 
@@ -96,7 +96,10 @@ class HeadState:
         run = HeadRun(self, k)
         with torch.inference_mode():
             while run.result is None:
-                run.advance(self.head.step_many([run.plan(2**31).run_on(self.head)])[0])
+                segment, started = run.plan(2**31), time.perf_counter()
+                output = self.head.step_many([segment.run_on(self.head)])[0]
+                held(self.head, head_shape([segment]), started)  # on a simulated device, its modelled time
+                run.advance(output)
         return run.result
 
 
@@ -202,8 +205,13 @@ class HeadScheduler(Scheduler):
         return advance_all(members, self.model.step_many([segment.run_on(self.model) for _, segment in members]))
 
     def _shape(self, segments: list) -> PassShape:
-        rows = sum(len(s.ids) for s in segments)
-        return PassShape(rows, len(segments), sum(int(s.positions[-1]) + 1 for s in segments if len(s.positions)))
+        return head_shape(segments)
+
+
+def head_shape(segments: Sequence) -> PassShape:
+    """A head's pass's shape (workers/sim_device.py) from its sessions' segments (``HeadRun.plan``)."""
+    rows = sum(len(s.ids) for s in segments)
+    return PassShape(rows, len(segments), sum(int(s.positions[-1]) + 1 for s in segments if len(s.positions)))
 
 
 class HeadDraft(Proposer):
