@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specserve.cluster.commands.common import comma_floats, comma_ints, dotted_overrides
+from specserve.workers.sim_device import PRESETS
 
 from .settings import DEVICES, BenchSettings
 
@@ -80,6 +81,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="where the models run: cuda puts the target replica and the draft workers on this "
                             "machine's GPU as separate processes (fractional GPUs) and the in-process models "
                             "on it too; auto: cuda where present (default: %(default)s)")
+    bench.add_argument("--sim", choices=tuple(PRESETS), metavar="PRESET",
+                       help="the in-process engine and every model process of the service on simulated devices with "
+                            f"this preset's timing ({', '.join(PRESETS)}; workers/sim_device.py); the peers "
+                            "(transformers' generate, which nothing simulates) are left out (default: no simulation)")
     bench.add_argument("--no-peer", action="store_true", help="skip Hugging Face assisted generation")
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                        help="override a field of the embedded service's config (deploy/serve_config.yaml args), "
@@ -100,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     settings = BenchSettings(zoo=args.zoo, out=args.out, prompts=args.prompts, repeats=args.repeats,
                              warm_up=args.warm_up, max_tokens=args.max_tokens, k=args.k, temperatures=args.temperatures,
                              sampled_prompts=args.sampled_prompts, concurrency=args.concurrency,
-                             load_requests=args.load_requests, address=args.address, peer=not args.no_peer,
-                             service_overrides=dotted_overrides(args.overrides), device=args.device)
+                             load_requests=args.load_requests, address=args.address,
+                             peer=not args.no_peer and args.sim is None, load_peers=args.sim is None,
+                             service_overrides=dotted_overrides(args.overrides), device=args.device, sim=args.sim)
     if args.address and args.overrides:
         raise ValueError("--set configures the embedded service; a running one (--address) keeps its own config")
     if not args.verbose:  # the progress bar and the summary are the output

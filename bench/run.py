@@ -36,6 +36,7 @@ from transformers.utils import logging as hf_logging
 
 from specserve.cluster.bringup import default_config_path, merge_into, serve_config, start_service
 from specserve.cluster.client import READY_TIMEOUT_SECONDS, SpecServeClient
+from specserve.cluster.commands.serve import sim_overrides
 from specserve.cluster.config import ServiceConfig
 from specserve.cluster.demo import MEASURED_ON_UNSEEN, ensure_zoo
 from specserve.cluster.local import zoo_engine
@@ -45,6 +46,7 @@ from specserve.workers.heads.proposer import score_head
 from specserve.workers.engine import SpecEngine
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.grpc_host import Device
+from specserve.workers.sim_device import SimConfig
 from specserve.cluster.zoo.zoo import Zoo
 
 from . import load as load_section
@@ -282,6 +284,9 @@ def run_bench(settings: BenchSettings) -> Path:
     engine = device.executor.submit(zoo_engine, zoo, zoo.draft_names, 1, on).result()
     overrides = {"models": {"zoo": str(zoo.root)}, **copy.deepcopy(MEASURED_ON_UNSEEN)}
     merge_into(overrides, placement(on, service_config(overrides).draft_pool.workers))
+    if settings.sim is not None:  # the engine and the service's model processes on one preset's timing
+        engine.simulate(SimConfig(preset=settings.sim))
+        merge_into(overrides, sim_overrides(settings.sim))
     merge_into(overrides, settings.service_overrides)  # the user's --set last: it wins
     service = None
     if settings.address is None:

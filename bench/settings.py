@@ -66,6 +66,10 @@ class BenchSettings:
     seed: int = 1234  # sampled requests' seeds start here
     service_overrides: dict = field(default_factory=dict)  # Serve config args for the embedded service
     device: str = "auto"  # cpu, cuda, or auto (cuda where present): the in-process models and the service's
+    # A preset of workers/sim_device.py: the in-process engine's models and every model process of the
+    # service on simulated devices with its timing (None: the models' passes as they run here). The
+    # peers (transformers' generate) are not simulated: `specserve bench --sim` leaves them out.
+    sim: str | None = None
 
     def __post_init__(self) -> None:
         positive = {"prompts": self.prompts, "repeats": self.repeats, "max_tokens": self.max_tokens, "k": self.k,
