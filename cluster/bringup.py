@@ -18,7 +18,7 @@ from ray import serve
 from .client import READY_TIMEOUT_SECONDS, SpecServeClient
 from .config import DEFAULT_CONFIG_FILE, NAMESPACE, ServiceConfig, load_yaml
 from .models import check_medusa, check_tokenizers, head_layers, resolve_models
-from .placement import check_devices, local_resources
+from .placement import check_devices, embedded_resources, local_resources
 from specserve.workers.security import SecuritySettings
 
 log = logging.getLogger("specserve.cluster")
@@ -109,17 +109,18 @@ def merge_into(base: dict, overrides: dict) -> None:
             base[key] = value
 
 
-def start_cluster(address: str | None, metrics_port: int | None = None) -> bool:
+def start_cluster(address: str | None, metrics_port: int | None = None, resources: dict | None = None) -> bool:
     """Attach to ``address``, or start an embedded cluster exporting Prometheus metrics at
-    ``metrics_port`` (None: a port Ray picks; an existing cluster has its own). True when this
-    process owns the cluster."""
+    ``metrics_port`` (None: a port Ray picks; an existing cluster has its own) with ``resources``
+    (None: ``local_resources()``). True when this process owns the cluster."""
     if ray.is_initialized():
         return False
     previous = signal.getsignal(signal.SIGTERM)
     if address:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
     else:
-        ray.init(namespace=NAMESPACE, resources=local_resources(), include_dashboard=False, log_to_driver=False,
+        ray.init(namespace=NAMESPACE, resources=resources or local_resources(), include_dashboard=False,
+                 log_to_driver=False,
                  object_store_memory=LOCAL_OBJECT_STORE_BYTES, _metrics_export_port=metrics_port,
                  _system_config={"metrics_report_interval_ms": LOCAL_METRICS_REPORT_MS})
     if callable(previous):  # ray.init installs a SIGTERM handler that aborts; keep the caller's clean stop
@@ -127,12 +128,12 @@ def start_cluster(address: str | None, metrics_port: int | None = None) -> bool:
     return not address
 
 
-def embedded_node() -> dict:
-    """The node the embedded cluster will be, as ``ray.nodes()`` lists it: its custom resources, and
-    the GPUs Ray will find (those torch sees)."""
+def embedded_node(resources: dict | None = None) -> dict:
+    """The node the embedded cluster will be, as ``ray.nodes()`` lists it: its custom resources
+    (None: ``local_resources()``), and the GPUs Ray will find (those torch sees)."""
     import torch
 
-    return {"Alive": True, "Resources": local_resources() | {"GPU": float(torch.cuda.device_count())}}
+    return {"Alive": True, "Resources": (resources or local_resources()) | {"GPU": float(torch.cuda.device_count())}}
 
 
 def start_service(config_path: Path | None = None, address: str | None = None, port: int | None = None,
@@ -141,8 +142,10 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
     doc = serve_config(config_path or default_config_path(), port, overrides)
     pin_shared_ports(doc["applications"][0]["args"])
     security = SecuritySettings.from_env()  # a bad variable fails here, before any cluster starts
+    resources = None
     if not address and not ray.is_initialized():  # everything runs on this machine: check it here, in one line
         config = ServiceConfig.model_validate(doc["applications"][0]["args"])
+        resources = embedded_resources(config)
         check_ports_free(config.router.host, {"--port (router.port, the gRPC API)": config.router.port,
                                               "--http-port (router.http_port, the OpenAI API)": config.router.http_port,
                                               "--metrics-port": metrics_port})
@@ -152,8 +155,8 @@ def start_service(config_path: Path | None = None, address: str | None = None, p
         check_tokenizers(models)
         head_layers(models)  # an EAGLE-3 head for another target, too
         check_medusa(models)  # and Medusa heads
-        check_devices(config, [embedded_node()], embedded=True)  # the real nodes are checked again below
-    owns = start_cluster(address, metrics_port)
+        check_devices(config, [embedded_node(resources)], embedded=True)  # the real nodes are checked again below
+    owns = start_cluster(address, metrics_port, resources)
     if owns:  # an embedded cluster's processes inherit this environment (the router warns if it is open)
         log.info("security: %s", security.describe())
     app_doc = doc["applications"][0]

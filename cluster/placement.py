@@ -125,3 +125,15 @@ def local_resources(target_devices: int = 1, draft_devices: int = 2) -> dict[str
     """The custom resources an embedded cluster advertises: one target device, two draft devices,
     and the router's node."""
     return {TARGET_DEVICE: target_devices, DRAFT_DEVICE: draft_devices, ROUTER_NODE: 1}
+
+
+def embedded_resources(config: ServiceConfig) -> dict[str, float]:
+    """What the embedded cluster advertises for ``config``: ``local_resources``, except that a kind on
+    simulated devices (which stand for no hardware) gets as many as the config may ask for, so that a
+    fleet of them runs on one machine (workers/sim_device.py)."""
+    counts = [1, 2]
+    for n, (part, what, worker) in enumerate((("target", "replicas", config.target),
+                                              ("draft_pool", "workers", config.draft_pool))):
+        if worker.device == "sim":
+            counts[n] = max(counts[n], _needed(part, what, worker, embedded=True)[2])
+    return local_resources(*counts)

@@ -182,6 +182,23 @@ def test_auto_waits_for_a_node_of_its_kind_before_deciding(monkeypatch):
         placement.place(ServiceConfig().target, timeout=0.0)
 
 
+def test_the_embedded_cluster_has_as_many_simulated_devices_as_the_config_asks_for():
+    """Simulated devices stand for no hardware: a fleet of them runs on one machine. Real ones stay
+    one target device and two draft devices, and more is refused as before."""
+    from specserve.cluster.placement import check_devices, embedded_resources, local_resources
+
+    sim = {"device": "sim"}
+    fleet = ServiceConfig.model_validate({"target": sim | {"replicas": 4}, "draft_pool": sim | {"workers": 8}})
+    assert embedded_resources(fleet) == local_resources(4, 8)
+    check_devices(fleet, [node(**embedded_resources(fleet))], embedded=True)
+    scaling = ServiceConfig.model_validate({"target": sim | {"autoscaling": {"min_replicas": 1, "max_replicas": 6}}})
+    assert embedded_resources(scaling) == local_resources(6, 2)
+    real = ServiceConfig.model_validate({"target": {"replicas": 4}})
+    assert embedded_resources(real) == local_resources()
+    with pytest.raises(ValueError, match="target.replicas=4 needs 4 'specserve_target_device' but the embedded"):
+        check_devices(real, [node(**embedded_resources(real))], embedded=True)
+
+
 def test_a_cluster_without_the_devices_is_refused_before_deploying():
     from specserve.cluster.placement import check_devices, local_resources
 
