@@ -590,7 +590,8 @@ def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -
 def device_report(levels: list[Level], in_process: dict, meta: dict) -> str:
     """The devices' side: how busy they were, their time per token, and each process's CPU per token
     against it (the host keeps up where every process's is below the target device's)."""
-    lines = ["", f"## The devices ({'simulated, preset ' + meta['sim'] if meta.get('sim') else 'this host: the passes as they ran'})", "",
+    which = f"simulated, preset {meta['sim']}" if meta.get("sim") else "this host: the passes as they ran"
+    lines = ["", f"## The devices ({which})", "",
              "Busy: the share of the level's wall time each kind's devices spent in passes (mean over them; "
              "simulated: the passes' modelled times, or the real math's where it took longer, workers/sim_device.py). "
              "Device us/token: the target devices' modelled time per generated token (what the accelerator would "
@@ -611,7 +612,8 @@ def device_report(levels: list[Level], in_process: dict, meta: dict) -> str:
                      f"| {spent['replica']:,.0f} | {lv.host_us_per_token('target replica'):,.0f} "
                      f"| {lv.us_per_token('draft worker'):,.0f} | {lv.host_us_per_token('draft worker'):,.0f} "
                      f"| {'yes' if spent[worst] < device else 'no: ' + worst} |")
-    lines += ["", "Draft us/tok sums the draft workers; the check takes one worker's share (each has its own core on a GPU node).",
+    lines += ["", "Draft us/tok sums the draft workers; the check takes one worker's share (each has its own core on a "
+              "GPU node).",
               "", "In process, the target alone through one scheduler on the same device:", "",
               "| sessions | tokens/s | busy | busy us/tok (overrun included) | CPU us/tok | service OFF / in process |",
               "|---|---|---|---|---|---|"]
@@ -689,7 +691,8 @@ def run(settings: HostPathSettings, command: str) -> Path:
                "levels": [asdict(lv) | {"tokens_per_second": lv.tokens_per_second} for lv in levels],
                "in_process": in_process, "identical": identical, "profiles": profiles}
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    text = report(levels, in_process, identical, meta) + device_report(levels, in_process, meta) + profile_report(profiles)
+    text = (report(levels, in_process, identical, meta) + device_report(levels, in_process, meta)
+            + profile_report(profiles))
     (out / "report.md").write_text(text)
     print(text, flush=True)
     print(f"written to {out}", flush=True)

@@ -105,7 +105,9 @@ class Misalignment:
 
     @staticmethod
     def of(alignment: float | None, seed: int, draft: str) -> Misalignment | None:
-        return None if alignment is None or alignment >= 1.0 else Misalignment(alignment, DraftDraws(seed, f"{draft}:misaligned"))
+        if alignment is None or alignment >= 1.0:
+            return None
+        return Misalignment(alignment, DraftDraws(seed, f"{draft}:misaligned"))
 
     def logits(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         return logits if self.draws.uniform(position) < self.alignment else logits.roll(1, -1)

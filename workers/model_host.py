@@ -262,7 +262,8 @@ class ModelHost:
             **_prefix_counts(schedulers),
             kv_pool_bytes=sum(s.pool.allocated_bytes for s in schedulers),
             passes=sum(c.passes for c in counts), pass_tokens=sum(c.tokens for c in counts),
-            pass_sessions=sum(c.sessions for c in counts), max_pass_sessions=max((c.max_sessions for c in counts), default=0),
+            pass_sessions=sum(c.sessions for c in counts),
+            max_pass_sessions=max((c.max_sessions for c in counts), default=0),
             device_busy_seconds=self.device.busy_seconds, device_simulated=self.device.stream is not None,
             device_overrun_seconds=self.device.stream.overrun_seconds if self.device.stream is not None else 0.0)
 
