@@ -37,6 +37,22 @@ def workload_arguments(parser: argparse.ArgumentParser, defaults, paths: dict, p
                         help="per level and path (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="(default: %(default)s)")
     parser.add_argument("--out", type=Path, default=defaults.out, help="results directory (default: %(default)s)")
+    parser.add_argument("--sim", choices=tuple(PRESETS), metavar="PRESET",
+                        help=f"every model process on a simulated device with this preset's timing "
+                             f"({', '.join(PRESETS)}; workers/sim_device.py) (default: no simulation)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="override a field of the service's config, e.g. target.replicas=4 with --sim "
+                             "(repeatable; VALUE is YAML; after --sim)")
+
+
+def workload_overrides(args: argparse.Namespace) -> dict:
+    """The service's config fields ``workload_arguments``' --sim and --set ask for, --set last."""
+    from specserve.cluster.bringup import merge_into
+    from specserve.cluster.commands.serve import sim_overrides
+
+    overrides = sim_overrides(args.sim) if args.sim else {}
+    merge_into(overrides, dotted_overrides(args.overrides))
+    return overrides
 
 
 def known_paths(asked: tuple[str, ...], paths: dict) -> tuple[str, ...]:

@@ -14,10 +14,11 @@ checked against OFF's, token for token (the constrained target's, whichever prop
 from __future__ import annotations
 
 import argparse
+import copy
 import asyncio
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,12 +26,12 @@ import grpc
 import jsonschema
 from transformers import AutoTokenizer
 
-from specserve.cluster.bringup import start_service
+from specserve.cluster.bringup import merge_into, start_service
 from specserve.cluster.demo import ensure_zoo
 from specserve.cluster.zoo.zoo import Zoo
 from specserve.proto.v1 import specserve_pb2 as pb
 
-from .cli import known_paths, module_main, workload_arguments
+from .cli import known_paths, module_main, workload_arguments, workload_overrides
 from .prompts import JSON_ASK
 from .settings import RESULTS_DIR, provenance
 from .shared_prefix import Throughput, run_level, summary_lines
@@ -54,6 +55,9 @@ class JsonSchemaSettings:
     requests: int = 32  # per level, path and mode
     max_tokens: int = 192  # above the schema's longest output (about 170 tokens of single characters)
     out: Path = RESULTS_DIR
+    # Fields of the service's config over the bench's own (--sim, --set: workers/sim_device.py's
+    # simulated devices, a fleet of replicas)
+    service_overrides: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -80,6 +84,7 @@ def measure(zoo: Zoo, settings: JsonSchemaSettings, progress) -> tuple[list[Leve
     tokenizer = AutoTokenizer.from_pretrained(zoo.root / "tokenizer")
     asked = [(task, p) for task in zoo.tasks for p in zoo.prompts(task)[:8]]
     structured = pb.StructuredOutput(json_schema=json.dumps(SCHEMA))
+    merge_into(overrides, copy.deepcopy(settings.service_overrides))
     service = start_service(port=0, overrides=overrides)
     levels, outputs = [], {}
     try:
@@ -184,7 +189,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _run_command(args: argparse.Namespace) -> int:
     paths = ("off",) + tuple(p for p in known_paths(args.paths, PATHS) if p != "off")
     settings = JsonSchemaSettings(zoo=args.zoo, clients=tuple(args.clients), paths=paths, requests=args.requests,
-                                  max_tokens=args.max_tokens, out=args.out)
+                                  max_tokens=args.max_tokens, out=args.out,
+                                  service_overrides=workload_overrides(args))
     run(settings, "specserve json-schema " + " ".join(sys.argv[2:]))
     return 0
 

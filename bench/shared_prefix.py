@@ -14,6 +14,7 @@ Greedy outputs with the cache on are checked against those with it off, token fo
 from __future__ import annotations
 
 import argparse
+import copy
 import asyncio
 import json
 import statistics
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import grpc
 
-from specserve.cluster.bringup import start_service
+from specserve.cluster.bringup import merge_into, start_service
 from specserve.cluster.demo import ensure_zoo
 from specserve.cluster.zoo.head import HEAD
 from specserve.cluster.zoo.zoo import Zoo
@@ -33,7 +34,7 @@ from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.proto.v1 import specserve_pb2_grpc as rpc
 from specserve.workers import stats
 
-from .cli import known_paths, module_main, workload_arguments
+from .cli import known_paths, module_main, workload_arguments, workload_overrides
 from .faults import inspect
 from .settings import RESULTS_DIR, provenance
 
@@ -54,6 +55,9 @@ class SharedPrefixSettings:
     requests: int = 48  # per level and path
     max_tokens: int = 32
     out: Path = RESULTS_DIR
+    # Fields of the service's config over the bench's own (--sim, --set: workers/sim_device.py's
+    # simulated devices, a fleet of replicas)
+    service_overrides: dict = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -149,6 +153,7 @@ def measure(zoo: Zoo, settings: SharedPrefixSettings, cache: str, system: str, p
     room = {"prefix_caching": cache == "on", "max_sessions": 2 * max(settings.clients)}
     overrides = {"models": {"zoo": str(zoo.root)}, "target": dict(room), "draft_pool": dict(room),
                  "router": {"max_concurrent_requests": 2 * max(settings.clients), "http_port": None}}
+    merge_into(overrides, copy.deepcopy(settings.service_overrides))
     service = start_service(port=0, overrides=overrides)
     levels, outputs = [], {}
     asked = questions(zoo)
@@ -296,7 +301,8 @@ def _run_command(args: argparse.Namespace) -> int:
         return 0
     settings = SharedPrefixSettings(zoo=args.zoo, clients=tuple(args.clients), paths=known_paths(args.paths, PATHS),
                                     system_tokens=args.system_tokens, requests=args.requests,
-                                    max_tokens=args.max_tokens, out=args.out)
+                                    max_tokens=args.max_tokens, out=args.out,
+                                    service_overrides=workload_overrides(args))
     run(settings, "specserve shared-prefix " + " ".join(sys.argv[2:]))
     return 0
 
