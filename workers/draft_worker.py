@@ -82,10 +82,7 @@ class DraftWorker:
     def misalignment(self, opened: pb.SessionOpen) -> Misalignment | None:
         """On a simulated device, the alignment set for the session's draft on its task (a version
         takes its draft's), as the in-process engine's (SpecEngine.simulate)."""
-        sim = self.host.device.sim
-        if sim is None:
-            return None
-        return Misalignment.of(sim.alignment_of(base_draft(opened.model), opened.task), opened.sampling.seed,
+        return Misalignment.of(self.host.device.sim, base_draft(opened.model), opened.task, opened.sampling.seed,
                                opened.model)
 
     def swap_draft(self, name: str, source: str) -> str:

@@ -26,6 +26,7 @@ from .ngram import NgramIndex
 from .ragged_pass import PooledSequence, Segment
 from .request import MAX_K
 from .seeds import DraftDraws
+from .sim_device import SimConfig
 
 # The draft samples from its warped distribution truncated to this many tokens. q stays exact (the
 # draft samples from the truncation itself) and a proposal stays a few hundred bytes on the wire;
@@ -104,10 +105,14 @@ class Misalignment:
     draws: DraftDraws  # keyed apart from the draft's token draws (``of``)
 
     @staticmethod
-    def of(alignment: float | None, seed: int, draft: str) -> Misalignment | None:
+    def of(sim: SimConfig | None, draft: str, task: str, seed: int, drawn_as: str = "") -> Misalignment | None:
+        """A session's, where ``sim`` (its device's, None on a real one) sets an alignment for ``draft``
+        on ``task``; its draws keyed by the request's seed and ``drawn_as`` (default: ``draft``), as
+        the draft's own token draws are."""
+        alignment = sim.alignment_of(draft, task) if sim is not None else None
         if alignment is None or alignment >= 1.0:
             return None
-        return Misalignment(alignment, DraftDraws(seed, f"{draft}:misaligned"))
+        return Misalignment(alignment, DraftDraws(seed, f"{drawn_as or draft}:misaligned"))
 
     def logits(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         return logits if self.draws.uniform(position) < self.alignment else logits.roll(1, -1)

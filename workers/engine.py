@@ -222,8 +222,8 @@ class Generation:
             return HeadDraft(name, state, self.recorder, self.decoding.committed_ids())
         model = self.engine.drafts[name]
         draws = DraftDraws(self.decoding.stats.seed, name)
-        sim, seed = self.engine.sim, self.decoding.stats.seed  # an alignment set by hand for the draft on the task
-        misaligned = Misalignment.of(sim.alignment_of(name, self.engine.task), seed, name) if sim else None
+        # an alignment set by hand for the draft on the engine's task, on a simulated device
+        misaligned = Misalignment.of(self.engine.sim, name, self.engine.task, self.decoding.stats.seed)
         if (bridge := self.engine.bridges.get(name)) is not None:  # its own tokens of the text, no grammar
             prompt = bridge.encode(self.decoding.prompt_ids)
             capacity = bridged_capacity(self.capacity, len(self.decoding.prompt_ids), len(prompt))

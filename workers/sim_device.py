@@ -257,13 +257,15 @@ def simulate(model: object, stream: SimStream, curve: PassCurve) -> None:
     setattr(model, SIMULATED, (stream, curve))
 
 
-def held(model: object, shape: PassShape, started: float) -> None:
-    """After a pass of ``model`` run alone, begun at ``started``: on a simulated device (``simulate``),
-    the rest of its modelled time waited out; on a real one, nothing."""
+def held(model: object, started: float, segments: Sequence,
+         shape: Callable[[Sequence], PassShape] | None = None) -> None:
+    """After a pass of ``model`` run alone over ``segments``, begun at ``started``: on a simulated
+    device (``simulate``), the rest of its modelled time waited out, by the pass's ``shape``
+    (default: ``shape_of``); on a real one, nothing (and no shape is read)."""
     timed = getattr(model, SIMULATED, None)
     if timed is not None:
         stream, curve = timed
-        stream.hold(curve.seconds(shape), started)
+        stream.hold(curve.seconds((shape or shape_of)(segments)), started)
 
 
 def shape_of(segments: Sequence) -> PassShape:

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 
 from .kv_pool import Budget, KVPool, KVShape
 from .ragged_pass import PooledSequence, Segment, run_pass
-from .sim_device import held, shape_of
+from .sim_device import held
 
 
 class Step(Protocol):
@@ -42,7 +42,7 @@ def run_alone(model: PreTrainedModel, pool: KVPool, step: Step) -> object:
     while True:
         segment, started = step.plan(2**31), time.perf_counter()
         logits = run_pass(model, pool, [segment])[0]
-        held(model, shape_of([segment]), started)  # on a simulated device, the pass's modelled time
+        held(model, started, [segment])  # on a simulated device, the pass's modelled time
         done = step.advance(logits)
         if (after := getattr(step, "after_pass", None)) is not None:
             after()

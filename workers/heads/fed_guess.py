@@ -62,7 +62,7 @@ class FedGuessBatch:
             try:
                 segments, started = [run.plan(PASS_ROWS) for _, _, run in active], time.perf_counter()
                 outputs = self.head.step_many([segment.run_on(self.head) for segment in segments])
-                held(self.head, head_shape(segments), started)  # simulated (in process): its modelled time
+                held(self.head, started, segments, head_shape)  # simulated (in process): its modelled time
             except Exception as exc:  # noqa: BLE001 - their shared pass: each of them goes target-only
                 log.exception("a head on the target replica failed a pass of %d sessions", len(active))
                 for guesser, _, _ in active:

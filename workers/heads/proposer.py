@@ -98,7 +98,7 @@ class HeadState:
             while run.result is None:
                 segment, started = run.plan(2**31), time.perf_counter()
                 output = self.head.step_many([segment.run_on(self.head)])[0]
-                held(self.head, head_shape([segment]), started)  # on a simulated device, its modelled time
+                held(self.head, started, [segment], head_shape)  # on a simulated device, its modelled time
                 run.advance(output)
         return run.result
 
