@@ -37,6 +37,12 @@ def workload_arguments(parser: argparse.ArgumentParser, defaults, paths: dict, p
                         help="per level and path (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="(default: %(default)s)")
     parser.add_argument("--out", type=Path, default=defaults.out, help="results directory (default: %(default)s)")
+    sim_arguments(parser)
+
+
+def sim_arguments(parser: argparse.ArgumentParser) -> None:
+    """--sim and --set: the service's model processes on simulated devices, and its config's fields
+    set one by one (``workload_overrides`` reads them)."""
     parser.add_argument("--sim", choices=tuple(PRESETS), metavar="PRESET",
                         help=f"every model process on a simulated device with this preset's timing "
                              f"({', '.join(PRESETS)}; workers/sim_device.py) (default: no simulation)")
@@ -46,7 +52,7 @@ def workload_arguments(parser: argparse.ArgumentParser, defaults, paths: dict, p
 
 
 def workload_overrides(args: argparse.Namespace) -> dict:
-    """The service's config fields ``workload_arguments``' --sim and --set ask for, --set last."""
+    """The service's config fields ``sim_arguments``' --sim and --set ask for, --set last."""
     from specserve.cluster.bringup import merge_into
     from specserve.cluster.commands.serve import sim_overrides
 

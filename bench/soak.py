@@ -28,12 +28,13 @@ from pathlib import Path
 
 import grpc
 
-from specserve.cluster.bringup import start_service
+from specserve.cluster.bringup import merge_into, start_service
 from specserve.cluster.client import SpecServeClient
 from specserve.cluster.local import open_or_build_zoo
 from specserve.proto.v1 import specserve_pb2 as pb
 
 from . import faults
+from .cli import sim_arguments, workload_overrides
 from .memory import resident_memory
 
 FAULTS = ("kill draft", "kill draft for good", "kill target", "freeze draft", "freeze target")
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="for the choice of prompts and faults (default: %(default)s)")
     parser.add_argument("--out", type=Path, help="also write the report as JSON here")
+    sim_arguments(parser)  # a fleet on simulated devices: --sim h100-70b --set target.replicas=4
     args = parser.parse_args(argv)
     report = soak(args)
     print(json.dumps({k: v for k, v in report.items() if k != "memory"}, indent=2))
@@ -92,8 +94,9 @@ def soak(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     zoo = open_or_build_zoo(args.zoo)
     prompts = [(task, p) for task in zoo.tasks for p in zoo.prompts(task)[:4]]
-    service = start_service(port=0, overrides={"models": {"zoo": str(zoo.root)},
-                                               "router": {"timeouts": SOAK_TIMEOUTS}})
+    overrides = {"models": {"zoo": str(zoo.root)}, "router": {"timeouts": SOAK_TIMEOUTS}}
+    merge_into(overrides, workload_overrides(args))
+    service = start_service(port=0, overrides=overrides)
     client = SpecServeClient(service.address)
     try:
         print(f"soak: {len(prompts)} prompts; target-only references first", flush=True)
@@ -121,7 +124,8 @@ def soak(args: argparse.Namespace) -> dict:
             t.join(timeout=180)
         at_rest = _drain(client)
         memory.append(_memory_sample(time.monotonic() - started))
-        return {"minutes": args.minutes, "clients": args.clients, "requests": sum(tally.statuses.values()),
+        return {"minutes": args.minutes, "clients": args.clients, "sim": args.sim, "overrides": args.overrides,
+                "requests": sum(tally.statuses.values()),
                 "by_status": dict(tally.statuses), "tokens_streamed": tally.tokens,
                 "greedy_checked": tally.greedy_checked, "tokens_lost": tally.tokens_lost,
                 "requests_resumed_on_another_target": tally.resumed,

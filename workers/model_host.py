@@ -257,7 +257,8 @@ class ModelHost:
         return pb.WorkerState(
             worker_id=self.worker_id, models=self.models, live_sessions=self.slots.live, resources=self.resources,
             pid=os.getpid(), kv_budget_bytes=self.budget.limit_bytes,
-            kv_reserved_bytes=sum((s.pool.in_use - _cached(s)) * s.pool.shape.bytes_per_position for s in schedulers),
+            kv_reserved_bytes=sum((s.pool.in_use - _cached(s) - _scratch(s)) * s.pool.shape.bytes_per_position
+                                  for s in schedulers),
             kv_cached_bytes=sum(_cached(s) * s.pool.shape.bytes_per_position for s in schedulers),
             **_prefix_counts(schedulers),
             kv_pool_bytes=sum(s.pool.allocated_bytes for s in schedulers),
@@ -317,6 +318,13 @@ async def first_open(requests, context: grpc.aio.ServicerContext) -> pb.SessionO
 def _cached(scheduler: Scheduler) -> int:
     """Positions its prefix cache keeps (regions of finished sessions)."""
     return scheduler.prefix.stats.retained_positions if scheduler.prefix is not None else 0
+
+
+def _scratch(scheduler: Scheduler) -> int:
+    """Positions its compiled passes keep for their padded rows (workers/graphs.py): the pool's own,
+    held from the first compiled pass on, so no session's reservation."""
+    graphs = scheduler.graphs
+    return graphs.scratch.capacity if graphs is not None and graphs.scratch is not None else 0
 
 
 def _prefix_counts(schedulers: Iterable[Scheduler]) -> dict[str, int]:
