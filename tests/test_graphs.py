@@ -16,6 +16,7 @@ from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
 from specserve.workers.graphs import WARM_UP_BUCKETS, PassGraphs
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
+from specserve.workers.loading import gemv_layout
 from specserve.workers.ragged_pass import Segment, run_pass, use_pooled_attention
 
 from scheduled import decode_alone, decode_scheduled, verify_scheduled
@@ -101,12 +102,14 @@ def test_a_scheduler_replaying_decode_passes_decodes_what_sessions_decode_alone(
 def test_compiled_decode_passes_give_each_models_eager_logits_and_compile_nothing_after_warm_up():
     """Two models of one architecture (a draft worker's drafts), compiled: warm-up compiles the graphs,
     both models' passes at other buckets give their own eager logits (the weights are the graphs'
-    inputs, not constants of the first model's), and nothing compiles after warm-up."""
+    inputs, not constants of the first model's), and nothing compiles after warm-up. The models have
+    their CPU layout (``RowInvariantLinear``, as a worker loads them): its branch at MATRIX_ROWS rows
+    made a pass of 3 sessions compile under load until warm-up took a bucket of 4."""
     import torch._dynamo.utils
 
-    first = model()
+    first = gemv_layout(model())
     torch.manual_seed(7)
-    second = use_pooled_attention(LlamaForCausalLM(first.config).to(torch.float64).eval())
+    second = gemv_layout(use_pooled_attention(LlamaForCausalLM(first.config).to(torch.float64).eval()))
     gen = torch.Generator().manual_seed(2)
     checks = 0
     for m in (first, second):

@@ -37,8 +37,9 @@ the buffers there against the eager pass, at every row count, and the GPU suite 
 dominates a small model's pass. On the 2-core host (one thread, float32, one session) a decode pass
 of the demo zoo's drafts took 0.46 ms compiled against 1.01 ms eager; the 8.7M demo target gained
 nothing (its pass is its weights' reading, ~6 ms, 83% in its matrix products). Shapes are compiled
-at start-up (``warm_up``): one graph per session count of 1 and one for more, each with the key
-length symbolic, so a new bucket later compiles nothing. Models of one architecture share them (the
+at start-up (``warm_up``): one graph for one session, one for 2-3 and one for 4 or more (the CPU's
+linear layers branch at MATRIX_ROWS rows), each with the key length symbolic, so a new bucket later
+compiles nothing. Models of one architecture share them (the
 weights are the graph's inputs): a draft worker's drafts compile once. Inductor caches what it
 compiled on disk, so a process started again on the same machine takes seconds, not a minute.
 """
@@ -54,6 +55,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .kv_pool import KVPool, PoolFull, Region
+from .loading import MATRIX_ROWS
 from .ragged_pass import (NO_MASK, GatheredGroup, PassLayout, Segment, host_rows, padded_key_index,
                           require_pooled_attention, segment_mask)
 
@@ -68,10 +70,12 @@ KEY_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 # SmolLM2 in bf16 at 1,024 rows), and a pass this wide is no longer launch-bound.
 MAX_BUCKET_ROWS = 1024
 # The buckets compiled at start-up, in this order: torch.compile specialises a pass's first shape, then
-# makes each dimension that changes symbolic. After these four a compiled model has a graph for one
-# session and one for several, both over any key length (a session count of 1 stays a graph of its own:
-# dynamo specialises sizes of 1).
-WARM_UP_BUCKETS = ((1, 1, 64), (2, 1, 64), (2, 1, 128), (1, 1, 128))  # (sessions, rows, keys)
+# makes each dimension that changes symbolic. After these five a compiled model has a graph for one
+# session, one for 2-3 and one for 4 or more, each over any key length: dynamo specialises sizes of 1,
+# and on a CPU every linear layer branches at MATRIX_ROWS rows (workers/loading.py: fewer are padded),
+# so a pass of 2-3 rows and one of 4+ are two graphs. Without the last bucket the first pass of 3-4
+# sessions compiled under load (4-10 s on the 2-core host): its worker missed step deadlines.
+WARM_UP_BUCKETS = ((1, 1, 64), (2, 1, 64), (2, 1, 128), (1, 1, 128), (MATRIX_ROWS, 1, 64))  # (sessions, rows, keys)
 # Graphs compiled per code object before dynamo gives up and runs it eagerly: every model of a
 # process shares the model class's forward, and each architecture takes the four above.
 RECOMPILE_LIMIT = 64
