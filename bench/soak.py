@@ -8,7 +8,10 @@ drain, and the report says:
 - requests completed, and failed by gRPC status;
 - tokens lost: greedy outputs are compared token for token with the same prompt's target-only output
   taken before the soak, so a lost, repeated or changed token counts (it must be 0);
-- the faults injected, and how many requests carried on through one (resumed, draft reopened);
+- the faults injected (each with its victim and the sessions it held: a worker that held none
+  tests no recovery), and how many requests carried on through one (resumed, draft reopened);
+- requests by what served them (a draft, a draft-free proposer, "" for target-only), and the
+  first failed ones with what their client was told;
 - memory per component over time, and whether sessions, KV reservations and queued requests went
   back to zero once the load stopped.
 
@@ -55,15 +58,21 @@ class Tally:
     greedy_checked: int = 0
     resumed: int = 0
     draft_reopened: int = 0
+    by_draft: Counter = field(default_factory=Counter)  # what served each request ("": target-only)
     lost_examples: list = field(default_factory=list)
+    failed_examples: list = field(default_factory=list)  # the first few failed requests: what the client was told
 
-    def record(self, status: str, tokens: list[int], stats: pb.GenerateStats | None, expected: list[int] | None):
+    def record(self, status: str, tokens: list[int], stats: pb.GenerateStats | None, expected: list[int] | None,
+               details: str = ""):
         with self.lock:
             self.statuses[status] += 1
+            if status != "OK" and len(self.failed_examples) < 5:
+                self.failed_examples.append({"status": status, "details": details, "tokens_before": len(tokens)})
             self.tokens += len(tokens)
             if stats is not None:
                 self.resumed += stats.target_resumes > 0
                 self.draft_reopened += stats.draft_reopens > 0
+                self.by_draft[stats.draft] += 1
             if status == "OK" and expected is not None:
                 self.greedy_checked += 1
                 lost = sum(a != b for a, b in zip(tokens, expected)) + abs(len(tokens) - len(expected))
@@ -129,10 +138,11 @@ def soak(args: argparse.Namespace) -> dict:
                 "by_status": dict(tally.statuses), "tokens_streamed": tally.tokens,
                 "greedy_checked": tally.greedy_checked, "tokens_lost": tally.tokens_lost,
                 "requests_resumed_on_another_target": tally.resumed,
-                "requests_with_a_reopened_draft": tally.draft_reopened, "faults": injected, "at_rest": at_rest,
+                "requests_with_a_reopened_draft": tally.draft_reopened, "requests_by_draft": dict(tally.by_draft),
+                "faults": injected, "at_rest": at_rest,
                 "rss_mib_first_last": {k: (memory[0]["rss_mib"].get(k), memory[-1]["rss_mib"].get(k))
                                        for k in memory[-1]["rss_mib"]},
-                "lost_examples": tally.lost_examples, "memory": memory}
+                "lost_examples": tally.lost_examples, "failed_examples": tally.failed_examples, "memory": memory}
     finally:
         client.close()
         service.stop()
@@ -144,14 +154,14 @@ def _client_loop(client, prompts, reference, args, tally: Tally, stop: threading
         greedy = rng.random() < 0.75
         mode = rng.choice([pb.SPECULATION_AUTO, pb.SPECULATION_ON, pb.SPECULATION_OFF])
         request = _request(task, prompt, args.max_tokens, mode, temperature=0.0 if greedy else 0.8)
-        tokens, stats, status = [], None, "OK"
+        tokens, stats, status, details = [], None, "OK", ""
         try:
             for chunk in client.stream(request, timeout=180):
                 tokens.extend(chunk.token_ids)
                 stats = chunk.stats if chunk.HasField("stats") else stats
         except grpc.RpcError as exc:
-            status = exc.code().name
-        tally.record(status, tokens, stats, reference[prompt] if greedy else None)
+            status, details = exc.code().name, exc.details() or ""
+        tally.record(status, tokens, stats, reference[prompt] if greedy else None, details)
 
 
 def _fault_loop(client, every: float, injected: list, stop: threading.Event, rng: random.Random):
@@ -159,24 +169,28 @@ def _fault_loop(client, every: float, injected: list, stop: threading.Event, rng
     while not stop.wait(every):
         fault = rng.choice(FAULTS)
         try:
-            _inject(client, fault)
-            injected.append({"t": round(time.monotonic() - started), "fault": fault})
+            victim = _inject(client, fault)
+            injected.append({"t": round(time.monotonic() - started), "fault": fault, **victim})
         except Exception as exc:  # a worker still restarting from the last fault: note it, go on
             injected.append({"t": round(time.monotonic() - started), "fault": fault, "skipped": str(exc)})
 
 
-def _inject(client, fault: str) -> None:
+def _inject(client, fault: str) -> dict:
+    """Strike ``fault`` at a worker holding a session if one does (else the first): which, and the
+    sessions it held, for the report (a kill of a worker that held none tests no recovery)."""
     kind = "target" if "target" in fault else "draft"
     candidates = faults.workers(client, kind)
     victim = faults.holding_a_session(candidates) or (candidates[0] if candidates else None)
     if victim is None:
         raise LookupError(f"no {kind} worker registered")
+    struck = {"worker": victim.worker_id, "sessions": faults.inspect(kind, victim.address).live_sessions}
     if fault.startswith("freeze"):
         faults.freeze(victim.pid)
         time.sleep(FREEZE_SECONDS)
         faults.thaw(victim.pid)
     else:
         faults.kill(victim, restart=fault != "kill draft for good")
+    return struck
 
 
 def _drain(client, timeout: float = 180.0) -> dict:
