@@ -198,17 +198,19 @@ def _drain(client, timeout: float = 180.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         stats = client.stats()
-        held = {}
+        held, silent = {}, []
         for w in stats.workers:
             try:
                 state = faults.inspect(w.kind, w.address)
                 held[w.worker_id] = {"sessions": state.live_sessions, "kv_reserved_bytes": state.kv_reserved_bytes}
             except grpc.RpcError:
-                continue  # a dead worker's entry until the registry drops it
+                silent.append(w.worker_id)  # a dead worker's entry until the registry drops it
         busy = stats.requests_in_flight or stats.requests_queued or any(any(v.values()) for v in held.values())
         if not busy or time.monotonic() > deadline:
+            # A registered worker that does not answer (killed late: its entry not dropped yet, or
+            # restarting and compiling its passes) holds nothing; the report names it, not omits it.
             return {"requests_in_flight": stats.requests_in_flight, "requests_queued": stats.requests_queued,
-                    "workers": held, "drained": not busy}
+                    "workers": held, "registered_not_answering": silent, "drained": not busy}
         time.sleep(1)
 
 
