@@ -77,7 +77,7 @@ MAX_BUCKET_ROWS = 1024
 # sessions compiled under load (4-10 s on the 2-core host): its worker missed step deadlines.
 WARM_UP_BUCKETS = ((1, 1, 64), (2, 1, 64), (2, 1, 128), (1, 1, 128), (MATRIX_ROWS, 1, 64))  # (sessions, rows, keys)
 # Graphs compiled per code object before dynamo gives up and runs it eagerly: every model of a
-# process shares the model class's forward, and each architecture takes the four above.
+# process shares the model class's forward, and each architecture takes the five above.
 RECOMPILE_LIMIT = 64
 
 
