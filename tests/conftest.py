@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from specserve.cluster.zoo.build import build_zoo
+from specserve.cluster.zoo.head import HEAD
 from specserve.cluster.zoo.presets import get_preset
 from specserve.cluster.zoo.zoo import Zoo
 
@@ -175,6 +176,7 @@ def service(tiny_zoo, metrics_port, medusa_heads, mtp_target, other_tokenizer_dr
 
     tasks = {task: list(drafts) for task, drafts in tiny_zoo.manifest["task_drafts"].items()}
     tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)], CANARY_TASK: ["eagle3", "sql"],
+              ROUTED_TASK: routed_arms(tiny_zoo),
               MEDUSA_TASK: ["medusa"], MTP_TASK: ["mtp"], OTHER_TASK: ["other"],
               MTP_HERE_TASK: [MTP_HERE]}
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
@@ -227,12 +229,29 @@ POOR_TASK = "poor"
 # task's that the routing tests judge.
 CANARY_TASK = "canaried"
 LISTED_SEGMENT = "enterprise"  # router.segments of the session's service: counted under its own name
+# Served by the zoo's EAGLE-3 head and its worst draft, and sent the prompts of the task the head
+# serves best (routed_prompts_task): a choice whose better arm is clear on any host, for the routing
+# test. The zoo's own tasks do not promise one: their drafts are barely trained, and which of them
+# wins a task depends on the host that trained it (on some, none is clearly ahead on any task).
+ROUTED_TASK = "routed"
 
 
 def worst_draft(zoo: Zoo) -> str:
     """The draft whose best acceptance on any task is lowest (the tiny zoo's are near 0)."""
     acceptance = zoo.manifest["acceptance"]
     return min(zoo.draft_names, key=lambda d: max(acceptance[task][d] for task in acceptance))
+
+
+def routed_arms(zoo: Zoo) -> list[str]:
+    """ROUTED_TASK's drafts: the EAGLE-3 head (it learns the target's own states: 0.58-1.0 served
+    on every host seen) and the draft that learnt least (near 0 everywhere)."""
+    return [HEAD, worst_draft(zoo)]
+
+
+def routed_prompts_task(zoo: Zoo) -> str:
+    """The zoo task whose prompts ROUTED_TASK is sent: the one its head accepts most on held out."""
+    acceptance = zoo.manifest["acceptance"]
+    return max(zoo.tasks, key=lambda task: acceptance[task][HEAD])
 
 
 @pytest.fixture(scope="session")
