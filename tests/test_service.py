@@ -254,7 +254,7 @@ def test_a_seeded_sampled_request_is_reproducible(client, tiny_zoo):
     ({"k": 0}, "k must be 1..16, got 0"),
     ({"seed": 2**63}, "seed must be 0..2^63-1"),
     ({"stop": ["x" * 65]}, "each stop string must be 1..64 characters, got 65"),
-    ({"task": "poetry"}, "unknown task 'poetry'; this deployment serves: canaried, code, general, guessed, math, poor, predicted, predicted-here, prose, sql"),
+    ({"task": "poetry"}, "unknown task 'poetry'; this deployment serves: canaried, code, general, guessed, math, poor, predicted, predicted-here, prose, routed, sql"),
     ({"draft": "huge"}, "unknown draft 'huge'; this deployment has: cascade, code, eagle3, general, math, medusa, mtp, mtp-here, ngram, other, prose, sql, suffix, tree"),
     ({"speculation": 7}, "speculation must be SPECULATION_AUTO, SPECULATION_ON or SPECULATION_OFF, got 7"),
     ({"prompt": "SELECT " * 200, "max_tokens": 100}, "exceed the context window of 256 tokens"),
