@@ -20,7 +20,7 @@ from pathlib import Path
 from specserve.cluster.commands.common import comma_floats, comma_ints
 from specserve.cluster.local import open_zoo, zoo_engine
 from specserve.workers.drafting import Cascade
-from specserve.workers.lookup import CASCADE, NGRAM
+from specserve.workers.proposer_kinds import CASCADE, NGRAM
 from specserve.workers.request import CASCADE_GUESSES, GenerationParams
 
 from .settings import RESULTS_DIR, provenance

@@ -35,7 +35,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from specserve.cluster.zoo.head import HEAD
 from specserve.cluster.zoo.zoo import Zoo
 from specserve.workers import stats as figures
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
 from specserve.workers.engine import SpecEngine
@@ -44,7 +44,7 @@ from specserve.workers.grpc_host import Device
 from specserve.workers.heads.format import is_head
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.loading import ModelSpec
-from specserve.workers.lookup import NGRAM
+from specserve.workers.proposer_kinds import NGRAM
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass, use_pooled_attention
 from specserve.workers.request import GenerationParams

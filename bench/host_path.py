@@ -57,14 +57,14 @@ from specserve.workers.engine import SpecEngine
 from specserve.workers.loading import ModelSpec
 from specserve.proto.v1 import specserve_pb2 as pb
 from specserve.proto.v1 import specserve_pb2_grpc as rpc
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
 from specserve.workers.grpc_host import DEVICE_THREAD, Device
 from specserve.workers.sim_device import PRESETS, TARGET, SimConfig
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.drafting import Cascade
-from specserve.workers.lookup import CASCADE, NGRAM
+from specserve.workers.proposer_kinds import CASCADE, NGRAM
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.request import GenerationParams
@@ -76,6 +76,7 @@ from specserve.workers.heads.mtp import MTP
 from specserve.cluster.zoo.zoo import Zoo
 
 from .cli import module_main
+from .commands import HOST_PATH
 from .faults import inspect
 from .memory import component_of
 from .settings import REPLICA_CORE, RESULTS_DIR, provenance
@@ -703,7 +704,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Adds `specserve host-path` (the ``specserve.commands`` entry point named host-path)."""
     d = HostPathSettings()
     parser = commands.add_parser(
-        "host-path", help="the service's CPU per token in each process, on models whose pass costs next to nothing",
+        HOST_PATH.name, help=HOST_PATH.help,
         description=__doc__.split("\n\n    ")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zoo", default=d.zoo, help="the zoo (preset or directory) whose tokenizer, prompts and "
                                                      "classifier the host-path zoo takes (default: %(default)s)")

@@ -32,6 +32,7 @@ from specserve.cluster.zoo.zoo import Zoo
 from specserve.proto.v1 import specserve_pb2 as pb
 
 from .cli import known_paths, module_main, workload_arguments, workload_overrides
+from .commands import JSON_SCHEMA
 from .prompts import JSON_ASK
 from .settings import RESULTS_DIR, provenance
 from .shared_prefix import Throughput, run_level, summary_lines
@@ -178,7 +179,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Adds `specserve json-schema` (the ``specserve.commands`` entry point of that name)."""
     d = JsonSchemaSettings()
     parser = commands.add_parser(
-        "json-schema", help="structured output: speculation's speedup with and without a JSON schema",
+        JSON_SCHEMA.name, help=JSON_SCHEMA.help,
         description="Through the service on a zoo: the held-out prompts asking for JSON, free and constrained to a "
                     "JSON schema, at each level of clients and path. Reports throughput, tokens per pass, the "
                     "share of valid JSON, the speedup each path keeps under the schema, and greedy identity.")

@@ -35,6 +35,7 @@ from specserve.proto.v1 import specserve_pb2_grpc as rpc
 from specserve.workers import stats
 
 from .cli import known_paths, module_main, workload_arguments, workload_overrides
+from .commands import SHARED_PREFIX
 from .faults import inspect
 from .settings import RESULTS_DIR, provenance
 
@@ -282,7 +283,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Adds `specserve shared-prefix` (the ``specserve.commands`` entry point of that name)."""
     d = SharedPrefixSettings()
     parser = commands.add_parser(
-        "shared-prefix", help="prefix caching: one long system prompt, many questions, the cache on and off",
+        SHARED_PREFIX.name, help=SHARED_PREFIX.help,
         description="Through the service on a zoo, with the prefix cache on and then off: a system prompt of about "
                     "--system-tokens tokens before each held-out prompt, at each level of clients, target-only "
                     "(off) and routed (auto). Reports time to first token, throughput, the cache's hit rate on "

@@ -34,7 +34,7 @@ from pathlib import Path
 from specserve.router.canary import (FAILED, FINISHED, PROMOTE, PROMOTED, PROMOTING, ROLLED_BACK,
                                      ROLLING_BACK, RUNNING, ArmSums, CanaryConfig, CanaryStatus, decide)
 from specserve.router.metrics import CanaryMetrics
-from specserve.workers.lookup import VERSION_MARK, base_draft
+from specserve.workers.proposer_kinds import VERSION_MARK, base_draft
 
 from .pool import DraftPool
 

@@ -17,9 +17,8 @@ from importlib.metadata import entry_points
 
 import grpc
 from pydantic import ValidationError
-from transformers.utils import logging as hf_logging
 
-from specserve.workers.loading import ModelLoadError
+from specserve.workers.load_errors import ModelLoadError
 from specserve.cluster.zoo.zoo import specserve_home
 
 from .commands import canary, classifier, demo, distill, generate, plan, serve, stats, swap_draft, validate, zoo
@@ -29,11 +28,19 @@ EXIT_USAGE = 2  # what argparse uses for bad arguments; ours match it
 EXIT_FAILURE = 1  # the service failed or is unreachable
 EXIT_INTERRUPTED = 130
 COMMANDS = (generate, zoo, distill, classifier, serve, stats, swap_draft, canary, demo, validate, plan)  # in the order --help lists them
-ENTRY_POINTS = "specserve.commands"  # name = the command, value = its register(commands)
+ENTRY_POINTS = "specserve.commands"  # name = the command, value = its register(commands) or a LazyCommand
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    lazy = getattr(args, "lazy", None)
+    if lazy is not None:  # its module is imported now, and its own parser reads the rest
+        args = lazy.parse(rest, args.verbose)
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    from transformers.utils import logging as hf_logging  # here, not above: `--help` stays under a second
+
     hf_logging.disable_progress_bar()  # per-file "Loading weights" bars: noise next to our own output
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -14,8 +14,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from specserve.router.config import RouterConfig
-from specserve.workers.config import DraftPoolConfig, FrozenConfig, TargetConfig
-from specserve.workers.ragged_pass import ATTENTION_BLOCK
+from specserve.workers.config import ATTENTION_BLOCK, DraftPoolConfig, FrozenConfig, TargetConfig
 
 NAMESPACE = "specserve"  # the Ray namespace of the registry and the draft pool
 DEFAULT_METRICS_PORT = 8080  # Prometheus scrapes each node here (KubeRay's convention for Ray metrics)

@@ -30,7 +30,7 @@ from specserve.workers.engine import SpecEngine
 from specserve.workers.heads.checkpoint import read_facts
 from specserve.workers.heads.mtp import MTP
 from specserve.workers.loading import ModelSpec
-from specserve.workers.lookup import CASCADE
+from specserve.workers.proposer_kinds import CASCADE
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
 from specserve.cluster.zoo.build import build_zoo

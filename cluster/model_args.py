@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from specserve.workers.lookup import RESERVED, VERSION_MARK
+from specserve.workers.proposer_kinds import RESERVED, VERSION_MARK
 
 TARGET_HELP = "target model: a Hugging Face directory, a hub id or a .gguf file (replaces the zoo's target)"
 DRAFT_HELP = ("a draft as NAME=SOURCE (a Hugging Face directory, a hub id or a .gguf file; repeatable). "

@@ -10,7 +10,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from specserve.router.config import RouterConfig
-from specserve.workers.lookup import CASCADE, DRAFT_FREE, RESERVED, TREE, VERSION_MARK
+from specserve.workers.proposer_kinds import CASCADE, DRAFT_FREE, RESERVED, TREE, VERSION_MARK
 from specserve.workers.heads.format import HeadFormatError, is_head, read_config, read_facts
 from specserve.workers.heads.medusa import is_medusa, read_medusa_config
 from specserve.workers.heads.mtp import MTP, is_mtp, read_mtp_config

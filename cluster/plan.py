@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specserve.router.cost_model import Load, PassCurve, PassTime, speedup_at
-from specserve.workers.lookup import DRAFT_FREE  # the router's proposers: no draft worker
+from specserve.workers.proposer_kinds import DRAFT_FREE  # the router's proposers: no draft worker
 from specserve.workers.stats import percentile
 
 # Sessions a replica (requests in flight on it) up to which runs the costs were not fitted on put

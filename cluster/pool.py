@@ -28,7 +28,7 @@ from specserve.router.metrics import PoolMetrics
 from specserve.workers.draft_worker import DraftWorker, check_version_tokenizer
 from specserve.workers.heads.format import is_head
 from specserve.workers.heads.medusa import is_medusa
-from specserve.workers.lookup import VERSION_MARK, base_draft
+from specserve.workers.proposer_kinds import VERSION_MARK, base_draft
 from specserve.workers.model_host import DRAIN_SECONDS, HostLoad
 from specserve.workers.registry import Registration
 

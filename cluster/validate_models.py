@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from specserve.workers.lookup import CASCADE, DRAFT_FREE, RESERVED, TREE
+from specserve.workers.proposer_kinds import CASCADE, DRAFT_FREE, RESERVED, TREE
 from specserve.cluster.zoo.presets import GENERAL_DRAFT
 from specserve.cluster.zoo.zoo import Zoo
 
 from .config import ModelsConfig
 from .model_args import OwnModels
 from .models import is_draft_model
-from .validate_runs import Prompt
+from .validate_runs import ZOO_PROMPTS_PER_TASK, Prompt
 
-ZOO_PROMPTS_PER_TASK = 2  # held-out prompts per task when no --prompts file is given
 DEFAULT_ZOO = ModelsConfig().zoo  # the service's, as every command's
 
 

@@ -7,8 +7,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from specserve.router.cost_model import best_k, expected_speedup
-from specserve.workers.acceptance import SamplingParams
-from specserve.workers.lookup import RESERVED
+from specserve.workers.sampling import SamplingParams
+from specserve.workers.proposer_kinds import RESERVED
 from specserve.workers.request import DEFAULT_K, MAX_K
 from specserve.workers.stats import SpecStats
 

@@ -9,11 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specserve.workers.acceptance import SamplingParams
-from specserve.workers.lookup import CASCADE, TREE
+from specserve.workers.sampling import SamplingParams
+from specserve.workers.proposer_kinds import CASCADE, TREE
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
 
+ZOO_PROMPTS_PER_TASK = 2  # held-out prompts per task when no --prompts file is given
 DEFAULT_GREEDY_TOKENS = 64
 
 

@@ -12,7 +12,7 @@ from specserve.workers.ngram import NgramConfig
 from specserve.workers.request import CASCADE_GUESSES, CASCADE_MIN_P, GENERAL_TASK, MAX_K
 from specserve.workers.suffix_tree import SuffixConfig
 
-from specserve.workers.lookup import DRAFT_FREE
+from specserve.workers.proposer_kinds import DRAFT_FREE
 
 from .segments import MAX_SEGMENTS, OTHER_SEGMENT, SEGMENT_NAME
 from .traffic_sample import TrafficSampleConfig

@@ -41,7 +41,7 @@ import math
 import random
 from dataclasses import dataclass, field, fields
 
-from specserve.workers.lookup import ProposerKind, kind_of
+from specserve.workers.proposer_kinds import ProposerKind, kind_of
 from specserve.workers.stats import alpha as alpha_of
 
 from .config import PolicyConfig

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from specserve.workers.draft_length import DraftLength
 from specserve.workers.heads.medusa_draft import MedusaDraft
-from specserve.workers.lookup import CASCADE, DraftFree, ProposerKind, base_draft
+from specserve.workers.lookup import DraftFree
+from specserve.workers.proposer_kinds import CASCADE, ProposerKind, base_draft
 from specserve.workers.proposers import Proposers
 from specserve.workers.proposing import Proposer, StepRecorder
 from specserve.workers.drafting import NO_CASCADE, Cascade

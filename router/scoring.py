@@ -21,7 +21,8 @@ from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .directory import NoWorker, WorkerDirectory
 from .policy import Policy
-from specserve.workers.lookup import DraftFree, ProposerKind, kind_of
+from specserve.workers.lookup import DraftFree
+from specserve.workers.proposer_kinds import ProposerKind, kind_of
 
 log = logging.getLogger("specserve.router")
 SCORE_TIMEOUT_SECONDS = 10.0

@@ -12,9 +12,9 @@ from google.protobuf.message import DecodeError
 from transformers import PreTrainedTokenizerBase
 
 from specserve.proto.v1 import specserve_pb2 as pb
-from specserve.workers.acceptance import SamplingParams
-from specserve.workers.grammar import GrammarError, GrammarSpec
-from specserve.workers.processors import LogitsProcessing
+from specserve.workers.sampling import SamplingParams
+from specserve.workers.grammar_spec import GrammarError, GrammarSpec
+from specserve.workers.sampling import LogitsProcessing
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, GenerationParams
 

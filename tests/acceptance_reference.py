@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from specserve.workers.acceptance import Outcome, SamplingParams, TreeVerdict
+from specserve.workers.acceptance import Outcome, TreeVerdict
+from specserve.workers.sampling import SamplingParams
 
 
 def warp_reference(logits: list[float], params: SamplingParams) -> list[float]:

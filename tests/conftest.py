@@ -46,7 +46,7 @@ MEDUSA_TASK = "guessed"
 def medusa_heads(tiny_zoo, tmp_path_factory):
     """(their directory, what distill measured of them)."""
     from specserve.cluster.zoo.head_distill import HeadEvaluation, distill_medusa
-    from specserve.cluster.zoo.medusa_training import MedusaTraining
+    from specserve.cluster.zoo.presets import MedusaTraining
     from specserve.cluster.zoo.presets import TrainBudget
 
     where = tmp_path_factory.mktemp("medusa")
@@ -85,7 +85,7 @@ def other_tokenizer_draft(tiny_zoo, tmp_path_factory):
 def mtp_target(tiny_zoo, medusa_heads, tmp_path_factory):
     """(the target carrying its module, what distill measured of it); trained on Medusa's text."""
     from specserve.cluster.zoo.head_distill import HeadEvaluation, distill_mtp
-    from specserve.cluster.zoo.head_training import HeadTraining
+    from specserve.cluster.zoo.presets import HeadTraining
     from specserve.cluster.zoo.presets import TrainBudget
 
     corpus = [str(medusa_heads[0].parent / f"{task}.txt") for task in MEDUSA_TASKS]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
 from specserve.workers.drafting import DraftTokens

@@ -3,9 +3,9 @@
 import torch
 import pytest
 
-from specserve.workers.acceptance import (
-    SamplingParams, one_hot, residual, sample, sample_sparse, sparsify, verify, verify_greedy, warp,
-)
+from specserve.workers.acceptance import (one_hot, residual, sample, sample_sparse, sparsify, verify, verify_greedy,
+                                          warp)
+from specserve.workers.sampling import SamplingParams
 from acceptance_reference import sample_reference, verify_reference, warp_reference
 
 SETTINGS = [

@@ -25,7 +25,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specserve.workers.acceptance import SamplingParams, SparseDist, Outcome, sample, sparsify, verify_batch, warp
+from specserve.workers.acceptance import SparseDist, Outcome, sample, sparsify, verify_batch, warp
+from specserve.workers.sampling import SamplingParams
 from acceptance_reference import verify_reference
 
 DRAWS = 200_000  # proposals per case, all verified in one call

@@ -13,13 +13,13 @@ import threading
 import pytest
 import torch
 
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.batching import Scheduler, Ticket, candidates
-from specserve.workers.config import BatchingConfig
+from specserve.workers.config import ATTENTION_BLOCK, BatchingConfig
 from specserve.workers.drafting import BranchRun, DraftSession, DraftTokens
 from specserve.workers.grpc_host import Device
 from specserve.workers.kv_pool import Budget, KVPool, KVShape, PoolFull
-from specserve.workers.ragged_pass import ATTENTION_BLOCK, PooledSequence, Segment, run_pass
+from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass
 from specserve.workers.steps import private_sequence, run_alone
 from specserve.workers.verifying import TargetSession
 from specserve.workers.seeds import DraftDraws

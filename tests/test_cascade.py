@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.drafting import GREEDY, Cascade, DraftSession
 from specserve.workers.engine import SpecEngine
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer

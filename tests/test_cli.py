@@ -37,6 +37,24 @@ def test_bad_input_in_a_fresh_process_is_one_line_without_traceback(tiny_zoo, sp
         "specserve: error: unknown task 'poetry'; this zoo knows: code, sql, math, prose"]
 
 
+def test_the_command_list_imports_no_model_library_and_a_bench_command_reads_its_own_flags(specserve_home):
+    """`specserve --help` lists every command without importing torch, transformers or Ray (what
+    made it take seconds: judged by what is imported, not by a time); a bench command listed so is
+    parsed by its own parser once chosen: its --help, and a flag it does not know refused."""
+    listed = subprocess.run([sys.executable, "-c", "import sys; from specserve.cluster.cli import build_parser; "
+                             "text = build_parser().format_help(); "
+                             "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules), "
+                             "'host-path' in text and 'shared-prefix' in text)"],
+                            capture_output=True, text=True, timeout=120)
+    assert listed.stdout.split() == ["[]", "True"], listed.stderr
+    own = run_cli("host-path", "--help", home=specserve_home)
+    assert own.returncode == 0 and "--sessions N,N" in own.stdout and "--profile-sessions" in own.stdout
+    refused = run_cli("host-path", "--sessionz", "4", home=specserve_home)
+    assert refused.returncode == 2 and "unrecognized arguments: --sessionz" in refused.stderr
+    unknown = run_cli("stats", "--address", "x:1", "--bogus", home=specserve_home)
+    assert unknown.returncode == 2 and "unrecognized arguments: --bogus" in unknown.stderr
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--task", "poetry"], "unknown task 'poetry'"),
     (["--k", "0"], "k must be 1..16, got 0"),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.request import GenerationParams
 
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.9)

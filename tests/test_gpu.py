@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from divergence import first_divergence, summary
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.engine import SpecEngine
 from specserve.workers.kv_pool import Budget, KVPool, KVShape, PoolFull
 from specserve.workers.loading import ModelSpec, load_model, load_tokenizer, resolve_dtype
-from specserve.workers.lookup import NGRAM, SUFFIX, TREE
+from specserve.workers.proposer_kinds import NGRAM, SUFFIX, TREE
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.ragged_pass import use_pooled_attention
 from specserve.workers.request import GenerationParams

@@ -18,9 +18,11 @@ import pytest
 import torch
 
 from specserve.proto.v1 import internal_pb2 as pb
-from specserve.workers.acceptance import SamplingParams, warp
+from specserve.workers.acceptance import warp
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.engine import SpecEngine
-from specserve.workers.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
+from specserve.workers.grammar import GrammarCompiler, GrammarState
+from specserve.workers.grammar_spec import GrammarError, GrammarSpec
 from specserve.workers.request import GenerationParams
 from specserve.workers.target_replica import target_session
 from specserve.workers.wire import sampling_message

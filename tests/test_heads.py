@@ -15,7 +15,8 @@ from specserve.cluster.zoo.head_distill import HeadEvaluation, distill_head
 from specserve.workers.heads.format import FACTS
 from specserve.workers.heads.eagle3 import Eagle3Head, HeadCache, config_for
 from specserve.workers.heads.format import CONFIG, WEIGHTS, HeadFormatError, is_head, load_head_of, read_config
-from specserve.cluster.zoo.head_training import HeadTraining, target_features, ttt_loss
+from specserve.cluster.zoo.head_training import target_features, ttt_loss
+from specserve.cluster.zoo.presets import HeadTraining
 from specserve.workers.request import GenerationParams
 from specserve.workers.seeds import DraftDraws
 from specserve.cluster.zoo.presets import TrainBudget
@@ -95,7 +96,7 @@ def test_heads_in_a_shared_pass_draft_what_each_drafts_alone(engine, tiny_zoo, r
     proposes alone, over several proposals with verdicts in between, greedy and sampled."""
     import asyncio
 
-    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.sampling import SamplingParams
     from specserve.workers.config import BatchingConfig
     from specserve.workers.grpc_host import Device
     from specserve.workers.heads.proposer import HeadRun, HeadScheduler, HeadState
@@ -180,7 +181,7 @@ def test_training_computes_what_drafting_computes(engine, tiny_zoo):
 def test_scoring_a_continuation_counts_what_drafting_would_have_proposed(engine, tiny_zoo):
     """``score_head`` (the bench's and the policy's full-information measure) agrees, position by
     position, with the head drafting one token from the target's hidden states of the prefix."""
-    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.sampling import SamplingParams
     from specserve.workers.heads.proposer import HeadState, score_head
     from specserve.workers.proposing import HiddenRows
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.logprobs import token_logprobs
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.request import GenerationParams

@@ -220,7 +220,8 @@ def test_each_member_of_a_tree_is_told_its_own_part_of_the_path_then_the_rest():
 
 
 def test_a_name_is_built_into_its_proposer_in_one_place():
-    from specserve.workers.lookup import DraftFree, LookupProposer, ProposerKind
+    from specserve.workers.lookup import DraftFree, LookupProposer
+    from specserve.workers.proposer_kinds import ProposerKind
     from specserve.workers.drafting import NO_CASCADE, Cascade
     from specserve.workers.proposers import Proposers
     from specserve.workers.token_tree import TreeProposer

@@ -21,7 +21,8 @@ from scipy.stats import chisquare
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specserve.workers.acceptance import SamplingParams, warp
+from specserve.workers.acceptance import warp
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.engine import SpecEngine
 from specserve.workers.request import GenerationParams
 
@@ -404,7 +405,8 @@ def sample_distribution_batched(target, draft, tokenizer, params_for_seed, n, tr
     from specserve.router.policy import Route
     from specserve.router.proposers import ProposerFactory
     from specserve.router.request import Request, Routing, Workers
-    from specserve.workers.lookup import CASCADE, TREE, DraftFree
+    from specserve.workers.lookup import DraftFree
+    from specserve.workers.proposer_kinds import CASCADE, TREE
     from specserve.router.tasks import ResolvedTask
     from specserve.router.validation import ValidRequest
     from specserve.workers.batching import Scheduler

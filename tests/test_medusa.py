@@ -11,12 +11,12 @@ import shutil
 
 import pytest
 
-from specserve.cluster.zoo.medusa_training import MedusaTraining
+from specserve.cluster.zoo.presets import MedusaTraining
 from specserve.workers.engine import SpecEngine
 from specserve.workers.heads.format import HeadFormatError
 from specserve.workers.heads.medusa import is_medusa, load_medusa
 from specserve.workers.loading import ModelSpec, load_model
-from specserve.workers.lookup import ProposerKind, kind_of
+from specserve.workers.proposer_kinds import ProposerKind, kind_of
 from specserve.workers.request import GenerationParams
 
 from conftest import MEDUSA_TASKS
@@ -152,7 +152,7 @@ def test_a_proposal_is_cut_at_a_depth_with_its_tree_renumbered():
 def test_the_proposer_relays_the_last_passes_guesses_cut_to_k_and_nothing_before_a_pass():
     import asyncio
 
-    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.sampling import SamplingParams
     from specserve.workers.heads.medusa_draft import MedusaDraft, _tree
     from specserve.workers.proposing import MEDUSA_NEXT, Committed
     from specserve.workers.recording import StatsRecorder

@@ -26,7 +26,7 @@ from specserve.workers.request import GenerationParams
 from types import SimpleNamespace
 
 from specserve.workers import proposing
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.heads.fed_guess import FedGuessBatch, FedGuesser
 from specserve.workers.heads.proposer import HeadState
 from specserve.workers.seeds import DraftDraws

@@ -359,7 +359,7 @@ def test_the_services_logprobs_are_the_targets_on_every_path(client, tiny_zoo, t
 def test_the_services_penalties_and_logit_bias_give_the_processed_targets_output(cluster_api, tiny_zoo, tiny_engine):
     """Through the service, target-only and speculating (so also after a reopen's output_start):
     the in-process processed target's greedy text; a token id outside the vocabulary is one 400."""
-    from specserve.workers.processors import LogitsProcessing
+    from specserve.workers.sampling import LogitsProcessing
 
     model = cluster_api.models.list().data[0].id
     prompt = tiny_zoo.prompts("code")[1]
@@ -407,7 +407,7 @@ def test_a_bad_structured_output_field_is_refused_naming_it(tiny_engine, extra, 
 def test_a_tools_definitions_move_to_the_schemas_root(tiny_engine):
     """pydantic writes a tool's nested models under $defs, referenced from the root of its
     parameters; nested in the call's schema, they move to its root, renamed per tool."""
-    from specserve.workers.grammar import GrammarSpec
+    from specserve.workers.grammar_spec import GrammarSpec
 
     guest = {"type": "object", "properties": {"name": {"type": "string"}, "friend": {"$ref": "#/$defs/Guest"}},
              "required": ["name"]}
@@ -434,7 +434,7 @@ def constrained_alone(tiny_engine, prompt: str, grammar, max_tokens: int = 48):
 def test_response_format_and_tools_through_the_official_client(local_api, tiny_engine):
     """json_schema, a regex (structured_outputs), a required and a named tool call, unary and
     streamed: each output follows its grammar and is the constrained target's greedy output."""
-    from specserve.workers.grammar import GrammarSpec
+    from specserve.workers.grammar_spec import GrammarSpec
 
     client = local_api.client()
     schema = GrammarSpec("json_schema", json.dumps(PERSON))
@@ -485,7 +485,7 @@ def test_the_services_structured_output_is_the_constrained_targets_on_every_path
                                                                                  tiny_engine):
     """Through the real service: target-only, a draft, prompt lookup, over HTTP and gRPC, greedy:
     the in-process constrained target's text; a regex that does not compile is one 400."""
-    from specserve.workers.grammar import GrammarSpec
+    from specserve.workers.grammar_spec import GrammarSpec
 
     model = cluster_api.models.list().data[0].id
     prompt = tiny_zoo.prompts("code")[1]

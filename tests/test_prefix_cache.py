@@ -9,13 +9,13 @@ import asyncio
 import pytest
 import torch
 
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.batching import Scheduler
-from specserve.workers.config import BatchingConfig
+from specserve.workers.config import ATTENTION_BLOCK, BatchingConfig
 from specserve.workers.grpc_host import Device
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.prefix_cache import Holder, block_hashes, shareable_blocks
-from specserve.workers.ragged_pass import ATTENTION_BLOCK, PooledSequence
+from specserve.workers.ragged_pass import PooledSequence
 from specserve.workers.verifying import TargetSession
 
 from scheduled import decode_alone

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.workers.acceptance import SamplingParams
-from specserve.workers.processors import LogitsProcessing
+from specserve.workers.sampling import SamplingParams
+from specserve.workers.processors import processed
+from specserve.workers.sampling import LogitsProcessing
 from specserve.workers.request import GenerationParams
 
 TOKENS = 24
@@ -39,9 +40,10 @@ def test_a_large_bias_makes_a_token_the_only_one_and_a_penalty_is_what_openai_sa
                       draft="sql")
     assert set(forced.token_ids) == {42}
     logits = torch.zeros(2, 6)
-    processed = LogitsProcessing(((1, 0.5),), presence_penalty=1.0, frequency_penalty=0.25).apply(logits, [[], [3, 3]])
-    assert processed[0].tolist() == [0, 0.5, 0, 0, 0, 0]
-    assert processed[1].tolist() == [0, 0.5, 0, -1.5, 0, 0]  # presence 1 + 2 x 0.25
+    processing = LogitsProcessing(((1, 0.5),), presence_penalty=1.0, frequency_penalty=0.25)
+    processed_rows = processed(processing, logits, [[], [3, 3]])
+    assert processed_rows[0].tolist() == [0, 0.5, 0, 0, 0, 0]
+    assert processed_rows[1].tolist() == [0, 0.5, 0, -1.5, 0, 0]  # presence 1 + 2 x 0.25
 
 
 @pytest.mark.parametrize("processing, words", [

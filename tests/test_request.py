@@ -21,10 +21,11 @@ from specserve.router.policy import Route
 from specserve.router.proposers import ProposerFactory
 from specserve.router.request import DRAFT_LOST, Request, Routing, Workers
 from specserve.router.target_link import FULL_POLL_SECONDS, TargetsFull
-from specserve.workers.lookup import DRAFT_FREE, DraftFree
+from specserve.workers.lookup import DraftFree
+from specserve.workers.proposer_kinds import DRAFT_FREE
 from specserve.router.tasks import ResolvedTask
 from specserve.router.validation import ValidRequest
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
 from specserve.workers.grpc_host import Device

@@ -346,7 +346,7 @@ def test_sampled_output_equals_the_in_process_engine_with_the_same_seed(client, 
     branches that hit (tests/conftest.py: every lookahead drafts one), that a branch, adopted, is too."""
     import torch
 
-    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.sampling import SamplingParams
     from specserve.workers.request import GenerationParams
 
     threads = torch.get_num_threads()

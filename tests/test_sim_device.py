@@ -230,7 +230,7 @@ def test_sampling_through_a_draft_aligned_by_hand_matches_the_target_distributio
     from test_lossless_sampling import (assert_same_distribution, exact_distribution, params_for,
                                         sample_distribution, tiny_model, word_tokenizer)
 
-    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.sampling import SamplingParams
     from specserve.workers.engine import SpecEngine
 
     samples, sampling, tokenizer = 4_000, SamplingParams(temperature=1.0, top_p=0.9), word_tokenizer()

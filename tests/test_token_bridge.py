@@ -123,7 +123,7 @@ def test_a_bridged_drafts_draws_are_keyed_by_the_targets_positions(monkeypatch):
     draws start at the target's committed length, in order."""
     from test_lossless_sampling import OTHER_WORDS, other_bridge, tiny_model, word_tokenizer
 
-    from specserve.workers.acceptance import SamplingParams
+    from specserve.workers.sampling import SamplingParams
     from specserve.workers.local_draft import BridgedDraft
     from specserve.workers.seeds import DraftDraws
 

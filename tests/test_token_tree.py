@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.workers.acceptance import SamplingParams, one_hot
+from specserve.workers.acceptance import one_hot
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.drafting import DraftTokens
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.ragged_pass import PooledSequence, Segment, run_pass, tree_depths

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from specserve.workers import acceptance
-from specserve.workers.acceptance import (SamplingParams, SparseDist, children_of, one_hot, sample, sparsify, verify,
-                                          verify_tree, verify_tree_greedy, warp)
+from specserve.workers.acceptance import (SparseDist, children_of, one_hot, sample, sparsify, verify, verify_tree,
+                                          verify_tree_greedy, warp)
+from specserve.workers.sampling import SamplingParams
 from acceptance_reference import verify_tree_reference
 
 from test_acceptance_distribution import assert_distributed_as, distribution_gap

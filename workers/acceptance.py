@@ -39,33 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-GREEDY_TEMPERATURE = 0.0
-# Below this, logits / temperature overflows float32 for ordinary logits (1e-39 gave NaN rows) and
-# sampling is indistinguishable from greedy anyway: such requests are refused, not silently mangled.
-MIN_TEMPERATURE = 0.01
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the target alone would pick a token. temperature 0 means greedy (argmax)."""
-
-    temperature: float = GREEDY_TEMPERATURE
-    top_k: int = 0  # 0 = no top-k truncation
-    top_p: float = 1.0  # 1.0 = no nucleus truncation
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and (self.greedy or self.temperature >= MIN_TEMPERATURE)):
-            raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, "
-                             f"got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == GREEDY_TEMPERATURE
-
+from .sampling import GREEDY_TEMPERATURE, SamplingParams
 
 @dataclass(frozen=True)
 class SparseDist:

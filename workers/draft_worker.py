@@ -25,14 +25,15 @@ from .batching import Scheduler, StepResult
 from .config import DraftPoolConfig
 from .drafting import (DRAFT_MAX_SUPPORT, BranchRun, Cascade, DraftSession, DraftRun, DraftTokens, Misalignment,
                        score_continuation)
-from .grammar import GrammarCompiler, GrammarError, GrammarState, grammar_compiler, no_grammars, warm_grammars
+from .grammar import GrammarCompiler, GrammarState, grammar_compiler, no_grammars, warm_grammars
+from .grammar_spec import GrammarError
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
 from .heads.proposer import HeadRun, HeadScheduler, opened_state
 from .kv_cache import STEP_ROOM
 from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .logs import log_to_stderr
-from .lookup import VERSION_MARK, base_draft
+from .proposer_kinds import VERSION_MARK, base_draft
 from .model_host import HostLoad, ModelHost, SessionIdle, SessionLimit, first_open
 from .multiplexing import serve_multiplexed
 from .ragged_pass import PooledSequence

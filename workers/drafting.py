@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from .acceptance import SamplingParams, SparseDist, Outcome, one_hot, sample_sparse, sparsify, warp
+from .acceptance import SparseDist, Outcome, one_hot, sample_sparse, sparsify, warp
+from .sampling import SamplingParams
 from .grammar import GrammarState
 from .kv_cache import BRANCH_ROOM
 from .ngram import NgramIndex

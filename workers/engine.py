@@ -25,7 +25,8 @@ from .heads.proposer import HeadDraft, HeadState
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
 from .local_draft import BridgedDraft, LocalDraft
-from .lookup import CASCADE, DRAFT_FREE, TREE, DraftFree, ProposerKind
+from .lookup import DraftFree
+from .proposer_kinds import CASCADE, DRAFT_FREE, TREE, ProposerKind
 from .loop import SpeculativeLoop, run_now
 from .proposers import Proposers
 from .proposing import AUX_HIDDEN, MEDUSA_NEXT, Proposer, Verified, VerifyNeeds

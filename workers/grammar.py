@@ -16,109 +16,32 @@ backend): one self-contained wheel with no torch or CUDA dependency (xgrammar pu
 computed lazily per step in tens of microseconds, a matcher that checks tokens without consuming them
 and rolls back, which is what checking a k-token proposal needs; docs/pages/api.md has the numbers.
 
-A grammar is compiled once per source at the edge (``compile_grammar``: the router checks it and
-answers a bad one with a message that says what to fix) and once per replica into a matcher that
-sessions copy (``GrammarCompiler``, an LRU of pristine matchers).
+A grammar is compiled once per source at the edge (``compile_grammar``, workers/grammar_spec.py: the
+router checks it and answers a bad one with a message that says what to fix) and once per replica
+into a matcher that sessions copy (``GrammarCompiler``, an LRU of pristine matchers).
 """
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 import threading
-from functools import lru_cache
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from .loading import ModelLoadError, load_tokenizer
+from .grammar_spec import GrammarError, first_line, load_llguidance
 from .ragged_pass import shared_prefix
 
-GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark")
-MAX_GRAMMAR_CHARS = 64 * 1024  # a schema or grammar's source; far above any tool list a client sends
 MATCHERS_KEPT = 64  # a replica's compiled grammars, least recently used given back first
-ANY_OBJECT = {"type": "object"}  # response_format json_object: any JSON object
 # How llguidance stops once a grammar is complete (the end of the text is all that is left); any
 # other stop is a limit of its own or an error: the grammar is stuck.
 COMPLETE = ("NoExtension", "NoExtensionBias", "EndOfSentence")
-# JSON is laid out as Python's json.dumps does, with no other whitespace: with whitespace free
-# between tokens a model can pad forever (a small one does, from the first brace) and never
-# produce the JSON before max_tokens.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 # A byte's 8 bits, lowest first: unpacks llguidance's bitmask (little-endian words) a byte at a time.
 _BITS = ((torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1).bool()
-
-
-class GrammarError(ValueError):
-    """A grammar that does not compile; the message says where."""
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """What a request constrains its output to: ``kind`` (one of GRAMMAR_KINDS) and its source text
-    (a JSON schema as JSON, a regular expression, a Lark grammar; empty for json_object)."""
-
-    kind: str
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in GRAMMAR_KINDS:
-            raise GrammarError(f"a grammar's kind is one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
-        if len(self.source) > MAX_GRAMMAR_CHARS:
-            raise GrammarError(f"a {self.kind} grammar is at most {MAX_GRAMMAR_CHARS} characters, "
-                               f"got {len(self.source)}")
-
-    def compiled(self) -> str:
-        """llguidance's form of the grammar, checked (a GrammarError says what is wrong)."""
-        return compile_grammar(self.kind, self.source)
-
-
-def _llguidance():
-    """llguidance, imported where a grammar is first used: a deployment that never constrains an
-    output runs without it (the GPU bundle, .ci/gpu/, carries only what every request needs)."""
-    try:
-        import llguidance
-        import llguidance.hf
-    except ImportError:
-        raise GrammarError("structured output needs the llguidance package, which this deployment lacks: "
-                           "pip install llguidance (deploy/constraints.txt pins it)") from None
-    return llguidance
-
-
-@lru_cache(maxsize=256)
-def compile_grammar(kind: str, source: str) -> str:
-    llguidance = _llguidance()
-    if kind in ("json_object", "json_schema"):
-        try:
-            schema = ANY_OBJECT if kind == "json_object" else json.loads(source)
-        except json.JSONDecodeError as exc:
-            raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
-        if not isinstance(schema, dict):
-            raise GrammarError(f"a JSON schema is a JSON object, got {type(schema).__name__}")
-        try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)
-        except ValueError as exc:
-            raise GrammarError(f"the JSON schema does not compile: {exc}") from None
-    elif kind == "regex":
-        grammar = llguidance.LLMatcher.grammar_from_regex(source)
-    else:
-        grammar = llguidance.LLMatcher.grammar_from_lark(source)
-    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    if failed:
-        raise GrammarError(f"the {kind.replace('_', ' ')} does not compile: {_first_line(messages[0])}")
-    return grammar
-
-
-def _first_line(message: str) -> str:
-    """llguidance's error: its first line and the regex engine's ``error:`` line, less the source
-    excerpts and carets it draws under them."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    kept = lines[:1] + [line for line in lines[1:] if line.startswith("error:")]
-    return " ".join(kept) if kept else "unknown error"
 
 
 class GrammarCompiler:
@@ -133,9 +56,9 @@ class GrammarCompiler:
         """A session's grammar, having consumed ``output`` (a reopened session's output so far)."""
         pristine = self._matchers.pop(grammar, None)
         if pristine is None:
-            pristine = _llguidance().LLMatcher(self.tokenizer, grammar, log_level=0)
+            pristine = load_llguidance().LLMatcher(self.tokenizer, grammar, log_level=0)
             if pristine.is_error():
-                raise GrammarError(f"the grammar does not compile: {_first_line(pristine.get_error())}")
+                raise GrammarError(f"the grammar does not compile: {first_line(pristine.get_error())}")
         self._matchers[grammar] = pristine
         while len(self._matchers) > MATCHERS_KEPT:
             self._matchers.popitem(last=False)
@@ -147,7 +70,7 @@ class GrammarCompiler:
 def _grammar_tokenizer(tokenizer: PreTrainedTokenizerBase):
     """The tokenizer as llguidance reads it: from its serialised form (byte-level BPE and the
     like); a tokenizer whose decoder it does not know (a word-level one) by each token's text."""
-    llguidance = _llguidance()
+    llguidance = load_llguidance()
     try:
         return llguidance.hf.from_tokenizer(tokenizer)
     except ValueError:

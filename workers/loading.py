@@ -21,13 +21,10 @@ from tokenizers import Tokenizer
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel,
                           PreTrainedTokenizerBase, PreTrainedTokenizerFast)
 
+from .load_errors import ModelLoadError
 from .vocabulary import prune_head, read_vocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer could not be loaded; the message says from where and why."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's chat API allows 20)
 
 
 @dataclass(frozen=True)

@@ -8,53 +8,14 @@ in-process engine). Their proposals are deterministic, so q is one-hot and trave
 from __future__ import annotations
 
 import time
-from collections.abc import Container, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 from .drafting import DraftTokens
 from .ngram import NgramConfig, NgramIndex
+from .proposer_kinds import DRAFT_FREE, NGRAM, SUFFIX
 from .proposing import Committed, Proposer, StepRecorder
 from .suffix_tree import SuffixConfig, SuffixProposer, TaskOutputs
-
-NGRAM, SUFFIX = "ngram", "suffix"
-DRAFT_FREE = (NGRAM, SUFFIX)
-TREE = "tree"  # a task's draft and draft-free proposers at once, as one token tree (workers/token_tree.py)
-CASCADE = "cascade"  # a task's draft model with prompt lookup under it (workers/drafting.py)
-RESERVED = (*DRAFT_FREE, TREE, CASCADE)  # proposer names no draft model may take
-# A version of a draft served beside it (a canary, cluster/canary.py) is named ``draft@version``:
-# it drafts as the draft does (same kind, same target layers), from other weights.
-VERSION_MARK = "@"
-
-
-def base_draft(name: str) -> str:
-    """The draft a name is a version of (``eagle3@v2`` -> ``eagle3``); a draft's own name is its own."""
-    return name.split(VERSION_MARK, 1)[0]
-
-
-class ProposerKind(Enum):
-    DRAFT = "draft"  # a draft model: on a draft worker, or in process
-    HEAD = "head"  # an EAGLE-3 head: a draft fed the target's hidden states (workers/heads/)
-    MEDUSA = "medusa"  # Medusa heads: guesses from the target's last hidden state, where it verifies
-    DRAFT_FREE = "draft_free"  # prompt lookup or suffix decoding: no model, wherever the loop runs
-    TREE = "tree"  # several of a task's proposers merged into one token tree (workers/token_tree.py)
-    CASCADE = "cascade"  # a draft model verifying prompt lookup's guesses as it drafts (workers/drafting.py)
-
-
-def kind_of(name: str, heads: Container[str] = (), medusa: Container[str] = ()) -> ProposerKind:
-    """What a proposer's name makes it: the one place a name is read so (``heads``: the names of
-    the served EAGLE-3 heads; ``medusa``: of Medusa heads). The engine and the router build each
-    kind their own way; the policy and the scorer price and score by kind."""
-    if name in DRAFT_FREE:
-        return ProposerKind.DRAFT_FREE
-    if name == TREE:
-        return ProposerKind.TREE
-    if name == CASCADE:
-        return ProposerKind.CASCADE
-    if name in medusa:
-        return ProposerKind.MEDUSA
-    return ProposerKind.HEAD if base_draft(name) in heads else ProposerKind.DRAFT
-
 
 class LookupProposer(Proposer):
     """Prompt lookup or suffix decoding over the request's committed tokens."""

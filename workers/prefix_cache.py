@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import ATTENTION_BLOCK
 from .kv_pool import KVPool, Region
-from .ragged_pass import ATTENTION_BLOCK, PooledSequence
+from .ragged_pass import PooledSequence
 
 
 def block_hashes(ids: Sequence[int], blocks: int) -> list[int]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .drafting import NO_CASCADE, Cascade
-from .lookup import DraftFree, ProposerKind, kind_of
+from .lookup import DraftFree
+from .proposer_kinds import ProposerKind, kind_of
 from .proposing import Proposer, ProposerGone, StepRecorder
 from .request import CASCADE_GUESSES, CASCADE_MIN_P
 from .token_tree import TREE_MAX_TOKENS, TreeProposer

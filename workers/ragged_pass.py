@@ -22,6 +22,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from .config import ATTENTION_BLOCK
 from .kv_pool import KVPool, Region
 
 ATTENTION = "specserve"
@@ -29,17 +30,6 @@ GATHERED = "specserve_gathered_attention"  # the model's attribute: how its pass
 # Output-head row counts a CPU GEMM runs slower than PADDED_GEMM_ROWS rows (see _padded_rows).
 SLOW_GEMM_ROWS = (2, 3)
 PADDED_GEMM_ROWS = 4
-# A session's prompt rows attend in blocks of this many region slots, each over the slots up to its
-# end, and a prompt is cut into chunks only at such a boundary: what attention computes for a row
-# is then fixed by the session alone, not by how its prompt was chunked to share passes. (An SDPA
-# call rounds a row differently with more query rows or more keys, even masked ones: one 51-token
-# prompt prefilled whole and in chunks of 32 and 19 gave logits 1e-6 apart, enough to move a top-p
-# nucleus edge and a sampled token; tests/test_batching.py.)
-ATTENTION_BLOCK = 32
-# Each block is one more attention call per layer: on the host-path zoo's 16 prompts of 100 tokens
-# in one pass, 22 ms unsplit, 29 ms in blocks of 32, 39 in blocks of 16. A prompt's last block and
-# its rows with logits go in one segment, so a pass needs room for ATTENTION_BLOCK - 1 + MAX_K + 1
-# rows (48; batching.max_tokens_per_pass is at least 64).
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from .acceptance import SamplingParams
-from .grammar import GrammarSpec
-from .logprobs import MAX_TOP_LOGPROBS
-from .processors import LogitsProcessing
+from .grammar_spec import GrammarSpec
+from .sampling import LogitsProcessing, SamplingParams
 
 MAX_TOKENS_LIMIT = 4096  # per request; bounds a request's KV cache and its time on a replica
 MAX_K = 16  # proposals per verify step; beyond ~8 acceptance decays faster than passes are saved
@@ -24,6 +22,7 @@ CASCADE_MIN_P = 0.0
 DEFAULT_MAX_TOKENS = 128
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 64
+MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's chat API allows 20)
 GENERAL_TASK = "general"  # the task of requests that name none, and the zoo's draft for it (trained on every task)
 
 

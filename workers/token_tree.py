@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .acceptance import SparseDist
 from .drafting import DraftTokens, stack_rows
-from .lookup import TREE
+from .proposer_kinds import TREE
 from .proposing import NEEDS_NOTHING, Committed, Proposer, ProposerGone, VerifyNeeds
 
 TREE_MAX_TOKENS = 24  # nodes per tree by default: a verify pass of ~k + 1 tokens per member

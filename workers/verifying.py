@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .acceptance import (SamplingParams, SparseDist, Outcome, children_of, verify, verify_greedy, verify_tree,
-                         verify_tree_greedy, warp)
+from .acceptance import (SparseDist, Outcome, children_of, verify, verify_greedy, verify_tree, verify_tree_greedy,
+                         warp)
 from .drafting import DraftTokens
 from .grammar import GrammarState
 from .logprobs import NO_LOGPROBS, TokenLogprobs, token_logprobs
-from .processors import NO_PROCESSING, LogitsProcessing
+from .processors import processed
 from .proposing import HiddenRows, windowed
 from .ragged_pass import PooledSequence, Segment
+from .sampling import NO_PROCESSING, LogitsProcessing, SamplingParams
 
 if TYPE_CHECKING:
     from .heads.fed_guess import FedGuesser
@@ -150,7 +151,7 @@ class TargetSession:
         raw = logits
         if self.processed:  # row i sees the output, then the proposal's first i tokens
             output = self.sequence.committed[self.output_start:]
-            logits = self.processing.apply(logits, [output + list(proposal.ids[:i]) for i in range(len(logits))])
+            logits = processed(self.processing, logits, [output + list(proposal.ids[:i]) for i in range(len(logits))])
         if self.grammar is not None:
             logits = self.grammar.mask_chain(logits, proposal.ids)
         draft_ids = torch.tensor(proposal.ids, dtype=torch.long)
@@ -174,7 +175,7 @@ class TargetSession:
             paths: list[list[int]] = []
             for node, parent in enumerate(proposal.parents):
                 paths.append((paths[parent] if parent >= 0 else []) + [proposal.ids[node]])
-            logits = self.processing.apply(logits, [output] + [output + path for path in paths])
+            logits = processed(self.processing, logits, [output] + [output + path for path in paths])
         if self.grammar is not None:
             logits = self.grammar.mask_tree(logits, proposal.ids, proposal.parents)
         if self.sampling.greedy:

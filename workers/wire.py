@@ -9,10 +9,10 @@ import torch
 from specserve.proto.v1 import internal_pb2 as pb
 
 from .batching import StepResult
-from .acceptance import SamplingParams, SparseDist, Outcome, one_hot
+from .acceptance import SparseDist, Outcome, one_hot
+from .sampling import LogitsProcessing, SamplingParams
 from .drafting import Alternative, DraftTokens
 from .logprobs import TokenLogprobs
-from .processors import LogitsProcessing
 from .proposing import HiddenRows
 
 

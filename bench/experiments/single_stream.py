@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from specserve.bench.settings import REPLICA_CORE
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
 from specserve.workers.graphs import WARM_UP_BUCKETS

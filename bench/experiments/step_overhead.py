@@ -19,7 +19,7 @@ import time
 from specserve.cluster.demo import ensure_zoo
 from specserve.cluster.local import zoo_engine
 from specserve.cluster.zoo.zoo import Zoo
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.batching import Scheduler
 from specserve.workers.config import BatchingConfig
 from specserve.workers.drafting import DraftSession

@@ -16,15 +16,14 @@ from pathlib import Path
 from specserve.router.config import PolicyConfig
 from specserve.router.cost_model import best_k
 from specserve.workers.request import MAX_K
-from specserve.cluster.zoo.distill import USER_DISTILL_TOKENS, USER_DRAFT_BUDGET
+from specserve.cluster.zoo.presets import HeadTraining, MedusaTraining, TrainBudget
 
 METHODS = ("draft", "eagle3", "medusa", "mtp")
+USER_DISTILL_TOKENS = 100_000  # tokens the target labels for a draft (--tokens)
+USER_DRAFT_BUDGET = TrainBudget(steps=300, batch_size=16, learning_rate=3e-3)  # like the zoo's drafts
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    from specserve.cluster.zoo.head_training import HeadTraining
-    from specserve.cluster.zoo.medusa_training import MedusaTraining
-
     head, medusa = HeadTraining(), MedusaTraining()
     distill = commands.add_parser(
         "distill", help="distill a draft (or an EAGLE-3 head, Medusa heads, an MTP module) from a target on your own text",
@@ -171,7 +170,6 @@ def _speedup(facts: dict) -> tuple[int, float]:
 
 def _head(args: argparse.Namespace) -> dict:
     from specserve.cluster.zoo.head_distill import distill_head
-    from specserve.cluster.zoo.head_training import HeadTraining
 
     settings = _trained(HeadTraining, args, draft_vocab_size=args.draft_vocab, aux_layers=_layers(args.aux_layers),
                         ttt_steps=args.ttt_steps)
@@ -180,7 +178,6 @@ def _head(args: argparse.Namespace) -> dict:
 
 def _medusa(args: argparse.Namespace) -> dict:
     from specserve.cluster.zoo.head_distill import distill_medusa
-    from specserve.cluster.zoo.medusa_training import MedusaTraining
 
     _no_eagle3_shape(args, "Medusa heads read the target's last hidden state and guess")
     settings = _trained(MedusaTraining, args, num_heads=args.medusa_heads)
@@ -189,7 +186,6 @@ def _medusa(args: argparse.Namespace) -> dict:
 
 def _mtp(args: argparse.Namespace) -> dict:
     from specserve.cluster.zoo.head_distill import distill_mtp
-    from specserve.cluster.zoo.head_training import HeadTraining
 
     _no_eagle3_shape(args, "an MTP module reads the target's last hidden state and predicts")
     return distill_mtp(args.target, args.corpus, str(args.out), _trained(HeadTraining, args, ttt_steps=args.ttt_steps))

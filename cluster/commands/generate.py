@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from specserve.workers.acceptance import SamplingParams
+from specserve.workers.sampling import SamplingParams
 from specserve.workers.request import DEFAULT_K, DEFAULT_MAX_TOKENS, GenerationParams
 from specserve.workers.stats import alpha, tokens_per_pass
 

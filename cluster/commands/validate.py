@@ -14,9 +14,8 @@ from specserve.cluster.zoo.zoo import Zoo
 
 from ..model_args import add_model_arguments, own_models, split_choice
 from ..validate import validate
-from ..validate_models import ZOO_PROMPTS_PER_TASK, local_arms, local_models, zoo_prompts
 from ..validate_report import MIN_SAMPLES, Report, Settings
-from ..validate_runs import Prompt, engine_decoder, read_prompts, service_decoder
+from ..validate_runs import ZOO_PROMPTS_PER_TASK, Prompt, engine_decoder, read_prompts, service_decoder
 from .common import DEFAULT_ZOO, comma_floats
 
 DESCRIPTION = """\
@@ -117,6 +116,8 @@ def _in_process(args, own, task, draft, k, settings, say) -> Report:
     from specserve.workers.engine import SpecEngine
     from specserve.workers.loading import ModelSpec
 
+    from ..validate_models import local_arms, local_models
+
     models = local_models(args.zoo, own, task)
     prompts = _prompts(args.prompts, models.zoo)
     prompts, arms = local_arms(models, prompts, draft)
@@ -152,4 +153,6 @@ def _prompts(path: Path | None, zoo: Zoo | None) -> list[Prompt]:
         return read_prompts(path)
     if zoo is None:
         raise ValueError("give --prompts FILE (the zoo's held-out prompts are the default only for a zoo's models)")
+    from ..validate_models import zoo_prompts
+
     return zoo_prompts(zoo)

@@ -47,8 +47,6 @@ ON_POLICY_TEMPERATURE = 1.0  # the target's own distribution: what the draft wil
 USER_DOCUMENT_CHARS = 2_000  # user corpus files are cut into documents of about this size
 USER_ON_POLICY_TOKENS = 96  # `specserve distill`: length of each target sample
 USER_ON_POLICY_EVERY = 2_000  # `specserve distill`: one target sample per this many distillation tokens
-USER_DISTILL_TOKENS = 100_000  # `specserve distill`: tokens the target labels (--tokens)
-USER_DRAFT_BUDGET = TrainBudget(steps=300, batch_size=16, learning_rate=3e-3)  # like the zoo's drafts
 # An early exit of the target: its first layers (each costs ~1/L of a target step beside the head).
 # SmolLM2-135M on Python code (held-out acceptance, cost per token, expected speedup): 2 layers at
 # 3e-4, 0.22 / 0.18 / 1.03x; 4 layers at 1e-3, 0.38 / 0.24 / 1.11x (docs/pages/benchmarks.md).

@@ -18,7 +18,7 @@ from specserve.workers.heads.eagle3 import Eagle3Head
 
 from .corpora import TASKS, Corpus
 from .head_distill import HeadEvaluation, measure_head
-from .head_training import HeadTraining
+from .presets import HeadTraining
 from .presets import TrainBudget, ZooPreset, stage_seed
 
 HEAD = "eagle3"  # its name among the zoo's drafts

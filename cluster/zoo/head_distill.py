@@ -24,15 +24,16 @@ from specserve.workers.heads.eagle3 import Eagle3Head, config_for
 from specserve.workers.heads.format import FACTS, save_head
 from specserve.workers.heads.medusa import MedusaHeads, save_medusa
 from specserve.workers.heads.mtp import MtpModule, mtp_config_for, save_mtp
-from specserve.workers.loading import ModelSpec, load_model, load_tokenizer
+from specserve.workers.loading import DTYPES, ModelSpec, load_model, load_tokenizer
 from specserve.workers.request import GenerationParams
 from specserve.workers.stats import SpecStats
 from specserve.workers.vocabulary import choose_vocabulary
 
 from .distill import documents_from_files, held_out_split
-from .head_training import (Features, HeadTraining, head_from_target, init_linear, target_features, train_head,
+from .head_training import (Features, head_from_target, init_linear, target_features, train_head,
                             training_sequences)
-from .medusa_training import MedusaTraining, medusa_from_target, train_medusa
+from .medusa_training import medusa_from_target, train_medusa
+from .presets import HeadTraining, MedusaTraining
 
 log = logging.getLogger("specserve.heads")
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def train_head_on(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, d
     log.info("eagle3 head: %d training sequences of %d tokens; draft vocabulary %d of %d tokens (%.1f%% of the "
              "training tokens); aux layers %s", len(sequences), settings.sequence_tokens, len(vocabulary),
              target.config.vocab_size, 100 * coverage, list(config.aux_layers))
-    features = target_features(target, sequences, config.aux_layers, settings.feature_dtype)
+    features = target_features(target, sequences, config.aux_layers, DTYPES[settings.feature_dtype])
     log.info("eagle3 head: the target's features hold %.1f MiB", features.nbytes / 2**20)
     head = head_from_target(target, config, vocabulary, settings.seed)
     loss = train_head(head, features, head.lm_head.weight.detach(), settings)
@@ -123,7 +124,7 @@ def train_medusa_on(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     the target's dtype, and what their training was."""
     sequences = training_sequences(target, tokenizer, documents, settings, label="medusa heads")
     layer = MedusaHeads.reads_layer(target.config)
-    features = target_features(target, sequences, (), settings.feature_dtype)
+    features = target_features(target, sequences, (), DTYPES[settings.feature_dtype])
     log.info("medusa heads: %d heads of %d residual blocks on the target's layer %d; %d training sequences; the "
              "features hold %.1f MiB", settings.num_heads, settings.num_layers, layer, len(sequences),
              features.nbytes / 2**20)
@@ -144,7 +145,7 @@ def train_mtp_on(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, do
     backbone stays as it is), trained as an EAGLE-3 head is (training-time test over its own
     outputs, the target's distribution over its whole vocabulary), in the target's dtype."""
     sequences = training_sequences(target, tokenizer, documents, settings, label="mtp module")
-    features = target_features(target, sequences, (), settings.feature_dtype)
+    features = target_features(target, sequences, (), DTYPES[settings.feature_dtype])
     log.info("mtp module: %d training sequences of %d tokens; the target's last hidden states hold %.1f MiB",
              len(sequences), settings.sequence_tokens, features.nbytes / 2**20)
     torch.manual_seed(settings.seed)

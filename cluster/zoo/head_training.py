@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specserve.workers.heads.eagle3 import Eagle3Head, FedHead, HeadConfig
 
-from .presets import TrainBudget
+from .presets import HeadTraining, TrainBudget
 from .rollout import continue_all
 from .training import fit, fixed_length_prompts, random_windows, token_stream
 
@@ -40,31 +40,6 @@ CHAT_BATCH = 16  # instructions answered per generate call
 CHAT_INSTRUCTIONS = ("Explain what this does:\n\n{}", "Summarize this in a few sentences:\n\n{}",
                      "Continue this:\n\n{}", "Improve this and show the result:\n\n{}",
                      "What are the main points of this?\n\n{}")
-
-
-@dataclass(frozen=True)
-class HeadTraining:
-    """How a head is distilled (``specserve distill --method eagle3``)."""
-
-    draft_vocab_size: int | None = None  # None: by coverage of the corpus (workers/vocabulary.py)
-    aux_layers: tuple[int, ...] | None = None  # None: vLLM's (2, L/2, L-3)
-    ttt_steps: int = 3  # speculators' default: the head learns to draft on its own outputs this far
-    sequence_tokens: int = 256
-    train_tokens: int = 100_000  # target features computed for this many tokens
-    # Of the training sequences, the target's own continuations: the corpus alone teaches the head
-    # text, not what the target writes. Tiny zoo, sql, 100 steps: corpus windows alone gave alpha
-    # 0.51 on held-out prompts (0.98, 0.03, 0.00 by position: the target's greedy output repeats);
-    # half its own continuations, 0.99 (0.97, 1.00, 1.00).
-    on_policy_share: float = 0.5
-    # Of those, with a chat template: the target answering instructions about the corpus in it (a
-    # chat-served target writes answers after its template, not continuations of raw text).
-    chat_share: float = 0.5
-    # 2,000 steps of 4 sequences: 20 passes over the default text. SmolLM2 (2 cores): 13 min of
-    # training in a 22-minute distill, held-out alpha 0.55 and 1.91 tokens a pass; 500 steps gave
-    # 0.44 and 1.70 (its loss still falling: 3.8 then, 1.05 at 2,000).
-    budget: TrainBudget = TrainBudget(steps=2000, batch_size=4, learning_rate=1e-3)
-    feature_dtype: torch.dtype = torch.bfloat16  # stored features: half the memory of float32
-    seed: int = 0
 
 
 @dataclass

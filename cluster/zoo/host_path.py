@@ -38,10 +38,8 @@ from specserve.workers.heads.mtp import MTP, save_mtp
 
 from .head import HEAD, HEAD_PATH, HEAD_TRAINING, head_entry
 from .head_distill import train_head_on, train_medusa_on, train_mtp_on
-from .head_training import HeadTraining
-from .medusa_training import MedusaTraining
 from .other_tokenizer import OTHER_TOKENIZER, ensure_other_tokenizer_draft
-from .presets import GENERAL_DRAFT, ModelShape, TrainBudget
+from .presets import GENERAL_DRAFT, HeadTraining, MedusaTraining, ModelShape, TrainBudget
 from .training import new_model, parameter_count
 from .zoo import CLASSIFIER, MANIFEST, Zoo
 

@@ -20,27 +20,10 @@ from torch import nn
 from specserve.workers.heads.medusa import MedusaConfig, MedusaHeads
 
 from .head_training import Features
-from .presets import TrainBudget
+from .presets import MedusaTraining, TrainBudget
 from .training import fit
 
 log = logging.getLogger("specserve.heads")
-
-
-@dataclass(frozen=True)
-class MedusaTraining:
-    """How Medusa heads are distilled (``specserve distill --method medusa``). The text's fields
-    mean what HeadTraining's do (training_sequences reads them)."""
-
-    num_heads: int = 3  # guesses per proposal: the tokens 2..num_heads+1 ahead
-    num_layers: int = 1  # residual blocks per head
-    decay: float = 0.8  # head i's loss weight: decay ** i
-    sequence_tokens: int = 256
-    train_tokens: int = 100_000
-    on_policy_share: float = 0.5
-    chat_share: float = 0.5
-    budget: TrainBudget = TrainBudget(steps=1000, batch_size=4, learning_rate=1e-3)
-    feature_dtype: torch.dtype = torch.bfloat16
-    seed: int = 0
 
 
 def medusa_from_target(target_head: nn.Linear, hidden_size: int, settings: MedusaTraining) -> MedusaHeads:

@@ -134,3 +134,45 @@ def get_preset(name: str) -> ZooPreset:
     if name not in PRESETS:
         raise ValueError(f"unknown zoo preset {name!r}; choose one of: {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+@dataclass(frozen=True)
+class HeadTraining:
+    """How a head is distilled (``specserve distill --method eagle3``)."""
+
+    draft_vocab_size: int | None = None  # None: by coverage of the corpus (workers/vocabulary.py)
+    aux_layers: tuple[int, ...] | None = None  # None: vLLM's (2, L/2, L-3)
+    ttt_steps: int = 3  # speculators' default: the head learns to draft on its own outputs this far
+    sequence_tokens: int = 256
+    train_tokens: int = 100_000  # target features computed for this many tokens
+    # Of the training sequences, the target's own continuations: the corpus alone teaches the head
+    # text, not what the target writes. Tiny zoo, sql, 100 steps: corpus windows alone gave alpha
+    # 0.51 on held-out prompts (0.98, 0.03, 0.00 by position: the target's greedy output repeats);
+    # half its own continuations, 0.99 (0.97, 1.00, 1.00).
+    on_policy_share: float = 0.5
+    # Of those, with a chat template: the target answering instructions about the corpus in it (a
+    # chat-served target writes answers after its template, not continuations of raw text).
+    chat_share: float = 0.5
+    # 2,000 steps of 4 sequences: 20 passes over the default text. SmolLM2 (2 cores): 13 min of
+    # training in a 22-minute distill, held-out alpha 0.55 and 1.91 tokens a pass; 500 steps gave
+    # 0.44 and 1.70 (its loss still falling: 3.8 then, 1.05 at 2,000).
+    budget: TrainBudget = TrainBudget(steps=2000, batch_size=4, learning_rate=1e-3)
+    feature_dtype: str = "bfloat16"  # stored features (workers/loading.py DTYPES): half the memory of float32
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class MedusaTraining:
+    """How Medusa heads are distilled (``specserve distill --method medusa``). The text's fields
+    mean what HeadTraining's do (training_sequences reads them)."""
+
+    num_heads: int = 3  # guesses per proposal: the tokens 2..num_heads+1 ahead
+    num_layers: int = 1  # residual blocks per head
+    decay: float = 0.8  # head i's loss weight: decay ** i
+    sequence_tokens: int = 256
+    train_tokens: int = 100_000
+    on_policy_share: float = 0.5
+    chat_share: float = 0.5
+    budget: TrainBudget = TrainBudget(steps=1000, batch_size=4, learning_rate=1e-3)
+    feature_dtype: str = "bfloat16"
+    seed: int = 0

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..acceptance import SamplingParams, SparseDist, sample_sparse
+from ..acceptance import SparseDist, sample_sparse
+from ..sampling import SamplingParams
 from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
 from ..proposing import MEDUSA_NEXT, Committed, Proposer, StepRecorder, VerifyNeeds, proposal_depth
 from ..seeds import DraftDraws

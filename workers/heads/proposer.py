@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..acceptance import SamplingParams, SparseDist
+from ..acceptance import SparseDist
+from ..sampling import SamplingParams
 from ..batching import Scheduler, advance_all
 from ..config import BatchingConfig
 from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
