@@ -18,7 +18,7 @@ from specserve.workers.engine import SpecEngine
 from specserve.workers.prompt import encode_prompt
 from specserve.workers.grpc_host import Device
 from specserve.workers.request import GenerationParams
-from specserve.cluster.zoo.presets import GENERAL_DRAFT
+from specserve.cluster.zoo.zoo import GENERAL_DRAFT
 
 from .samples import GENERAL, NGRAM, OFF, ROUTED, SUFFIX, TASK, TASK_ADAPTIVE, TREE, Sample
 

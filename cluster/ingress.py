@@ -39,7 +39,7 @@ from specserve.workers.security import SecuritySettings
 from .config import ModelsConfig, ServiceConfig
 from .canary import REPORT_SECONDS
 from .control import find_registry
-from .local import open_zoo, zoo_location
+from .local import load_task_classifier, open_zoo, zoo_location
 from .models import ModelSet, check_medusa, check_tokenizers, head_layers
 from .pool import ready_size, served_drafts
 
@@ -202,8 +202,6 @@ async def _read(call):
 
 
 def _task_resolver(cfg: ServiceConfig, models: ModelSet) -> TaskResolver:
-    from specserve.cluster.zoo.task_classifier import load_task_classifier
-
     policy = cfg.router.policy
     zoo = open_zoo(cfg.models.zoo) if cfg.models.zoo is not None else None
     classifier = load_task_classifier(policy.classifier, zoo)

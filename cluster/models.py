@@ -16,7 +16,7 @@ from specserve.workers.heads.medusa import is_medusa, read_medusa_config
 from specserve.workers.heads.mtp import MTP, is_mtp, read_mtp_config
 from specserve.workers.loading import ModelSpec, load_config, load_tokenizer
 from specserve.workers.token_bridge import bridge_if_needed
-from specserve.cluster.zoo.presets import GENERAL_DRAFT
+from specserve.cluster.zoo.zoo import GENERAL_DRAFT
 
 from .config import ModelsConfig
 

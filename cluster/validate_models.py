@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from specserve.workers.proposer_kinds import CASCADE, DRAFT_FREE, RESERVED, TREE
-from specserve.cluster.zoo.presets import GENERAL_DRAFT
+from specserve.cluster.zoo.zoo import GENERAL_DRAFT
 from specserve.cluster.zoo.zoo import Zoo
 
 from .config import ModelsConfig

@@ -18,8 +18,9 @@ from specserve.workers.classifier import FORMAT, ClassifierFileError, FeaturePar
 from specserve.cluster.zoo.build import build_zoo
 from specserve.cluster.zoo.presets import get_preset
 from specserve.cluster.zoo.task_classifier import (
-    corpus_examples, load_task_classifier, read_labelled, train_from_corpora, zoo_corpora,
+    corpus_examples, read_labelled, train_from_corpora, zoo_corpora,
 )
+from specserve.cluster.local import load_task_classifier
 from specserve.cluster.zoo.zoo import CLASSIFIER, Zoo
 
 # Measured on the tiny zoo's held-out prompts: code 13/15, sql, math and prose all right (53/55).

@@ -3,6 +3,8 @@ is cached, resumes after an interruption, is deterministic, and its distillation
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -139,3 +141,17 @@ def test_a_zoo_built_before_a_setting_existed_is_used_as_built(tiny_zoo, tmp_pat
     (out / MANIFEST).unlink()
     with pytest.raises(ValueError, match="built with other settings"):
         _claim(out, now)
+
+
+def test_serving_processes_import_no_zoo_building_module():
+    """The router, a target replica and a draft worker read a built zoo (cluster/zoo/zoo.py) and
+    import nothing that builds one (the corpora, training, presets): judged in a fresh process."""
+    from specserve.cluster.zoo.presets import PRESETS
+    from specserve.cluster.zoo.zoo import PRESET_NAMES
+
+    assert tuple(PRESETS) == PRESET_NAMES  # what a serving process knows of the presets: their names
+    code = ("import sys, specserve.cluster.ingress, specserve.workers.target_replica, specserve.workers.draft_worker; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('specserve.cluster.zoo.'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["specserve.cluster.zoo.zoo"]

@@ -69,7 +69,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from specserve.cluster.zoo.task_classifier import load_task_classifier
+    from ..local import load_task_classifier
 
     from ..local import open_zoo
 

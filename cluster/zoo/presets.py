@@ -12,11 +12,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from specserve.workers.request import GENERAL_TASK
-
 from .corpora import TASKS
-
-GENERAL_DRAFT = GENERAL_TASK  # the draft distilled on every task's data, the fallback for unknown tasks
+from .zoo import GENERAL_DRAFT
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ documents, and is evaluated on the prompts of the held-out documents, which it n
 from __future__ import annotations
 
 import json
-import logging
 import random
 import re
 from collections.abc import Iterable, Mapping
@@ -20,7 +19,6 @@ from .corpora import Corpus, prompt_of
 from .presets import stage_seed
 from .zoo import Zoo
 
-log = logging.getLogger("specserve.zoo")
 
 STAGE = "classifier"  # the build stage, and the name its seed is derived from
 # Training documents sampled per task: enough for every task's vocabulary (accuracy on the demo zoo's
@@ -78,29 +76,6 @@ def zoo_corpora(zoo: Zoo) -> dict[str, Corpus]:
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"zoo {zoo.root} has no corpora to train a task classifier from "
                                 f"({exc.filename} is missing)") from None
-
-
-def load_task_classifier(path: str | Path | None, zoo: Zoo | None) -> TaskClassifier | None:
-    """The classifier a router resolves task-less requests with: ``path`` if given, else the zoo's.
-
-    A zoo built before the classifier was a build stage has none: one is trained from its corpora
-    here (a few seconds; `specserve zoo build` adds it to the zoo for good). None without either,
-    or when the zoo has no corpora either: requests without a task then get the default task.
-    """
-    if path is not None:
-        return TaskClassifier.load(path)
-    if zoo is None:
-        return None
-    if zoo.classifier_path.exists():
-        return TaskClassifier.load(zoo.classifier_path)
-    try:
-        corpora = zoo_corpora(zoo)
-    except FileNotFoundError as exc:
-        log.warning("%s; requests without a task get the default task", exc)
-        return None
-    log.warning("zoo %s has no %s (built before that stage): training the task classifier from its corpora "
-                "now; `specserve zoo build` saves it in the zoo", zoo.root, zoo.classifier_path.name)
-    return train_from_corpora(corpora, zoo.manifest["seed"])
 
 
 def read_labelled(path: str | Path) -> list[tuple[str, str]]:

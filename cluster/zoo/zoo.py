@@ -7,12 +7,23 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .corpora import Corpus
+from specserve.workers.request import GENERAL_TASK
 
 MANIFEST = "manifest.json"
 MANIFEST_KEYS = ("tasks", "target", "drafts", "task_drafts", "acceptance")  # what serving a zoo reads
 CLASSIFIER = "classifier.npz"  # the task classifier (specserve.workers.classifier)
 DEFAULT_HOME = "~/.cache/specserve"  # overridden by the SPECSERVE_HOME environment variable
+# The built-in presets' names (presets.py defines them; a serving process reads only the names, so
+# it imports none of the zoo's building).
+PRESET_NAMES = ("tiny", "demo", "bench")
+GENERAL_DRAFT = GENERAL_TASK  # the draft distilled on every task's data, the fallback for unknown tasks
+
+
+@dataclass(frozen=True)
+class Corpus:
+    task: str
+    train: list[str]  # documents used for training
+    held_out: list[str]  # documents never used for training (evaluation prompts come from here)
 
 
 def specserve_home() -> Path:

@@ -32,8 +32,8 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
+from ..zoo import Corpus
 from .documents import HELD_OUT_FRACTION, is_held_out, split_held_out, tidy
 from .task_code import code_docs
 from .task_math import math_docs
@@ -51,13 +51,6 @@ _SURROGATE = re.compile("[\ud800-\udfff]")  # the only str content that fails .e
 # A sentence ends after a word (or its closing bracket or quote), so that initials and
 # abbreviations such as "L." or "e.g." do not end one.
 _SENTENCE_END = re.compile(r"\w[\w)\"'’][.!?](?=\s)")
-
-
-@dataclass(frozen=True)
-class Corpus:
-    task: str
-    train: list[str]  # documents used for training
-    held_out: list[str]  # documents never used for training (evaluation prompts come from here)
 
 
 def build_corpus(task: str, seed: int, max_chars: int) -> Corpus:
