@@ -1,19 +1,19 @@
 """A draft model on a draft worker, as one request's proposer.
 
 The draft's session lives on a worker, over one stream; the router mirrors which of its tokens stand
-(``DraftMirror``), and the verdict rides to the worker on the next step request, so a step costs one
-round trip. With ``lookahead``, the draft drafts the next proposal while the target verifies this
-one, as if all of it will be accepted, one token further (its guess of the target's own token: its
-likeliest, sampled requests too). When the verdict agrees, the next proposal is ready at once; when
-it does not, the router asks for a fresh proposal at once (the draft rewound by a length), and the
-worker stops the stale lookahead at its next pass. With ``branch`` (SSD), a lookahead also drafts
-for the likeliest rejection, in the same passes: the proposal rejected at the token where the
-draft's own odds of that rejection and of its runner-up being the target's correction are best,
-and that runner-up there (``fork_for``); a verdict that rejects there with that token uses the
-branch, and the worker adopts it (its cache moved, nothing drafted again). Either way the proposal
-is the one the draft would draft afresh: greedy, by argmax; sampled, because a draft's uniforms are
-keyed by position (workers/seeds.py). So the lookahead changes speed only, never the output or its
-distribution.
+(``DraftMirror``, workers/draft_steps.py: the in-process engine's proposer tells its session alike),
+and the verdict rides to the worker on the next step request, so a step costs one round trip. With
+``lookahead``, the draft drafts the next proposal while the target verifies this one, as if all of
+it will be accepted, one token further (its guess of the target's own token: its likeliest, sampled
+requests too). When the verdict agrees, the next proposal is ready at once; when it does not, the
+router asks for a fresh proposal at once (the draft rewound by a length), and the worker stops the
+stale lookahead at its next pass. With ``branch`` (SSD), a lookahead also drafts for the likeliest
+rejection, in the same passes: the proposal rejected at the token where the draft's own odds of that
+rejection and of its runner-up being the target's correction are best, and that runner-up there
+(``fork_for``); a verdict that rejects there with that token uses the branch, and the worker adopts
+it (its cache moved, nothing drafted again). Either way the proposal is the one the draft would
+draft afresh: greedy, by argmax; sampled, because a draft's uniforms are keyed by position
+(workers/seeds.py). So the lookahead changes speed only, never the output or its distribution.
 
 A worker that fails mid-request is replaced by another, opened holding every committed token (the
 router holds the truth), up to ``MAX_DRAFT_REOPENS`` times; then the request goes on target-only.
@@ -24,18 +24,19 @@ refused it (a draft is optional, so there is no waiting for room), else the requ
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.draft_length import DraftLength
+from specserve.workers.draft_steps import DraftMirror, Fork
 from specserve.workers.drafting import NO_CASCADE, Cascade, DraftTokens
 from specserve.workers.proposing import AUX_HIDDEN, Committed, Proposer, ProposerGone, StepRecorder, VerifyNeeds
-from specserve.workers.wire import join_hidden, proposal_from
+from specserve.workers.wire import join_hidden, proposal_from, step_message
 
 from .context import RequestContext
 from .directory import NoWorker
-from .draft_mirror import DraftMirror
 from .streams import WorkerStream, WorkerFailed
 
 log = logging.getLogger("specserve.router")
@@ -209,9 +210,7 @@ class RemoteDraft(Proposer):
         for the right proposal at once, saying so: the worker stops the stale one at its next pass
         (its answer, what it drafted until then, still comes first) instead of finishing k + 1
         tokens no one will use."""
-        step = self._step(k)
-        step.drop_previous = True
-        await self.stream.send(pb.DraftRequest(step=step))
+        await self.stream.send(pb.DraftRequest(step=self._step(k, drop_previous=True)))
         stale = await ahead
         self._count(stale)
         self.recorder.lookahead_missed(_drawn(stale))
@@ -220,13 +219,11 @@ class RemoteDraft(Proposer):
         self._count(proposal)
         return proposal
 
-    def _step(self, k: int) -> pb.DraftStep:
+    def _step(self, k: int, drop_previous: bool = False) -> pb.DraftStep:
         """A step from what is committed (the hidden states that came with the verdict, for a head)."""
         step = self.mirror.step(k, self.length.min_confidence)
-        if self.hidden is not None:
-            step.aux.CopyFrom(self.hidden)
-            self.hidden = None
-        return step
+        aux, self.hidden = self.hidden, None
+        return step_message(dataclasses.replace(step, drop_previous=drop_previous) if drop_previous else step, aux)
 
     def _count(self, drafted: pb.Proposal) -> None:
         """A proposal the worker drafted (used or not: a lookahead that missed cost its time too)."""
@@ -269,8 +266,8 @@ class RemoteDraft(Proposer):
             branch_k = min(self.length.next_k(proposed, at), self.context.history.remaining - at - 2) + 1
             if branch_k >= 2:
                 self.fork = fork
-                step.fork.CopyFrom(pb.Fork(keep=step.keep - proposed + at, token=fork[1], k=branch_k))
-        self.ahead = asyncio.create_task(self.stream.ask(pb.DraftRequest(step=step)))
+                step = dataclasses.replace(step, fork=Fork(step.keep - proposed + at, fork[1], branch_k))
+        self.ahead = asyncio.create_task(self.stream.ask(pb.DraftRequest(step=step_message(step))))
         # A lookahead may fail unawaited (the request ends first); mark its error as seen, or asyncio
         # logs "exception never retrieved". One that is awaited raises there as usual.
         self.ahead.add_done_callback(lambda t: t.cancelled() or t.exception())

@@ -1,5 +1,5 @@
 """Workers for the router's Session without Ray or gRPC: fake streams answered by the workers' own
-session code (``target_session``, ``DraftStream``) in process, each step run alone or, given a
+session code (``target_session``, ``opened_drafter``) in process, each step run alone or, given a
 ``Scheduler``, in batched passes shared with other sessions' steps, as on a real worker."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from specserve.proto.v1 import internal_pb2 as pb
 from specserve.router.directory import NoWorker
 from specserve.router.streams import WorkerFailed
 from specserve.workers.batching import Scheduler, StepResult
-from specserve.workers.draft_worker import BridgedStream, DraftStream
+from specserve.workers.draft_worker import opened_drafter, proposal_reply
 from specserve.workers.token_bridge import TokenBridge, bridged_capacity
 from specserve.workers.kv_pool import PoolFull
 from specserve.workers.logprobs import TokenLogprobs
@@ -24,7 +24,7 @@ from specserve.workers.registry import Endpoint
 from specserve.workers.steps import private_sequence, run_alone
 from specserve.workers.grammar import no_grammars
 from specserve.workers.target_replica import target_session
-from specserve.workers.wire import logprobs_message, proposal_from, verdict_message
+from specserve.workers.wire import logprobs_message, proposal_from, step_from, verdict_message
 
 DRAFT = "echo"  # a draft that is the target model itself: it proposes the target's own greedy tokens
 # Corruptions: a draft reply's token at this position is replaced by another token (``swap``: by
@@ -83,9 +83,7 @@ class FakeWorker:
         self.live += 1
         if self.endpoint.kind == "target":
             return target_session(sequence, opened, self.grammars)
-        if self.bridge is not None:
-            return BridgedStream(sequence, opened, self.bridge)
-        return DraftStream(sequence, opened, self.grammars)
+        return opened_drafter(sequence, opened, self.grammars, self.bridge)
 
     def close(self, session) -> None:
         self.live -= 1
@@ -106,11 +104,11 @@ class FakeWorker:
             self.verdicts.append(verdict.num_accepted)
             return with_logprobs(pb.VerifyReply(verdict=verdict_message(verdict), ended=session.ended),
                                  session.take_logprobs())
-        run = session.step(request.step)
+        run = session.step(step_from(request.step))
         await self.run(run)
         if session.branch is not None:  # on a worker, in the same passes; here after the lookahead
             await self.run(session.branch)
-        reply = session.reply(run, StepResult(run.result, 0.0, 0, 0, 0.0))
+        reply = proposal_reply(session, run, StepResult(run.result, 0.0, 0, 0, 0.0))
         position = self.corrupt(self.steps)
         if self.swap and position is not None and request.step.guess:
             position += 1

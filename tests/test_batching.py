@@ -588,19 +588,21 @@ def test_a_failing_branch_leaves_the_step_and_a_failing_step_takes_its_branch_al
     on; a run that fails leaves no branch of its in the scheduler (it would write into a region
     given back)."""
     from specserve.proto.v1 import internal_pb2 as pb
-    from specserve.workers.draft_worker import DraftStream, _with_branch
+    from specserve.workers.draft_steps import DraftStep, Fork
+    from specserve.workers.draft_worker import _with_branch, opened_drafter
 
     prompt = prompts(1, seed=8)[0]
     pool = KVPool(KVShape.of(draft), Budget(2**28))
     scheduler = Scheduler(draft, pool, Device(1), BatchingConfig())
-    stream = DraftStream(PooledSequence(pool.take(256), prompt, pool),
-                         pb.SessionOpen(model="draft", prompt_ids=prompt, sampling=pb.Sampling(top_p=1.0), alternatives=True))
+    stream = opened_drafter(PooledSequence(pool.take(256), prompt, pool),
+                            pb.SessionOpen(model="draft", prompt_ids=prompt, sampling=pb.Sampling(top_p=1.0),
+                                           alternatives=True))
 
     async def step(fork_token: int, break_it: str):
-        stream.step(pb.DraftStep(keep=len(prompt), k=4))
+        stream.step(DraftStep(keep=len(prompt), k=4))
         first = await scheduler.run(stream.last)
-        ahead = pb.DraftStep(keep=len(prompt) + 4, k=5, min_tokens=2, guess=True,
-                             fork=pb.Fork(keep=len(prompt) + 1, token=fork_token, k=4))
+        ahead = DraftStep(keep=len(prompt) + 4, k=5, min_tokens=2, guess=True,
+                          fork=Fork(keep=len(prompt) + 1, token=fork_token, k=4))
         run = stream.step(ahead)
         assert stream.branch is not None and first.result is not None
         broken = stream.branch if break_it == "branch" else run

@@ -1,6 +1,6 @@
 """The router's Session without Ray or gRPC: fake streams that answer from in-process workers.
 
-The fakes run the workers' own session code (``target_session``, ``DraftStream``) on the tiny zoo's
+The fakes run the workers' own session code (``target_session``, ``opened_drafter``) on the tiny zoo's
 models and speak the same protobuf messages as the real streams, so what is tested is the router's
 loop: propose, verify, commit, emit, the lookahead, the draft mirror and failover. Every test
 asserts that the committed tokens equal target-only decoding.

@@ -124,21 +124,21 @@ def test_a_bridged_drafts_draws_are_keyed_by_the_targets_positions(monkeypatch):
     from test_lossless_sampling import OTHER_WORDS, other_bridge, tiny_model, word_tokenizer
 
     from specserve.workers.sampling import SamplingParams
-    from specserve.workers.local_draft import BridgedDraft
     from specserve.workers.seeds import DraftDraws
+    from specserve.workers.session_proposer import SessionProposer
 
     drawn: list[int] = []
     steps: list[tuple[int, list[int]]] = []
-    uniform, propose = DraftDraws.uniform, BridgedDraft.propose
+    uniform, propose = DraftDraws.uniform, SessionProposer.propose
     monkeypatch.setattr(DraftDraws, "uniform", lambda self, position: drawn.append(position) or uniform(self, position))
 
     async def recorded(self, k):
         drawn.clear()
         proposal = await propose(self, k)
-        steps.append((len(self.committed), list(drawn)))
+        steps.append((len(self.drafter.committed), list(drawn)))
         return proposal
 
-    monkeypatch.setattr(BridgedDraft, "propose", recorded)
+    monkeypatch.setattr(SessionProposer, "propose", recorded)
     tokenizer = word_tokenizer()
     engine = SpecEngine(tiny_model(0), tokenizer, {"d": tiny_model(1, vocab_size=len(OTHER_WORDS))},
                         bridges={"d": other_bridge()})

@@ -1,6 +1,7 @@
 """A draft worker: a Ray actor holding one or more draft models on its own device.
 
-Each Draft stream is one session. Per step the router says what stands, in absolute lengths (keep
+Each Draft stream is one session (a ``Drafter``, workers/drafters.py: the same class drafts in the
+in-process engine). Per step the router says what stands, in absolute lengths (keep
 this many tokens of what the session holds, append these: a verdict, or a whole proposal for a
 lookahead), and how many tokens to propose; the worker moves its cache length accordingly (rollback
 is bookkeeping) and drafts from there. A step may say the one before it is stale (a lookahead for a
@@ -16,21 +17,19 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 import grpc
-import torch
 
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.proto.v1 import internal_pb2_grpc as rpc
 
 from .batching import Scheduler, StepResult
 from .config import DraftPoolConfig
-from .drafting import (DRAFT_MAX_SUPPORT, BranchRun, Cascade, DraftSession, DraftRun, DraftTokens, Misalignment,
-                       score_continuation)
+from .drafters import Drafter, model_drafter
+from .drafting import Cascade, Misalignment, score_continuation
 from .grammar import GrammarCompiler, GrammarState, grammar_compiler, no_grammars, warm_grammars
 from .grammar_spec import GrammarError
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_heads
-from .heads.proposer import HeadRun, HeadScheduler, opened_state
-from .kv_cache import STEP_ROOM
+from .heads.proposer import HeadDrafter, HeadScheduler, opened_state
 from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .logs import log_to_stderr
 from .proposer_kinds import VERSION_MARK, base_draft
@@ -40,10 +39,11 @@ from .ragged_pass import PooledSequence
 from .registry import Registration
 from .request import MAX_K
 from .seeds import DraftDraws
+from .steps import Step
 from .token_bridge import TokenBridge, bridge_if_needed
 from .tokenizer_check import TokenizerMismatch, check_compatible
 from .proposing import ProposerGone
-from .wire import alternatives_message, hidden_from, pass_info, proposal_message, sampling_from
+from .wire import alternatives_message, pass_info, proposal_message, sampling_from, step_from
 
 log = logging.getLogger("specserve.workers")
 
@@ -239,147 +239,36 @@ def draft_grammar(opened: pb.SessionOpen, grammars: Callable[[], GrammarCompiler
         return None
 
 
-class DraftStream:
-    """One Draft stream's session: each step brings the draft to what stands, then proposes."""
-
-    def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen,
-                 grammars: Callable[[], GrammarCompiler] = no_grammars, allowed: torch.Tensor | None = None,
-                 misalignment: Misalignment | None = None) -> None:
-        if opened.cascade >= MAX_K or not 0.0 <= opened.cascade_min_p <= 1.0:
-            raise ValueError(f"cascade must be 0..{MAX_K - 1} (prompt lookup's guesses a proposal's first pass "
-                             f"verifies) and cascade_min_p 0..1, got {opened.cascade} and {opened.cascade_min_p}")
-        sampling = sampling_from(opened.sampling)
-        self.greedy = sampling.greedy
-        self.session = DraftSession(sequence, sampling, DraftDraws(opened.sampling.seed, opened.model), DRAFT_MAX_SUPPORT,
-                                    opened.alternatives, draft_grammar(opened, grammars), opened.grammar.output_start,
-                                    Cascade(opened.cascade, opened.cascade_min_p), allowed, misalignment)
-        self.last: DraftRun | None = None  # its result is the proposal the next step's lengths refer to
-        self.held: DraftTokens | None = None  # that proposal: the last run's result, or an adopted branch's
-        self.branch: BranchRun | None = None  # drafted beside the last run, for another verdict
-        self.adopted = False  # the branch was adopted for the coming step already (``adopt``)
-
-    def adopt(self) -> None:
-        """The router used the last run's branch: the session holds it from now on (its keys and
-        values moved into place: on a worker, on the device thread, between passes)."""
-        if self.branch is None:
-            raise ValueError("adopt: the last step drafted no branch")
-        self.held, self.branch, self.adopted = self.branch.adopt(), None, True
-
-    def step(self, step: pb.DraftStep) -> DraftRun:
-        """The drafting this step asks for, after moving the session to what stands (bookkeeping):
-        the last run's branch first if the router used it, then ``keep`` and ``append``."""
-        if step.adopt and not self.adopted:
-            self.adopt()
-        elif not step.adopt and self.last is not None:
-            self.held = self.last.result
-        self.adopted = False
-        self.session.resync(self.held, step.keep, list(step.append))
-        reach = len(self.session.sequence.committed) + step.k  # what this run may write up to
-        self.last, self.branch = self.session.step(step.k, step.min_confidence, max(step.min_tokens, 1), step.guess), None
-        # A fork past what the cache holds (the router cannot see the worker's length) drafts no
-        # branch: the verdict it assumed then finds none in the reply, a plain miss.
-        if step.HasField("fork") and step.guess and step.fork.keep <= self.session.sequence.length:
-            self.branch = BranchRun(self.session, step.fork.keep, step.fork.token, step.fork.k, step.min_confidence,
-                                    max(step.min_tokens, 1), reach)
-            self.last.within(step.k)  # the branch writes from ``reach`` on
-        return self.last  # a step that failed has no result: nothing to rewind
-
-    def reply(self, run: DraftRun, done: StepResult) -> pb.Proposal:
-        """The run's proposal as it stands (stopped early: what it drafted), with the draft's
-        alternatives at each token, and the branch beside it, if one was drafted."""
-        message = proposal_message(run.so_far(), self.greedy, done.device_seconds, pass_info(done))
-        if self.session.alternatives:
-            alternatives_message(message, run.alternatives)
-        if self.branch is not None:
-            message.branch.CopyFrom(proposal_message(self.branch.so_far(), self.greedy))
-            alternatives_message(message.branch, self.branch.alternatives)
-        return message
+def opened_drafter(sequence: PooledSequence, opened: pb.SessionOpen,
+                   grammars: Callable[[], GrammarCompiler] = no_grammars, bridge: TokenBridge | None = None,
+                   misalignment: Misalignment | None = None) -> Drafter:
+    """The session a Draft stream's open asks for of a draft model over ``sequence`` (its tokens of
+    the request, in its pool); with a ``bridge``, of a draft of another tokenizer."""
+    if opened.cascade >= MAX_K or not 0.0 <= opened.cascade_min_p <= 1.0:
+        raise ValueError(f"cascade must be 0..{MAX_K - 1} (prompt lookup's guesses a proposal's first pass "
+                         f"verifies) and cascade_min_p 0..1, got {opened.cascade} and {opened.cascade_min_p}")
+    return model_drafter(sequence, sampling_from(opened.sampling), DraftDraws(opened.sampling.seed, opened.model),
+                         alternatives=opened.alternatives,
+                         grammar=draft_grammar(opened, grammars) if bridge is None else None,
+                         output_start=opened.grammar.output_start,
+                         cascade=Cascade(opened.cascade, opened.cascade_min_p), misalignment=misalignment,
+                         bridge=bridge, committed=opened.prompt_ids, name=opened.model)
 
 
-class BridgedStream(DraftStream):
-    """A Draft stream's session of a draft of another tokenizer (workers/token_bridge.py). The
-    router speaks the target's tokens: its ``keep`` counts them and ``append`` holds them, and the
-    proposals it is sent are target ids (one per draft token: the draft draws among those it shares
-    with the target). The session holds the draft's tokens of the text; each step re-encodes what
-    stands and keeps the prefix its cache shares with it. It drafts no branch (a fork is a target
-    position), no alternatives and within no grammar (the target's, over the target's tokens): all
-    lossless, as its q is exact."""
-
-    def __init__(self, sequence: PooledSequence, opened: pb.SessionOpen, bridge: TokenBridge,
-                 misalignment: Misalignment | None = None) -> None:
-        without = pb.SessionOpen()
-        without.CopyFrom(opened)
-        without.ClearField("grammar")
-        without.alternatives = False
-        super().__init__(sequence, without, allowed=bridge.mask, misalignment=misalignment)
-        self.bridge = bridge
-        self.name = opened.model
-        self.committed = list(opened.prompt_ids)  # the target's tokens that stand
-        self.session.keyed_to(len(self.committed))
-        self.outgrown = False
-        self.sent: tuple[DraftTokens, DraftTokens] | None = None  # the last proposal: the draft's, and as sent
-
-    def step(self, step: pb.DraftStep) -> DraftRun:
-        if step.adopt:
-            raise ValueError("a draft of another tokenizer drafts no branch to adopt")
-        held = self.last.result if self.last is not None else None  # (None: a run that failed)
-        target_held = self.committed + (self._translated(held).ids if held is not None else [])
-        if not 1 <= step.keep <= len(target_held):
-            raise ValueError(f"keep must be 1..{len(target_held)} (the tokens this session holds), got {step.keep}")
-        self.committed = target_held[: step.keep] + list(step.append)
-        self.session.sequence.rewrite(held.ids if held is not None else [], self.bridge.encode(self.committed))
-        self.session.keyed_to(len(self.committed))
-        # Its tokens of the text may outgrow the room the session took (a finer cut than the
-        # target's): it then proposes nothing, and the request goes on as target-only would.
-        sequence = self.session.sequence
-        k = max(0, min(step.k, sequence.region.capacity - STEP_ROOM - len(sequence.committed)))
-        if k < step.k and not self.outgrown:
-            self.outgrown = True
-            log.info("draft %s: its tokens of the text outgrew the session's %d positions; it proposes no more",
-                     self.name, sequence.region.capacity)
-        self.last = self.session.step(k, step.min_confidence, max(step.min_tokens, 1), step.guess)
-        return self.last
-
-    def reply(self, run: DraftRun, done: StepResult) -> pb.Proposal:
-        return proposal_message(self._translated(run.so_far()), self.greedy, done.device_seconds, pass_info(done))
-
-    def _translated(self, proposal: DraftTokens) -> DraftTokens:
-        """``proposal`` in the target's ids: translated once, when it is sent, and read again by the
-        next step."""
-        if self.sent is None or self.sent[0] is not proposal:
-            self.sent = (proposal, self.bridge.proposal(proposal))
-        return self.sent[1]
+def proposal_reply(drafter: Drafter, run: Step, done: StepResult) -> pb.Proposal:
+    """The run's proposal as it stands (stopped early: what it drafted), with the draft's
+    alternatives at each token, and the branch beside it, if one was drafted."""
+    message = proposal_message(drafter.proposal(run), drafter.greedy, done.device_seconds, pass_info(done))
+    if drafter.alternatives:
+        alternatives_message(message, run.alternatives)
+    if drafter.branch is not None:
+        message.branch.CopyFrom(proposal_message(drafter.branch.so_far(), drafter.greedy))
+        alternatives_message(message.branch, drafter.branch.alternatives)
+    return message
 
 
-class HeadStream:
-    """One Draft stream's session of an EAGLE-3 head: each step brings it to what stands, adds the
-    target's hidden states that came with the verdict, and drafts (a HeadRun, in the head's batch)."""
-
-    def __init__(self, head: Eagle3Head, opened: pb.SessionOpen) -> None:
-        self.state = opened_state(head, opened, opened.model)
-        self.greedy = self.state.sampling.greedy
-        self.state.commit(opened.prompt_ids)
-        self.last = DraftTokens.empty()
-
-    def step(self, step: pb.DraftStep) -> HeadRun:
-        """The drafting this step asks for (its ``result`` once the scheduler ran it)."""
-        self.state.resync(self.last.ids, step.keep, list(step.append))
-        if step.HasField("aux"):
-            self.state.add(hidden_from(step.aux))
-        try:
-            run = HeadRun(self.state, step.k)
-        except ProposerGone as exc:  # the router sent hidden states that do not fit: this session ends
-            raise ValueError(str(exc)) from None
-        self.last = DraftTokens.empty()  # what stands if the run fails
-        return run
-
-    def ran(self, run: HeadRun) -> DraftTokens:
-        self.last = run.result
-        return run.result
-
-
-async def _runs(scheduler: Scheduler, stream: DraftStream, requests: AsyncIterator[pb.DraftRequest],
-                task: str) -> AsyncIterator[tuple[DraftRun, StepResult]]:
+async def _runs(scheduler: Scheduler, drafter: Drafter, requests: AsyncIterator[pb.DraftRequest],
+                task: str) -> AsyncIterator[tuple[Step, StepResult]]:
     """Each step request's run, in order, while the next request is read as it comes: one that says
     ``drop_previous`` while the step before it still runs (a lookahead the verdict proved stale)
     stops that step at the scheduler's next pass boundary, and it answers with what it drafted so
@@ -390,17 +279,18 @@ async def _runs(scheduler: Scheduler, stream: DraftStream, requests: AsyncIterat
     try:
         request = await anext(requests, None)
         while request is not None:
-            if request.step.adopt:  # a copy in the device's memory: on its thread, between passes
-                await scheduler.device.run(stream.adopt)
-            run = stream.step(request.step)
-            work = asyncio.ensure_future(_with_branch(scheduler, run, stream, task))
+            step = step_from(request.step)
+            if step.adopt:  # a copy in the device's memory: on its thread, between passes
+                await scheduler.device.run(drafter.adopt)
+            run = drafter.step(step)
+            work = asyncio.ensure_future(_with_branch(scheduler, run, drafter, task))
             following = asyncio.ensure_future(anext(requests, None))
             try:
                 await asyncio.wait((work, following), return_when=asyncio.FIRST_COMPLETED)
                 if not work.done() and _drops_previous(following):
                     scheduler.abandon(run)
-                    if stream.branch is not None:
-                        scheduler.abandon(stream.branch)
+                    if drafter.branch is not None:
+                        scheduler.abandon(drafter.branch)
                 done = await work
             except BaseException:  # the session ends (cancelled, a bad step): so does its step
                 work.cancel()
@@ -414,21 +304,21 @@ async def _runs(scheduler: Scheduler, stream: DraftStream, requests: AsyncIterat
                 following.exception()
 
 
-async def _with_branch(scheduler: Scheduler, run: DraftRun, stream: DraftStream, task: str) -> StepResult:
+async def _with_branch(scheduler: Scheduler, run: Step, drafter: Drafter, task: str) -> StepResult:
     """The run, and its branch in the same passes (two steps of one session: the branch writes
     apart). A branch that fails is left out of the reply (a plain miss for the router), and the
     session goes on; a run that fails (or is cancelled) takes its branch out of the scheduler with it."""
-    if stream.branch is None:
+    if drafter.branch is None:
         return await scheduler.run(run, task)
     main = asyncio.ensure_future(scheduler.run(run, task))
-    side = asyncio.ensure_future(scheduler.run(stream.branch, task))
+    side = asyncio.ensure_future(scheduler.run(drafter.branch, task))
     try:
         done = await main
         try:
             await side
         except Exception:
             log.exception("a draft's branch failed; the session goes on without it")
-            stream.branch = None
+            drafter.branch = None
         return done
     finally:
         for work in (main, side):
@@ -479,11 +369,10 @@ class DrafterServicer(rpc.DrafterServicer):
         try:
             bridge = self.worker.bridges.get(opened.model)
             with host.session(opened.model, opened, context, bridge) as (scheduler, sequence):
-                misaligned = self.worker.misalignment(opened)
-                stream = (DraftStream(sequence, opened, self.worker.grammars[opened.model], misalignment=misaligned)
-                          if bridge is None else BridgedStream(sequence, opened, bridge, misaligned))
-                async for run, done in _runs(scheduler, stream, host.steps(requests), opened.task):
-                    yield stream.reply(run, done)
+                drafter = opened_drafter(sequence, opened, self.worker.grammars[opened.model], bridge,
+                                         self.worker.misalignment(opened))
+                async for run, done in _runs(scheduler, drafter, host.steps(requests), opened.task):
+                    yield proposal_reply(drafter, run, done)
         except SessionLimit as exc:  # before any reply: said on the stream (ModelHost.refuse says why)
             yield pb.Proposal(refused=str(exc))
             await host.refuse(requests)
@@ -500,17 +389,15 @@ class DrafterServicer(rpc.DrafterServicer):
                 scheduler = self.worker.head_schedulers.get(opened.model)
                 if scheduler is None:  # retired since ``serve`` looked
                     raise SessionLimit(f"this worker no longer serves version {opened.model!r}")
-                stream = HeadStream(scheduler.model, opened)
-                async for request in host.steps(requests):
-                    run = stream.step(request.step)
-                    done = await scheduler.run(run, opened.task)
-                    yield proposal_message(stream.ran(run), stream.greedy, done.device_seconds, pass_info(done))
+                drafter = HeadDrafter(opened_state(scheduler.model, opened, opened.model), opened.prompt_ids)
+                async for run, done in _runs(scheduler, drafter, host.steps(requests), opened.task):
+                    yield proposal_reply(drafter, run, done)
         except SessionLimit as exc:
             yield pb.Proposal(refused=str(exc))
             await host.refuse(requests)
         except SessionIdle as exc:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-        except ValueError as exc:
+        except (ValueError, ProposerGone) as exc:  # hidden states that do not fit this session's tokens
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def Score(self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext) -> pb.ScoreReply:

@@ -7,6 +7,7 @@ draft, a draft-free one, or a token tree of several, each run alone (a batch of 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Collection, Iterator, Sequence
 
@@ -14,17 +15,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .decoding import Completion, Decoding
 from .draft_length import DraftLength
-from .drafting import DRAFT_MAX_SUPPORT, NO_CASCADE, Cascade, DraftSession, DraftTokens, Misalignment
+from .drafters import model_drafter
+from .drafting import DRAFT_MAX_SUPPORT, NO_CASCADE, Cascade, DraftTokens, Misalignment
 from .grammar import GrammarCompiler, GrammarState
 from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_head_of
 from .heads.medusa import MedusaHeads, is_medusa, load_medusa
 from .heads.fed_guess import FedGuessBatch, FedGuesser
 from .heads.medusa_draft import GuessBatch, MedusaDraft, MedusaGuesser, runner_up
-from .heads.proposer import HeadDraft, HeadState
+from .heads.proposer import HeadDrafter, HeadState, drafted_alone
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
-from .local_draft import BridgedDraft, LocalDraft
 from .lookup import DraftFree
 from .proposer_kinds import CASCADE, DRAFT_FREE, TREE, ProposerKind
 from .loop import SpeculativeLoop, run_now
@@ -34,6 +35,7 @@ from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .prompt import encode_prompt
 from .request import GenerationParams
 from .seeds import DraftDraws, verifier_generator
+from .session_proposer import SessionProposer
 from .sim_device import DRAFT, HEAD, TARGET, SimConfig, SimStream, simulate
 from .ragged_pass import use_pooled_attention
 from .recording import StatsRecorder
@@ -220,24 +222,27 @@ class Generation:
         if kind is ProposerKind.HEAD:
             state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling,
                               DraftDraws(self.decoding.stats.seed, name), self.engine.draft_max_support)
-            return HeadDraft(name, state, self.recorder, self.decoding.committed_ids())
-        model = self.engine.drafts[name]
+            return SessionProposer(name, HeadDrafter(state, self.decoding.committed_ids()), drafted_alone,
+                                   len(self.decoding.committed_ids()), self.length, self.recorder,
+                                   VerifyNeeds(state.head.config.aux_layers))
+        model, prompt_ids = self.engine.drafts[name], self.decoding.prompt_ids
         draws = DraftDraws(self.decoding.stats.seed, name)
         # an alignment set by hand for the draft on the engine's task, on a simulated device
         misaligned = Misalignment.of(self.engine.sim, name, self.engine.task, self.decoding.stats.seed)
         if (bridge := self.engine.bridges.get(name)) is not None:  # its own tokens of the text, no grammar
-            prompt = bridge.encode(self.decoding.prompt_ids)
-            capacity = bridged_capacity(self.capacity, len(self.decoding.prompt_ids), len(prompt))
-            pool, sequence = private_sequence(model, prompt, capacity)
-            session = DraftSession(sequence, self.params.sampling, draws, self.engine.draft_max_support,
-                                   cascade=cascade, allowed=bridge.mask, misalignment=misaligned)
-            return BridgedDraft(name, model, pool, session, self.length, self.recorder, bridge,
-                                self.decoding.prompt_ids, self.first_alone)
-        pool, sequence = private_sequence(model, self.decoding.prompt_ids, self.capacity)
-        session = DraftSession(sequence, self.params.sampling, draws,
-                               self.engine.draft_max_support, grammar=self._grammar(),
-                               output_start=len(self.decoding.prompt_ids), cascade=cascade, misalignment=misaligned)
-        return LocalDraft(name, model, pool, session, self.length, self.recorder, self.first_alone)
+            prompt = bridge.encode(prompt_ids)
+            pool, sequence = private_sequence(model, prompt, bridged_capacity(self.capacity, len(prompt_ids),
+                                                                              len(prompt)))
+            drafter = model_drafter(sequence, self.params.sampling, draws, max_support=self.engine.draft_max_support,
+                                    cascade=cascade, misalignment=misaligned, bridge=bridge, committed=prompt_ids,
+                                    name=name)
+        else:
+            pool, sequence = private_sequence(model, prompt_ids, self.capacity)
+            drafter = model_drafter(sequence, self.params.sampling, draws, max_support=self.engine.draft_max_support,
+                                    grammar=self._grammar(), output_start=len(prompt_ids), cascade=cascade,
+                                    misalignment=misaligned)
+        return SessionProposer(name, drafter, functools.partial(run_alone, model, pool), len(prompt_ids),
+                               self.length, self.recorder, first_alone=self.first_alone)
 
     def _guesser(self, medusa: str) -> MedusaGuesser | FedGuesser | None:
         """The target session's side of the heads ``medusa`` (none: ""), drawing as a draft of that name."""

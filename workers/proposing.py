@@ -7,12 +7,14 @@ tokens after the request's committed ones, each with the exact distribution q it
 as the verifier's do. That is all the loop calls, on every proposer alike; what differs is where
 the tokens come from:
 
-    LocalDraft      a draft model in this process (workers/local_draft.py)
-    HeadDraft       an EAGLE-3 head in this process (workers/heads/proposer.py)
+    SessionProposer a draft session in this process (workers/session_proposer.py): a draft model,
+                    one of another tokenizer, or a head fed by the target, each a ``Drafter``
+                    (workers/drafters.py) as a draft worker runs it
     LookupProposer  draft-free: prompt lookup or suffix decoding over the request's tokens and its
                     task's recent outputs (workers/lookup.py); one-hot q, ids alone on the wire
     TreeProposer    several of these at once, merged into one token tree (workers/token_tree.py)
-    RemoteDraft     a draft model on a draft worker, over a stream (router/remote_draft.py)
+    RemoteDraft     a draft session on a draft worker, over a stream (router/remote_draft.py),
+                    told the same steps (workers/draft_steps.py)
 
 A proposer is built holding the request's committed tokens (workers/proposers.py builds the one a
 name stands for, for the engine and the router alike); one that holds state elsewhere (a draft
@@ -88,6 +90,16 @@ class HiddenRows:
     @property
     def stop(self) -> int:
         return self.start + len(self.rows)
+
+    def then(self, later: HiddenRows) -> HiddenRows:
+        """These rows and ``later``'s as one (``later`` starts where these stop, or restarts from an
+        earlier position: a verifier that took the request over sends them all), as
+        ``wire.join_hidden`` joins them packed."""
+        if later.start <= self.start:
+            return later
+        if later.start != self.stop:
+            raise ValueError(f"hidden states from {later.start} do not follow rows {self.start}..{self.stop}")
+        return HiddenRows(self.start, torch.cat([self.rows, later.rows]))
 
 
 # Hidden states taken at once, at most: a long prompt's are cut to its last positions that fit

@@ -11,6 +11,7 @@ from specserve.proto.v1 import internal_pb2 as pb
 from .batching import StepResult
 from .acceptance import SparseDist, Outcome, one_hot
 from .sampling import LogitsProcessing, SamplingParams
+from .draft_steps import DraftStep, Fork
 from .drafting import Alternative, DraftTokens
 from .logprobs import TokenLogprobs
 from .proposing import HiddenRows
@@ -95,6 +96,28 @@ def hidden_from(msg: pb.HiddenStates) -> HiddenRows:
         return HiddenRows(msg.start, torch.zeros(0, msg.width, dtype=dtype))
     raw = torch.frombuffer(bytearray(msg.data), dtype=torch.int16 if dtype == torch.bfloat16 else dtype)
     return HiddenRows(msg.start, raw.view(dtype).view(msg.rows, msg.width))
+
+
+def step_message(step: DraftStep, aux: pb.HiddenStates | None = None) -> pb.DraftStep:
+    """A draft session's step on its stream; ``aux``: its hidden states packed already (the router
+    forwards a replica's as they came), else the step's own are packed."""
+    message = pb.DraftStep(keep=step.keep, append=step.append, k=step.k, min_confidence=step.min_confidence,
+                           min_tokens=step.min_tokens, guess=step.guess, adopt=step.adopt,
+                           drop_previous=step.drop_previous)
+    if step.fork is not None:
+        message.fork.CopyFrom(pb.Fork(keep=step.fork.keep, token=step.fork.token, k=step.fork.k))
+    if aux is not None or step.hidden is not None:
+        message.aux.CopyFrom(aux if aux is not None else hidden_message(step.hidden))
+    return message
+
+
+def step_from(message: pb.DraftStep) -> DraftStep:
+    """The step a draft worker's session is sent (ValueError: hidden states that do not unpack)."""
+    fork = message.fork
+    return DraftStep(message.keep, tuple(message.append), message.k, message.min_confidence,
+                     max(message.min_tokens, 1), message.guess, message.adopt,
+                     Fork(fork.keep, fork.token, fork.k) if message.HasField("fork") else None,
+                     hidden_from(message.aux) if message.HasField("aux") else None, message.drop_previous)
 
 
 def join_hidden(first: pb.HiddenStates | None, then: pb.HiddenStates) -> pb.HiddenStates:

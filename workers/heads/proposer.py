@@ -1,5 +1,5 @@
-"""A head fed by the target (EAGLE-3's, an MTP module) drafting for one request: its state (here or
-on a draft worker) and its proposer.
+"""A head fed by the target (EAGLE-3's, an MTP module) drafting for one request: its state and its
+session (``HeadDrafter``), on a draft worker or in this process.
 
 The verify pass hands the head, with each verdict, the target's aux hidden states of the positions
 it committed (``AUX_HIDDEN``); the head holds the request's tokens, its own cache of the positions
@@ -26,7 +26,8 @@ from ..config import BatchingConfig
 from ..drafting import DRAFT_MAX_SUPPORT, DraftTokens, draw, stack_rows
 from ..grpc_host import Device
 from ..kv_cache import session_capacity
-from ..proposing import AUX_HIDDEN, Committed, HiddenRows, Proposer, ProposerGone, StepRecorder, VerifyNeeds
+from ..draft_steps import DraftStep
+from ..proposing import HiddenRows, ProposerGone
 from ..seeds import DraftDraws
 from ..sim_device import HEAD, PassShape, held
 from ..wire import sampling_from
@@ -94,14 +95,52 @@ class HeadState:
 
     def draft(self, k: int) -> DraftTokens:
         """Up to ``k`` tokens after the committed ones (call when ``ready``), in passes of its own."""
-        run = HeadRun(self, k)
-        with torch.inference_mode():
-            while run.result is None:
-                segment, started = run.plan(2**31), time.perf_counter()
-                output = self.head.step_many([segment.run_on(self.head)])[0]
-                held(self.head, started, [segment], head_shape)  # on a simulated device, its modelled time
-                run.advance(output)
-        return run.result
+        return drafted_alone(HeadRun(self, k))
+
+
+class HeadDrafter:
+    """A head's session for one request (a ``Drafter``, workers/drafters.py), on a draft worker or
+    in this process: each step brings it to what stands, adds the target's hidden states that came
+    with the verdict, and drafts (a ``HeadRun``). It drafts no branch and gives no alternatives."""
+
+    alternatives = False
+    branch = None
+
+    def __init__(self, state: HeadState, committed: Sequence[int]) -> None:
+        self.state = state
+        self.greedy = state.sampling.greedy
+        state.commit(committed)
+        self.last = DraftTokens.empty()  # the proposal the next step's lengths refer to
+
+    def adopt(self) -> None:
+        raise ValueError("a head drafts no branch to adopt")
+
+    def step(self, step: DraftStep) -> HeadRun:
+        """The drafting this step asks for (its ``result`` once run). ProposerGone: the hidden states
+        it holds do not fit the request's tokens (a worker ends the session: they came wrong)."""
+        if step.adopt:
+            self.adopt()
+        self.state.resync(self.last.ids, step.keep, step.append)
+        if step.hidden is not None:
+            self.state.add(step.hidden)
+        self.last = DraftTokens.empty()  # what stands if the run fails
+        return HeadRun(self.state, step.k)
+
+    def proposal(self, run: HeadRun) -> DraftTokens:
+        self.last = run.result if run.result is not None else DraftTokens.empty()
+        return self.last
+
+
+def drafted_alone(run: HeadRun) -> DraftTokens:
+    """Every pass of a head's ``run`` on its own, a batch of one (in this process)."""
+    head = run.state.head
+    with torch.inference_mode():
+        while run.result is None:
+            segment, started = run.plan(2**31), time.perf_counter()
+            output = head.step_many([segment.run_on(head)])[0]
+            held(head, started, [segment], head_shape)  # on a simulated device, its modelled time
+            run.advance(output)
+    return run.result
 
 
 def opened_state(head: FedHead, opened, name: str) -> HeadState:
@@ -213,37 +252,6 @@ def head_shape(segments: Sequence) -> PassShape:
     """A head's pass's shape (workers/sim_device.py) from its sessions' segments (``HeadRun.plan``)."""
     rows = sum(len(s.ids) for s in segments)
     return PassShape(rows, len(segments), sum(int(s.positions[-1]) + 1 for s in segments if len(s.positions)))
-
-
-class HeadDraft(Proposer):
-    """A head in this process drafting for one request, alone (a batch of one)."""
-
-    def __init__(self, name: str, state: HeadState, recorder: StepRecorder, committed: Sequence[int]) -> None:
-        self.name = name
-        self.state = state
-        self.state.commit(committed)
-        self.recorder = recorder
-        self.deterministic = state.sampling.greedy
-        self.needs = VerifyNeeds(state.head.config.aux_layers)  # the target's hidden states it drafts from
-        self.proposed = DraftTokens.empty()
-
-    async def propose(self, k: int) -> DraftTokens:
-        # Nothing to draft from (the target's first pass is still to come): a target-only step.
-        if k < 1 or not self.state.ready():
-            self.proposed = DraftTokens.empty()
-            return self.proposed
-        started = time.perf_counter()
-        self.proposed = self.state.draft(k)
-        seconds = time.perf_counter() - started
-        self.recorder.waited(seconds)
-        self.recorder.drafted(len(self.proposed.ids), seconds)
-        return self.proposed
-
-    def commit(self, step: Committed) -> None:
-        self.state.commit(step.ids(self.proposed))
-        if (hidden := step.extras.get(AUX_HIDDEN)) is not None:
-            self.state.add(hidden)
-        self.proposed = DraftTokens.empty()
 
 
 @torch.inference_mode()
