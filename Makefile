@@ -79,12 +79,12 @@ gpu-check: $(INSTALLED)
 # Minutes of mixed load while workers are killed and frozen at random; reports requests by status,
 # tokens lost (must be 0) and memory over time. Not part of `make test`. MINUTES=n to change.
 soak: $(INSTALLED)
-	$(BIN)/python -m specserve.bench.soak $(if $(MINUTES),--minutes $(MINUTES))
+	$(BIN)/specserve soak $(if $(MINUTES),--minutes $(MINUTES))
 
 # A task's traffic shifting to another corpus: alpha falling, the alert firing in a real Prometheus,
 # a head re-distilled from the served sample, its canary promoted, alpha back (bench/shift.py; ~15 min).
 shift: $(INSTALLED) $(PROMETHEUS_BIN)/prometheus
-	PATH="$(abspath $(PROMETHEUS_BIN)):$$PATH" $(BIN)/python -m specserve.bench.shift
+	PATH="$(abspath $(PROMETHEUS_BIN)):$$PATH" $(BIN)/specserve shift
 
 # Long suites (more sampling settings, bigger budgets): see docs/pages/tests.md.
 test-slow: $(INSTALLED) $(PROMETHEUS_BIN)/prometheus

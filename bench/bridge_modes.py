@@ -5,7 +5,7 @@ after the last committed target tokens, is encoded with the target's tokenizer a
 one-hot q: greedy only, as q of a target token is not computable exactly that way). Alternated
 prompt by prompt against target-only on one engine; every output is checked against target-only's.
 
-    .venv/bin/python -m specserve.bench.bridge_modes --zoo demo --k 2,4
+    .venv/bin/specserve bridge-modes --zoo demo --k 2,4
 
 It writes ``bridge-modes.json`` and ``bridge-modes.md`` under a results folder of its own.
 """
@@ -109,20 +109,24 @@ def report(rows: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.bridge_modes", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="specserve bridge-modes", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--zoo", default="demo", help="a zoo preset name or directory (its draft of another "
                                                       "tokenizer is trained beside it on first use)")
     parser.add_argument("--k", type=comma_ints, default=(2, 4), metavar="K,K", help="draft tokens a step, each compared")
     parser.add_argument("--prompts", type=int, default=4, help="held-out prompts a task")
+    parser.add_argument("--tasks", type=lambda s: tuple(s.split(",")), default=(), metavar="T,T",
+                        help="(default: the zoo's)")
+    parser.add_argument("--draft", type=Path, help="a draft of another tokenizer than the target's (default: the "
+                                                   "zoo's, trained beside it on first use)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results directory")
     args = parser.parse_args(argv)
-    rows = measure(args.zoo, tuple(args.k), args.prompts, args.max_tokens)
+    rows = measure(args.zoo, tuple(args.k), args.prompts, args.max_tokens, draft=args.draft, tasks=args.tasks)
     out = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-bridge-modes"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bridge-modes.json").write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)},
-                                                       "provenance": provenance(), "rows": rows}, indent=2))
+    (out / "bridge-modes.json").write_text(json.dumps({"settings": vars(args), "provenance": provenance(), "rows": rows},
+                                                      indent=2, default=str))
     table = report(rows)
     (out / "bridge-modes.md").write_text(table)
     print(table + f"\nwritten to {out}")

@@ -6,7 +6,7 @@ them, 32 MB in bfloat16 (44 MB with its corpora and classifier, which the benche
 same weights) and shifts acceptance slightly; the float32 rows of a GPU run then use the rounded
 weights cast up.
 
-    python -m specserve.bench.carry --zoo ~/.cache/specserve/zoo/demo --out .gpu_zoo/demo
+    specserve carry --zoo ~/.cache/specserve/zoo/demo --out .gpu_zoo/demo
 
 `.ci/gpu-carry` runs this and fetches the wheels the machine lacks (docs/pages/gpu.md).
 """
@@ -47,7 +47,7 @@ def carry(zoo: Path, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.carry", description=__doc__,
+    parser = argparse.ArgumentParser(prog="specserve carry", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zoo", type=Path, required=True, help="a built zoo's directory")
     parser.add_argument("--out", type=Path, required=True, help="where the carried copy goes (replaced)")

@@ -2,7 +2,7 @@
 under prompt lookup (``cascade``, workers/drafting.py) at each ``--min-p``, against target-only,
 alternating prompt by prompt on one engine so the machine's drift falls on every path alike.
 
-    .venv/bin/python -m specserve.bench.cascade --zoo demo --min-p 1.0,0.3,0.1
+    .venv/bin/specserve cascades --zoo demo --min-p 1.0,0.3,0.1
 
 ``--min-p`` is the probability from which the draft proposes a guess as it is (1: the draft's own
 tokens only, the guesses saving its passes). Every output is checked against target-only's. It
@@ -92,7 +92,7 @@ def report(rows: dict, settings: CascadeSettings) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     d = CascadeSettings()
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.cascade", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="specserve cascades", description=__doc__.split("\n\n")[0])
     parser.add_argument("--zoo", default=d.zoo, help="a zoo preset name or directory (default: %(default)s)")
     parser.add_argument("--tasks", type=lambda s: tuple(s.split(",")), default=d.tasks, metavar="T,T",
                         help="(default: the zoo's)")

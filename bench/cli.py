@@ -80,7 +80,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "against general drafts; 1-32 concurrent clients, AUTO against OFF, batching off and "
                     "transformers' batching as peers; sampling; each component's memory. Writes report.md, "
                     "results.json and PNG plots under OUT/<timestamp>/ and prints a summary. A real pretrained "
-                    "model: python -m specserve.bench.real_model --target DIR_OR_GGUF.")
+                    "model: specserve real-model --target DIR_OR_GGUF.")
     bench.add_argument("--zoo", default=d.zoo, help="a zoo preset name or a zoo directory (default: %(default)s; "
                                                     "a preset is built on first use, the bench zoo in ~45 minutes)")
     bench.add_argument("--out", type=Path, default=d.out, help="results directory (default: %(default)s)")

@@ -17,7 +17,7 @@ engine does). Sections, each with the device, dtype and driver in the report's h
     concurrency     target-only decoding of N sessions through the scheduler (continuous batching)
                     against transformers' static batch of N, tokens per second
 
-    python -m specserve.bench.gpu --zoo DIR --out DIR [--dtype bfloat16]
+    specserve gpu-bench --zoo DIR --out DIR [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -395,7 +395,7 @@ def _concurrency_table(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.gpu", description=__doc__,
+    parser = argparse.ArgumentParser(prog="specserve gpu-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zoo", required=True, help="a built zoo's directory (e.g. ~/.cache/specserve/zoo/demo)")
     parser.add_argument("--out", required=True, help="folder for report.md and gpu.json")

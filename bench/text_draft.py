@@ -1,9 +1,9 @@
 """Train a draft for any target by its text, in a tokenizer of its own or in the target's: the pair
 the real-model bench measures side by side (the same recipe, only the tokenizer differs).
 
-    .venv/bin/python -m specserve.bench.text_draft --target PATH/SmolLM2-135M-Instruct.Q4_1.gguf \\
+    .venv/bin/specserve text-draft --target PATH/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --corpus FILE... --out DIR --own-vocab 8192          # a draft of another tokenizer
-    .venv/bin/python -m specserve.bench.text_draft --target ... --corpus FILE... --out DIR2   # the target's
+    .venv/bin/specserve text-draft --target ... --corpus FILE... --out DIR2   # the target's
 
 The recipe (cluster/zoo/other_tokenizer.py, ``train_text_draft``): the target's greedy
 continuations of prompts cut from the corpus, and the corpus itself, as the draft's training text
@@ -27,7 +27,7 @@ SHAPE = ModelShape(256, 2, 704, 4, tie_embeddings=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specserve.bench.text_draft", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="specserve text-draft", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--target", required=True, help="a model directory, hub id or .gguf file")
     parser.add_argument("--corpus", nargs="+", required=True, metavar="FILE", help="UTF-8 text files")
