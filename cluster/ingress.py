@@ -76,7 +76,7 @@ class Router:
         self.readiness = Readiness(frozenset(needed), ready_size(cfg, models))
         self.readiness.check(())  # what it waits for, before anything registered
         self.service = SpecServeService(tokenizer, limits, self.directory, cfg.router, _task_resolver(cfg, models),
-                                        priors=models.priors, trees=models.trees, heads=heads, medusa=models.on_verifier,
+                                        priors=models.priors, trees=models.trees, heads=heads, on_verifier=models.on_verifier,
                                         cascades=models.cascades,
                                         router_id=self.router_id,
                                         readiness=self.readiness)

@@ -201,9 +201,10 @@ class Policy:
     pressure: float = 0.0  # sessions per target replica, as of the latest request
     pass_cap: int = 0  # the most sessions a target replica's pass holds (0: not known)
     priors: dict[str, dict[str, float]] = field(default_factory=dict)  # task -> draft -> acceptance measured before serving
-    # Medusa heads (on the target replicas): their guesses are made in the verify pass, so they have no
-    # drafting time of their own (c 0); what they cost is the pass's widening, measured as any draft's.
-    medusa: frozenset[str] = frozenset()
+    # Drafts on the target replicas (Medusa heads, heads on the replica): their proposals are made in
+    # or beside the verify pass, so they have no drafting time of their own (c 0); what they cost is
+    # the pass's widening, measured as any draft's.
+    on_verifier: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self._tasks = {task: _Task({name: Arm.starting_at(self._prior(task, name)) for name in drafts})
@@ -222,7 +223,7 @@ class Policy:
         if kind_of(name) is ProposerKind.DRAFT_FREE:
             return Prior(0.0, self.config.prior_trials, c=0.0)
         alpha = self.priors.get(task, {}).get(name)
-        if name in self.medusa:
+        if kind_of(name, on_verifier=self.on_verifier) is ProposerKind.ON_VERIFIER:
             return Prior(alpha or 0.0, self.config.prior_trials if alpha is not None else 0.0, c=0.0)
         return None if alpha is None else Prior(alpha, self.config.prior_trials)
 
@@ -419,12 +420,12 @@ class Policy:
         return (self._typical_c() if arm.prior_c is None else arm.prior_c), w, r
 
     def _typical_c(self) -> float:
-        """c of the drafts that have timings (draft-free proposers and Medusa heads, priced apart, left
-        out), else the prior."""
+        """c of the drafts that have timings (draft-free proposers and drafts on the verifier, priced apart,
+        left out), else the prior."""
         known = [_per(arm.draft_seconds, arm.draft_tokens) / _per(arm.verify_seconds, arm.verify_passes)
                  for state in self._tasks.values() for name, arm in state.arms.items()
                  if arm.draft_tokens and arm.verify_seconds and kind_of(name) is not ProposerKind.DRAFT_FREE
-                 and name not in self.medusa]
+                 and kind_of(name, on_verifier=self.on_verifier) is not ProposerKind.ON_VERIFIER]
         return sum(known) / len(known) if known else self.config.prior_cost_ratio
 
     def _saturated(self) -> bool:

@@ -98,7 +98,7 @@ class SpecServeService:
                  priors: dict[str, dict[str, float]] | None = None,
                  trees: dict[str, tuple[str, ...]] | None = None,
                  heads: dict[str, tuple[int, ...]] | None = None, router_id: str = "router",
-                 readiness: Readiness | None = None, medusa: frozenset[str] = frozenset(),
+                 readiness: Readiness | None = None, on_verifier: frozenset[str] = frozenset(),
                  cascades: dict[str, str] | None = None) -> None:
         self.config = config
         # Whether the configured capacity is up (the ingress keeps it; in process: from the start).
@@ -109,10 +109,10 @@ class SpecServeService:
         self.directory = directory
         self.resolver = resolver
         rng = rng or random.Random()
-        self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {}, medusa=medusa)
+        self.policy = Policy(config.policy, limits.tasks, rng, priors=priors or {}, on_verifier=on_verifier)
         self.lookahead_budget = LookaheadBudget(config.lookahead_min_hit_rate)
         self.draft_free = DraftFree(config.ngram, config.suffix)
-        proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {}, medusa,
+        proposers = ProposerFactory(self.draft_free, trees or {}, config.tree_max_tokens, heads or {}, on_verifier,
                                     cascades or {}, Cascade(config.cascade_guesses, config.cascade_min_p))
         # A group of more than half a run would hold the replica's run up at its end (the router
         # tops a run up once half of it has arrived).
@@ -122,7 +122,7 @@ class SpecServeService:
                                config.lookahead_branch_min_odds if config.lookahead_branch else None, decode_group)
         self.learning = LearningBudget(config.learning_cpu_share)
         self.scorer = ContinuationScorer(self.policy, directory, config.policy.score_fraction, rng, self.draft_free,
-                                         frozenset(heads or {}) | medusa)
+                                         frozenset(heads or {}) | on_verifier)
         self.metrics = RouterMetrics()
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests, self._record_admission)
         self.totals = Totals()  # per (task, draft)

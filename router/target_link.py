@@ -16,9 +16,9 @@ import time
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.acceptance import Outcome
 from specserve.workers.drafting import DraftTokens
-from specserve.workers.proposing import AUX_HIDDEN, MEDUSA_NEXT, NEEDS_NOTHING, Verified, VerifyNeeds
+from specserve.workers.proposing import NEEDS_NOTHING, Verified, VerifyNeeds
 from specserve.workers.logprobs import TokenLogprobs
-from specserve.workers.wire import logprobs_from, proposal_from, proposal_message
+from specserve.workers.wire import extras_from, logprobs_from, proposal_message
 
 from .context import RequestContext
 from .directory import NoWorker
@@ -73,7 +73,7 @@ class TargetLink:
         while True:
             try:
                 opening = context.opening(replaced=self.resumes, aux_layers=self.needs.hidden_layers,
-                                          medusa=self.needs.medusa, medusa_depth=self.needs.depth)
+                                          medusa=self.needs.on_verifier, medusa_depth=self.needs.depth)
                 target, self.pick = await directory.pick_for("target", avoid=self.refused_by,
                                                              prompt=opening.prompt_ids)
                 self.replica = target.worker_id
@@ -121,12 +121,7 @@ class TargetLink:
         self.verdicts += 1
         verdict = reply.verdict
         outcome = Outcome(verdict.num_accepted, verdict.token, tuple(verdict.path))
-        if needs.hidden_layers and reply.HasField("aux"):  # forwarded as they came: the router never unpacks them
-            return Verified(outcome, reply.seconds, {AUX_HIDDEN: reply.aux}, self._logprobs(reply), reply.ended)
-        if needs.medusa and reply.HasField("next"):  # sent back as it came unless cut shorter
-            return Verified(outcome, reply.seconds, {MEDUSA_NEXT: _guesses(reply.next)}, self._logprobs(reply),
-                            reply.ended)
-        return Verified(outcome, reply.seconds, logprobs=self._logprobs(reply), ended=reply.ended)
+        return Verified(outcome, reply.seconds, extras_from(reply), self._logprobs(reply), reply.ended)
 
     def arrived(self) -> Verified | None:
         """A decode run's next token if its reply is already here. The last token owed is left to
@@ -230,12 +225,3 @@ class TargetLink:
         """Forget the refusals: every replica may have room for this request again."""
         self.refused_by.clear()
         self.all_full_since = None
-
-
-def _guesses(message: pb.Proposal) -> DraftTokens | None:
-    """The Medusa heads' proposal a reply carried; a malformed one is none (a target-only step)."""
-    try:
-        return proposal_from(message)
-    except ValueError as exc:
-        log.warning("a target replica sent malformed Medusa guesses (%s); the next step goes target-only", exc)
-        return None

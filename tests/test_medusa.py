@@ -74,8 +74,8 @@ def test_heads_of_another_target_or_with_a_cut_vocabulary_are_refused_saying_why
 
 
 def test_a_name_of_medusa_heads_is_their_kind():
-    assert kind_of("m", heads=("e",), medusa=("m",)) is ProposerKind.MEDUSA
-    assert kind_of("e", heads=("e",), medusa=("m",)) is ProposerKind.HEAD
+    assert kind_of("m", heads=("e",), on_verifier=("m",)) is ProposerKind.ON_VERIFIER
+    assert kind_of("e", heads=("e",), on_verifier=("m",)) is ProposerKind.HEAD
 
 
 def test_distill_says_which_flags_shape_an_eagle3_head_not_medusa(tiny_zoo, corpus, tmp_path, capsys):
@@ -136,7 +136,8 @@ def test_a_proposal_is_cut_at_a_depth_with_its_tree_renumbered():
     import torch
 
     from specserve.workers.drafting import DraftTokens
-    from specserve.workers.heads.medusa_draft import _tree, cut
+    from specserve.workers.heads.medusa_draft import _tree
+    from specserve.workers.verifier_draft import cut
 
     tree = _tree([[5, 6], [7, 8], [9, 10]])  # the main chain 5, 7, 9; runners-up 6, 8, 10 beside it
     assert tree.ids == [5, 6, 7, 8, 9, 10] and tree.parents == [-1, -1, 0, 0, 2, 2]
@@ -153,15 +154,17 @@ def test_the_proposer_relays_the_last_passes_guesses_cut_to_k_and_nothing_before
     import asyncio
 
     from specserve.workers.sampling import SamplingParams
-    from specserve.workers.heads.medusa_draft import MedusaDraft, _tree
-    from specserve.workers.proposing import MEDUSA_NEXT, Committed
+    from specserve.workers.heads.medusa_draft import _tree
+    from specserve.workers.proposing import VERIFIER_NEXT, Committed
     from specserve.workers.recording import StatsRecorder
     from specserve.workers.stats import SpecStats
 
-    draft = MedusaDraft("m", SamplingParams(), StatsRecorder(SpecStats()))
-    assert draft.needs.medusa == "m" and draft.needs
+    from specserve.workers.verifier_draft import VerifierDraft
+
+    draft = VerifierDraft("m", SamplingParams(), StatsRecorder(SpecStats()))
+    assert draft.needs.on_verifier == "m" and draft.needs
     assert asyncio.run(draft.propose(3)).ids == []  # no pass yet: target-only
-    draft.commit(Committed((), (4,), {MEDUSA_NEXT: _tree([[5, 6], [7, 8]])}))
+    draft.commit(Committed((), (4,), {VERIFIER_NEXT: _tree([[5, 6], [7, 8]])}))
     assert asyncio.run(draft.propose(1)).ids == [5, 6] and asyncio.run(draft.propose(0)).ids == []
     draft.commit(Committed((0,), (9,)))  # a pass that guessed nothing (its heads gone): nothing proposed
     assert asyncio.run(draft.propose(2)).ids == []

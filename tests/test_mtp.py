@@ -227,9 +227,9 @@ def owing_session(batch: FedGuessBatch, width: int, draws: DraftDraws, prompt: i
     """A session of the head on the verifier after its prompt's pass: the prompt's hidden states
     and the verdict's token; it owes its first proposal."""
     guesser = FedGuesser(batch, HeadState(batch.head, 64, SamplingParams(temperature=1.0), draws), depth=3)
-    owner = SimpleNamespace(sequence=SimpleNamespace(committed=list(range(5, 6 + prompt))), next=None)
-    guesser.owe(owner, SimpleNamespace(tokens=list(range(5, 5 + prompt)), aux=torch.randn(prompt, width), logits=1),
-                0, ())
+    owner = SimpleNamespace(sequence=SimpleNamespace(committed=list(range(5, 6 + prompt))))
+    guesser.passed(owner, SimpleNamespace(tokens=list(range(5, 5 + prompt)), aux=torch.randn(prompt, width), logits=1),
+                   0, ())
     return guesser, owner
 
 
@@ -239,10 +239,10 @@ def test_on_the_verifier_a_session_whose_drafting_fails_goes_target_only_alone(t
     good, good_owner = owing_session(batch, width, DraftDraws(3, MTP))
     bad, bad_owner = owing_session(batch, width, BrokenDraws(3, MTP))
     batch.flush()  # one pass of both, then each one's draw
-    assert len(good_owner.next.ids) == 3 and not good.gone
-    assert bad_owner.next is None and "no uniform here" in bad.gone
+    assert len(good.take().ids) == 3 and not good.gone
+    assert bad.take() is None and "no uniform here" in bad.gone
     assert bad.layers(None) == () and batch.pending == []  # it keeps no more hidden states, owes nothing
-    bad.owe(bad_owner, None, 0, ())
+    bad.passed(bad_owner, None, 0, ())
     assert batch.pending == []
 
 
@@ -255,7 +255,7 @@ def test_on_the_verifier_a_failed_pass_of_the_head_ends_its_sessions_drafting_no
         raise RuntimeError("out of memory")
     monkeypatch.setattr(batch.head, "step_many", fails)
     batch.flush()  # raises nothing: the target's verdicts stand
-    assert all(owner.next is None and "RuntimeError" in guesser.gone for guesser, owner in sessions)
+    assert all(guesser.take() is None and "RuntimeError" in guesser.gone for guesser, _ in sessions)
 
 
 def test_on_the_verifier_a_long_prompt_feeds_the_head_its_last_window_as_a_verdicts_reply_would(target, mtp_target,
@@ -264,12 +264,13 @@ def test_on_the_verifier_a_long_prompt_feeds_the_head_its_last_window_as_a_verdi
     monkeypatch.setattr(proposing, "AUX_WINDOW_BYTES", 8 * width * 4)  # 8 float32 rows
     batch = FedGuessBatch(load_head_of(str(mtp_target[0]), target))
     guesser = FedGuesser(batch, HeadState(batch.head, 64, SamplingParams(), DraftDraws(1, MTP)), depth=2)
-    owner = SimpleNamespace(sequence=SimpleNamespace(committed=list(range(1, 22))), next=None)
+    owner = SimpleNamespace(sequence=SimpleNamespace(committed=list(range(1, 22))))
     for chunk, logits in ((range(0, 12), 0), (range(12, 20), 1)):  # a prompt of 20 in two chunks, then a verdict
-        guesser.owe(owner, SimpleNamespace(tokens=list(chunk), aux=torch.randn(len(chunk), width), logits=logits), 0, ())
-    assert (guesser.state.origin, guesser.state.known) == (12, 20)  # positions 12..19, as take_aux cuts them
+        guesser.passed(owner, SimpleNamespace(tokens=list(chunk), aux=torch.randn(len(chunk), width), logits=logits),
+                       0, ())
+    assert (guesser.state.origin, guesser.state.known) == (12, 20)  # positions 12..19, as HiddenKeeper cuts them
     batch.flush()
-    assert len(owner.next.ids) == 2
+    assert len(guesser.take().ids) == 2
 
 
 def test_the_draft_pool_is_refused_a_head_the_replicas_serve(tiny_zoo, mtp_target):

@@ -463,7 +463,7 @@ def test_medusa_heads_are_priced_with_no_drafting_time_of_their_own_from_the_sta
     and their c stays out of the typical c other drafts are priced at."""
     tasks = {"t": ("d", "m")}
     p = Policy(PolicyConfig(probe_fraction=0.0), tasks, random.Random(0), priors={"t": {"d": 0.7, "m": 0.7}},
-               medusa=frozenset({"m"}))
+               on_verifier=frozenset({"m"}))
     arms = {arm.draft: arm for arm in p.view("t").arms}
     assert arms["m"].c == 0.0 and arms["d"].c == PolicyConfig().prior_cost_ratio
     assert arms["m"].expected_speedup > arms["d"].expected_speedup and p.route("t").draft == "m"

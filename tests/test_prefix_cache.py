@@ -16,6 +16,8 @@ from specserve.workers.grpc_host import Device
 from specserve.workers.kv_pool import Budget, KVPool, KVShape
 from specserve.workers.prefix_cache import Holder, block_hashes, shareable_blocks
 from specserve.workers.ragged_pass import PooledSequence
+from specserve.workers.pass_hooks import HiddenKeeper
+from specserve.workers.proposing import AUX_HIDDEN
 from specserve.workers.verifying import TargetSession
 
 from scheduled import decode_alone
@@ -148,9 +150,9 @@ def test_a_session_serving_a_head_reuses_a_prefix_and_hands_out_hidden_states_af
     async def run() -> tuple[list[int], int, int]:
         sequence = PooledSequence(pool.take(len(prompts[1]) + TOKENS + 1), prompts[1], pool)
         scheduler.prefix.open(sequence)
-        session = TargetSession(sequence, GREEDY, torch.Generator(), aux_layers=layers)
+        session = TargetSession(sequence, GREEDY, torch.Generator(), HiddenKeeper(layers, sequence.reused))
         done = await scheduler.run(session.decode(TOKENS))
-        hidden = session.take_aux()
+        hidden = session.take_extras()[AUX_HIDDEN]
         return [v.token for v in done.result], sequence.reused, hidden.start
 
     tokens, reused, start = asyncio.run(run())

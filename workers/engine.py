@@ -22,7 +22,7 @@ from .heads.eagle3 import Eagle3Head
 from .heads.format import is_head, load_head_of
 from .heads.medusa import MedusaHeads, is_medusa, load_medusa
 from .heads.fed_guess import FedGuessBatch, FedGuesser
-from .heads.medusa_draft import GuessBatch, MedusaDraft, MedusaGuesser, runner_up
+from .heads.medusa_draft import GuessBatch, MedusaGuesser, runner_up
 from .heads.proposer import HeadDrafter, HeadState, drafted_alone
 from .kv_cache import session_capacity
 from .kv_pool import KVPool
@@ -30,7 +30,8 @@ from .lookup import DraftFree
 from .proposer_kinds import CASCADE, DRAFT_FREE, TREE, ProposerKind
 from .loop import SpeculativeLoop, run_now
 from .proposers import Proposers
-from .proposing import AUX_HIDDEN, MEDUSA_NEXT, Proposer, Verified, VerifyNeeds
+from .pass_hooks import HiddenKeeper, PassHook
+from .proposing import Proposer, Verified, VerifyNeeds
 from .loading import ModelSpec, gemv_layout, load_model, load_tokenizer
 from .prompt import encode_prompt
 from .request import GenerationParams
@@ -43,6 +44,7 @@ from .stats import SpecStats
 from .steps import private_sequence, run_alone
 from .stopping import Chunk, OutputAssembler
 from .token_bridge import TokenBridge, bridge_if_needed, bridged_capacity
+from .verifier_draft import VerifierDraft
 from .verifying import TargetSession
 
 
@@ -79,7 +81,8 @@ class SpecEngine:
         self.context_window = int(target.config.max_position_embeddings)
         # Prompt lookup and suffix decoding (over the prompt alone: no task's outputs), the heads'
         # names, a tree's size and a cascade's guesses: what each request's proposer is built from.
-        self.proposers = Proposers(DraftFree(), self.heads.keys(), medusa={*self.medusa, *self.fed_guesses})
+        self.proposers = Proposers(DraftFree(), self.heads.keys(),
+                                   on_verifier={*self.medusa, *self.fed_guesses})
         self.task = ""  # whose outputs suffix decoding reads, if a caller teaches proposers.draft_free some
         self.sim: SimConfig | None = None  # its models' simulated device (``simulate``), if on one
         self._grammars: GrammarCompiler | None = None
@@ -172,12 +175,7 @@ class LocalVerifier:
         started = time.perf_counter()
         verdict = run_alone(self.model, self.pool, self.session.step(proposal))
         seconds = time.perf_counter() - started
-        logprobs, ended = self.session.take_logprobs(), self.session.ended
-        if needs.hidden_layers:
-            return Verified(verdict, seconds, {AUX_HIDDEN: self.session.take_aux()}, logprobs, ended)
-        if needs.medusa:
-            return Verified(verdict, seconds, {MEDUSA_NEXT: self.session.take_next()}, logprobs, ended)
-        return Verified(verdict, seconds, logprobs=logprobs, ended=ended)
+        return Verified(verdict, seconds, self.session.take_extras(), self.session.take_logprobs(), self.session.ended)
 
     def arrived(self) -> Verified | None:
         return None  # every verdict is computed when asked
@@ -206,8 +204,8 @@ class Generation:
         proposer = self._proposer(draft, members) if draft else None
         pool, sequence = private_sequence(engine.target, prompt_ids, self.capacity)
         session = TargetSession(sequence, params.sampling, self.verify_generator,
-                                proposer.needs.hidden_layers if proposer else (), params.logprobs, params.processing,
-                                grammar=self._grammar(), guesser=self._guesser(proposer.needs.medusa if proposer else ""))
+                                self._hook(proposer.needs) if proposer else None, params.logprobs, params.processing,
+                                grammar=self._grammar())
         self.loop = SpeculativeLoop(self.decoding, LocalVerifier(engine.target, pool, session), proposer,
                                     self.length, self.recorder)
 
@@ -217,8 +215,8 @@ class Generation:
 
     def _model_draft(self, name: str, kind: ProposerKind, in_tree: bool, cascade: Cascade = NO_CASCADE) -> Proposer:
         """A draft model or heads in this process, for this request (no lookahead: it runs alone)."""
-        if kind is ProposerKind.MEDUSA:  # guessing in or after the target session's passes (``_guesser``)
-            return MedusaDraft(name, self.params.sampling, self.recorder, self.length.most)
+        if kind is ProposerKind.ON_VERIFIER:  # drafting in or after the target session's passes (``_hook``)
+            return VerifierDraft(name, self.params.sampling, self.recorder, self.length.most)
         if kind is ProposerKind.HEAD:
             state = HeadState(self.engine.heads[name], self.capacity, self.params.sampling,
                               DraftDraws(self.decoding.stats.seed, name), self.engine.draft_max_support)
@@ -244,17 +242,21 @@ class Generation:
         return SessionProposer(name, drafter, functools.partial(run_alone, model, pool), len(prompt_ids),
                                self.length, self.recorder, first_alone=self.first_alone)
 
-    def _guesser(self, medusa: str) -> MedusaGuesser | FedGuesser | None:
-        """The target session's side of the heads ``medusa`` (none: ""), drawing as a draft of that name."""
-        if not medusa:
+    def _hook(self, needs: VerifyNeeds) -> PassHook | None:
+        """The target session's hook that serves what the proposer ``needs`` of each pass: the
+        hidden states of its layers, or the side of the heads drafting here, drawing as a draft of
+        their name (workers/pass_hooks.py)."""
+        if needs.hidden_layers:
+            return HiddenKeeper(needs.hidden_layers)
+        name, seed = needs.on_verifier, self.decoding.stats.seed
+        if not name:
             return None
-        seed = self.decoding.stats.seed
-        if (fed := self.engine.fed_guesses.get(medusa)) is not None:
-            state = HeadState(fed.head, self.capacity, self.params.sampling, DraftDraws(seed, medusa),
+        if (fed := self.engine.fed_guesses.get(name)) is not None:
+            state = HeadState(fed.head, self.capacity, self.params.sampling, DraftDraws(seed, name),
                               self.engine.draft_max_support)
             return FedGuesser(fed, state, self.length.most)
-        return MedusaGuesser(self.engine.guesses[medusa], self.params.sampling, DraftDraws(seed, medusa),
-                             self.engine.draft_max_support, DraftDraws(seed, runner_up(medusa)))
+        return MedusaGuesser(self.engine.guesses[name], self.params.sampling, DraftDraws(seed, name),
+                             self.engine.draft_max_support, DraftDraws(seed, runner_up(name)))
 
     def _grammar(self) -> GrammarState | None:
         """A state of the request's grammar of its own, for the target's session or a draft's."""

@@ -28,22 +28,25 @@ def base_draft(name: str) -> str:
 class ProposerKind(Enum):
     DRAFT = "draft"  # a draft model: on a draft worker, or in process
     HEAD = "head"  # an EAGLE-3 head: a draft fed the target's hidden states (workers/heads/)
-    MEDUSA = "medusa"  # Medusa heads: guesses from the target's last hidden state, where it verifies
+    # Drafting where the target verifies: Medusa heads guessing in its pass, a head fed by its hidden
+    # states drafting after it on the replica (workers/verifier_draft.py)
+    ON_VERIFIER = "on_verifier"
     DRAFT_FREE = "draft_free"  # prompt lookup or suffix decoding: no model, wherever the loop runs
     TREE = "tree"  # several of a task's proposers merged into one token tree (workers/token_tree.py)
     CASCADE = "cascade"  # a draft model verifying prompt lookup's guesses as it drafts (workers/drafting.py)
 
 
-def kind_of(name: str, heads: Container[str] = (), medusa: Container[str] = ()) -> ProposerKind:
+def kind_of(name: str, heads: Container[str] = (), on_verifier: Container[str] = ()) -> ProposerKind:
     """What a proposer's name makes it: the one place a name is read so (``heads``: the names of
-    the served EAGLE-3 heads; ``medusa``: of Medusa heads). The engine and the router build each
-    kind their own way; the policy and the scorer price and score by kind."""
+    the served heads that draft on draft workers or in process; ``on_verifier``: of those that draft
+    where the target verifies: Medusa heads, heads on the replica). The engine and the router build
+    each kind their own way; the policy and the scorer price and score by kind."""
     if name in DRAFT_FREE:
         return ProposerKind.DRAFT_FREE
     if name == TREE:
         return ProposerKind.TREE
     if name == CASCADE:
         return ProposerKind.CASCADE
-    if name in medusa:
-        return ProposerKind.MEDUSA
+    if name in on_verifier:
+        return ProposerKind.ON_VERIFIER
     return ProposerKind.HEAD if base_draft(name) in heads else ProposerKind.DRAFT

@@ -22,7 +22,7 @@ from .token_tree import TREE_MAX_TOKENS, TreeProposer
 
 
 class ModelDraft(Protocol):
-    """Builds one request's proposer for a model's draft (``kind``: DRAFT, HEAD or MEDUSA) where it runs.
+    """Builds one request's proposer for a model's draft (``kind``: DRAFT, HEAD or ON_VERIFIER) where it runs.
     ``in_tree``: it is a tree's member, whose lookahead drafts no branch (the k the loop asks after a
     verdict follows the tree's path, not the member's chain, so a branch would not be its fresh draft).
     ``cascade``: prompt lookup under a draft model, which it verifies as it drafts (workers/drafting.py)."""
@@ -33,13 +33,13 @@ class ModelDraft(Protocol):
 @dataclass
 class Proposers:
     """What every request's proposer is built from: the draft-free proposers (and their tasks'
-    outputs), the names of the drafts that are EAGLE-3 heads and Medusa heads, a tree's size and
-    a cascade's guesses."""
+    outputs), the names of the drafts that are heads (drafting on draft workers or in process) and of
+    those that draft where the target verifies, a tree's size and a cascade's guesses."""
 
     draft_free: DraftFree
     heads: Container[str] = ()
     tree_max_tokens: int = TREE_MAX_TOKENS
-    medusa: Container[str] = ()
+    on_verifier: Container[str] = ()
     cascade: Cascade = Cascade(CASCADE_GUESSES, CASCADE_MIN_P)
 
     def build(self, name: str, task: str, committed: Sequence[int], recorder: StepRecorder, model_draft: ModelDraft,
@@ -51,7 +51,7 @@ class Proposers:
 
     def _build(self, name: str, task: str, committed: Sequence[int], recorder: StepRecorder, model_draft: ModelDraft,
                members: Sequence[str], in_tree: bool) -> Proposer:
-        kind = kind_of(name, self.heads, self.medusa)
+        kind = kind_of(name, self.heads, self.on_verifier)
         if kind is ProposerKind.DRAFT_FREE:
             return self.draft_free.proposer(name, task, recorder, committed)
         if kind is ProposerKind.TREE:
@@ -64,7 +64,7 @@ class Proposers:
                                  for m in members], self.tree_max_tokens)
         if kind is ProposerKind.CASCADE:
             # A draft model only: heads draft from the target's hidden states, in passes of their own.
-            if len(members) != 1 or kind_of(members[0], self.heads, self.medusa) is not ProposerKind.DRAFT:
+            if len(members) != 1 or kind_of(members[0], self.heads, self.on_verifier) is not ProposerKind.DRAFT:
                 raise ProposerGone(f"task {task!r} has no draft model to cascade (got {list(members)})")
             return model_draft(members[0], ProposerKind.DRAFT, in_tree, self.cascade)
         return model_draft(name, kind, in_tree)

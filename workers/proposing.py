@@ -51,24 +51,27 @@ NO_EXTRAS: Mapping[str, object] = MappingProxyType({})
 # asks for: ``HiddenRows`` in process; through the service, the ``pb.HiddenStates`` its replica sent,
 # forwarded to the draft worker as they came.
 AUX_HIDDEN = "aux_hidden"
-# The key under which a verify pass returns the next proposal of the Medusa heads ``VerifyNeeds``
-# names (``DraftTokens``; through the service, from the replica's ``VerifyReply.next``).
-MEDUSA_NEXT = "medusa_next"
+# The key under which a verify pass returns the next proposal of the heads drafting where the
+# target verifies that ``VerifyNeeds.on_verifier`` names (``DraftTokens``; through the service, from
+# the replica's ``VerifyReply.next``).
+VERIFIER_NEXT = "verifier_next"
 
 
 @dataclass(frozen=True)
 class VerifyNeeds:
-    """What a proposer needs of each verify pass besides the verdict: the target's hidden states of
-    ``hidden_layers`` at the positions the pass committed (an EAGLE-3 head's aux layers; workers/heads/),
-    or the next proposal of the ``medusa`` heads the verifier serves, guessed in the pass (``depth``
-    tokens of a head fed by hidden states that drafts after it; 0: its default)."""
+    """What a proposer needs of each verify pass besides the verdict, served by the target session's
+    hook (workers/pass_hooks.py): the target's hidden states of ``hidden_layers`` at the positions the
+    pass committed (for a head drafting elsewhere: an EAGLE-3 head's aux layers; workers/heads/), or
+    the next proposal of the heads ``on_verifier`` that draft where the target verifies: Medusa heads
+    guessing in the pass, or a head fed by hidden states drafting ``depth`` tokens after it (0: its
+    default)."""
 
     hidden_layers: tuple[int, ...] = ()
-    medusa: str = ""
+    on_verifier: str = ""
     depth: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.hidden_layers or self.medusa)
+        return bool(self.hidden_layers or self.on_verifier)
 
     def with_(self, other: VerifyNeeds) -> VerifyNeeds:
         """Both proposers' needs (a token tree's members): one target pass serves one set of layers."""

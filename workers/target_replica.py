@@ -37,13 +37,14 @@ from .loading import ModelSpec, gemv_layout, load_model
 from .logs import log_to_stderr
 from .model_host import ModelHost, SessionIdle, SessionLimit, first_open
 from .multiplexing import serve_multiplexed
+from .pass_hooks import HiddenKeeper, PassHook
 from .ragged_pass import PooledSequence
 from .registry import Registration
 from .request import DEFAULT_K, MAX_K
 from .seeds import DraftDraws, verifier_generator
 from .verifying import DecodeRun, TargetSession
-from .wire import (hidden_message, logprobs_message, pass_info, processing_from, proposal_from, proposal_message,
-                   sampling_from, verdict_message)
+from .wire import (extras_message, logprobs_message, pass_info, processing_from, proposal_from, sampling_from,
+                   verdict_message)
 
 
 class TargetReplica:
@@ -72,7 +73,7 @@ class TargetReplica:
                               time_passes=True)
 
     def guesser(self, opened: pb.SessionOpen, reused: int = 0) -> MedusaGuesser | FedGuesser:
-        """A session's side of the heads it names (its first ``reused`` positions from the prefix
+        """A session's side of the heads it names (its ``PassHook``, workers/pass_hooks.py) (its first ``reused`` positions from the prefix
         cache: a fed head starts after them): ValueError if it serves none so named."""
         name = opened.medusa
         if (fed := self.heads.get(name)) is not None:
@@ -108,11 +109,11 @@ class TargetReplica:
 
 def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
                    grammars: Callable[[], GrammarCompiler] = no_grammars,
-                   guesser: Callable[[pb.SessionOpen, int], MedusaGuesser | FedGuesser | None] = (
-                       lambda opened, reused: None)) -> TargetSession:
-    """The session a Verify stream's open message asks for (with the hidden states its head reads,
-    the Medusa heads that guess in its passes, its processing and its grammar, which has consumed
-    the output the session already holds)."""
+                   guesser: Callable[[pb.SessionOpen, int], PassHook | None] = lambda opened, reused: None
+                   ) -> TargetSession:
+    """The session a Verify stream's open message asks for (with the hook that serves its proposer:
+    the hidden states its head reads, or the side of the heads that draft in or after its passes,
+    ``guesser``'s; its processing and its grammar, which has consumed the output it already holds)."""
     if opened.medusa and opened.aux_layers:
         raise ValueError("a session drafts with Medusa heads or with an EAGLE-3 head's hidden states, not both: "
                          "give SessionOpen.medusa or aux_layers")
@@ -123,25 +124,22 @@ def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
     if opened.HasField("grammar"):
         output = opened.prompt_ids[opened.grammar.output_start:]
         grammar = grammars().state(opened.grammar.compiled, output)
-    return TargetSession(sequence, sampling_from(opened.sampling), verifier_generator(opened.sampling.seed),
-                         tuple(opened.aux_layers), opened.top_logprobs if opened.logprobs else None,
-                         processing_from(processing),
-                         processing.output_start if opened.HasField("processing") else None, grammar,
-                         guesser(opened, sequence.reused) if opened.medusa else None)
+    hook = (HiddenKeeper(tuple(opened.aux_layers), sequence.reused) if opened.aux_layers
+            else guesser(opened, sequence.reused) if opened.medusa else None)
+    return TargetSession(sequence, sampling_from(opened.sampling), verifier_generator(opened.sampling.seed), hook,
+                         opened.top_logprobs if opened.logprobs else None, processing_from(processing),
+                         processing.output_start if opened.HasField("processing") else None, grammar)
 
 
 def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> pb.VerifyReply:
     reply = pb.VerifyReply(verdict=verdict_message(verdict), seconds=done.device_seconds, pass_info=pass_info(done))
     if session.sequence.reused:
         reply.cached_tokens = session.sequence.reused
-    if (hidden := session.take_aux()) is not None:
-        reply.aux.CopyFrom(hidden_message(hidden))
+    extras_message(reply, session.take_extras(), session.sampling.greedy)
     if (logprobs := session.take_logprobs()) is not None:
         reply.logprobs.CopyFrom(logprobs_message(logprobs))
     if session.ended:
         reply.ended = session.ended
-    if (guessed := session.take_next()) is not None:
-        reply.next.CopyFrom(proposal_message(guessed, session.sampling.greedy))
     return reply
 
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -14,13 +13,10 @@ from .drafting import DraftTokens
 from .grammar import GrammarState
 from .logprobs import NO_LOGPROBS, TokenLogprobs, token_logprobs
 from .processors import processed
-from .proposing import HiddenRows, windowed
+from .pass_hooks import PassHook
+from .proposing import NO_EXTRAS
 from .ragged_pass import PooledSequence, Segment
 from .sampling import NO_PROCESSING, LogitsProcessing, SamplingParams
-
-if TYPE_CHECKING:
-    from .heads.fed_guess import FedGuesser
-    from .heads.medusa_draft import MedusaGuesser
 
 NO_PROPOSAL = DraftTokens.empty()
 GRAMMAR_ENDED = "grammar"  # Verified.ended, VerifyReply.ended: the grammar could take no further token
@@ -34,9 +30,11 @@ class TargetSession:
     """
 
     def __init__(self, sequence: PooledSequence, sampling: SamplingParams, generator: torch.Generator,
-                 aux_layers: tuple[int, ...] = (), logprobs: int | None = None,
+                 hook: PassHook | None = None, logprobs: int | None = None,
                  processing: LogitsProcessing = NO_PROCESSING, output_start: int | None = None,
-                 grammar: GrammarState | None = None, guesser: MedusaGuesser | FedGuesser | None = None) -> None:
+                 grammar: GrammarState | None = None) -> None:
+        """``hook``: what the request's proposer needs of each pass besides the verdict
+        (workers/pass_hooks.py: hidden states for a head drafting elsewhere, heads drafting here)."""
         self.sequence = sequence
         # Penalties and a logit bias (workers/processors.py), over the output: the committed tokens
         # from ``output_start`` on (the request's first output token; None: the prompt's end now).
@@ -57,57 +55,25 @@ class TargetSession:
         self.committed_logprobs = NO_LOGPROBS
         self.sampling = sampling
         self.generator = generator
-        # For a request drafted by an EAGLE-3 head: the hidden states (of these layers) of every
-        # position it commits, handed out once each (``take_aux``), in position order.
-        self.aux_layers = aux_layers
-        self.aux_rows: list[torch.Tensor] = []
-        # The position of the first row not handed out. A prompt prefix from the prefix cache was
-        # computed by another session, so its rows are nobody's here: the head starts after it, as
-        # it starts after a long prompt's window (``take_aux``).
-        self.aux_start = sequence.reused
-        # For a request drafted by heads served here: Medusa heads guess the next proposal from the
-        # hidden state the pass computed for the verdict's last position, a head fed by hidden states
-        # (heads/fed_guess.py) drafts it from every committed position's (``take_next``).
-        self.guesser = guesser
-        self.next: DraftTokens | None = None
+        self.hook = hook
 
     def plan(self, segment: Segment | None) -> Segment | None:
         if segment is not None:
             segment.ids_only = self.ids_only
-            guessing = self.guesser.layers(segment) if self.guesser is not None else ()
-            segment.aux_layers = self.aux_layers or guessing
+            segment.aux_layers = self.hook.layers(segment) if self.hook is not None else ()
         return segment
 
-    def keep_aux(self, segment: Segment, proposed: int, kept: Sequence[int]) -> None:
-        """Keep the hidden states of the segment's committed rows: all but its last ``proposed``
-        (a proposal), then the proposal's rows ``kept`` (what the verdict accepted)."""
-        if segment.aux is None or not self.aux_layers:
-            return
-        fixed = len(segment.tokens) - proposed
-        self.aux_rows.append(segment.aux[:fixed])
-        if kept:
-            self.aux_rows.append(segment.aux[fixed + torch.tensor(kept, dtype=torch.long)])
+    def passed(self, segment: Segment, proposed: int, kept: Sequence[int]) -> None:
+        """The segment ran: its committed rows are all but its last ``proposed``, then the
+        proposal's rows ``kept``; the hook takes what it needs of them."""
+        if self.hook is not None:
+            self.hook.passed(self, segment, proposed, kept)
 
-    def guess_next(self, segment: Segment, proposed: int, kept: Sequence[int]) -> None:
-        """Hand the heads served here the segment's hidden states (its committed rows: all but its
-        last ``proposed``, then the proposal's rows ``kept``); after a verdict they owe the next
-        proposal, made with the pass's other sessions' once its verdicts are in (``after_pass``)."""
-        if self.guesser is not None and segment.aux is not None:
-            self.guesser.owe(self, segment, proposed, kept)
-
-    def take_next(self) -> DraftTokens | None:
-        """The heads' proposal after the last verdict, once (None: no heads, or no pass since)."""
-        taken, self.next = self.next, None
-        return taken
-
-    def take_aux(self) -> HiddenRows | None:
-        """The committed positions' hidden states not handed out yet, [n, layers * H] (None: not kept)."""
-        if not self.aux_layers:
-            return None
-        rows, self.aux_rows = self.aux_rows, []
-        taken = HiddenRows(self.aux_start, torch.cat(rows) if rows else torch.zeros(0, 0))
-        self.aux_start = taken.stop
-        return windowed(taken)
+    def take_extras(self) -> Mapping[str, object]:
+        """What the hook took of the passes since the last call (``Verified.extras``)."""
+        if self.hook is None:
+            return NO_EXTRAS
+        return {self.hook.key: self.hook.take()}
 
     def take_logprobs(self) -> TokenLogprobs | None:
         """The logprobs of the tokens committed since the last call (None: not asked for)."""
@@ -138,7 +104,8 @@ class TargetSession:
         return VerifyStep(self, proposal)
 
     def decode(self, n: int) -> DecodeRun:
-        self.guesser = None  # a session decoding in runs drafts no more (target_replica.DecodeRuns)
+        if self.hook is not None and self.hook.drafts:  # decoding in runs, it drafts no more (target_replica.DecodeRuns)
+            self.hook = None
         return DecodeRun(self, n)
 
     def judge(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
@@ -218,19 +185,18 @@ class VerifyStep:
 
     @property
     def after_pass(self):
-        """Once every step of the pass advanced: the guesses its sessions' heads owe, made together."""
-        return self.session.guesser.batch.flush if self.session.guesser is not None else None
+        """Once every step of the pass advanced: the work its sessions' hooks share (heads drafting
+        here draft for all of them at once)."""
+        return self.session.hook.after_pass if self.session.hook is not None else None
 
     def advance(self, logits: torch.Tensor) -> bool:
         self.session.sequence.ran(self.planned)
         if not self.planned.logits:  # a prefill chunk
-            self.session.keep_aux(self.planned, 0, ())
-            self.session.guess_next(self.planned, 0, ())
+            self.session.passed(self.planned, 0, ())
             return False
         self.result = self.session.judge(self.proposal, logits)
         kept = list(self.result.path or range(self.result.num_accepted))
-        self.session.keep_aux(self.planned, len(self.proposal.ids), kept)
-        self.session.guess_next(self.planned, len(self.proposal.ids), kept)
+        self.session.passed(self.planned, len(self.proposal.ids), kept)
         return True
 
 
@@ -263,7 +229,7 @@ class DecodeRun:
 
     def advance(self, logits: torch.Tensor) -> bool:
         self.session.sequence.ran(self.planned)
-        self.session.keep_aux(self.planned, 0, ())
+        self.session.passed(self.planned, 0, ())
         if not self.planned.logits:  # a prefill chunk
             return False
         self.verdicts.append(self.session.judge(NO_PROPOSAL, logits))

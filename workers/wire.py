@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -14,7 +15,9 @@ from .sampling import LogitsProcessing, SamplingParams
 from .draft_steps import DraftStep, Fork
 from .drafting import Alternative, DraftTokens
 from .logprobs import TokenLogprobs
-from .proposing import HiddenRows
+from .proposing import AUX_HIDDEN, NO_EXTRAS, VERIFIER_NEXT, HiddenRows
+
+log = logging.getLogger("specserve.workers")
 
 
 def sampling_message(sampling: SamplingParams, seed: int) -> pb.Sampling:
@@ -118,6 +121,30 @@ def step_from(message: pb.DraftStep) -> DraftStep:
                      max(message.min_tokens, 1), message.guess, message.adopt,
                      Fork(fork.keep, fork.token, fork.k) if message.HasField("fork") else None,
                      hidden_from(message.aux) if message.HasField("aux") else None, message.drop_previous)
+
+
+def extras_message(reply: pb.VerifyReply, extras: Mapping[str, object], greedy: bool) -> None:
+    """What a verify pass took for the request's proposer (``Verified.extras``: workers/pass_hooks.py)
+    into its reply: hidden states packed in their dtype, or the proposal drafted on the verifier."""
+    if (hidden := extras.get(AUX_HIDDEN)) is not None:
+        reply.aux.CopyFrom(hidden_message(hidden))
+    if (drafted := extras.get(VERIFIER_NEXT)) is not None:
+        reply.next.CopyFrom(proposal_message(drafted, greedy))
+
+
+def extras_from(reply: pb.VerifyReply) -> Mapping[str, object]:
+    """A reply's ``Verified.extras``: its hidden states as they came (the router never unpacks them:
+    they go on to the draft worker), or the proposal drafted on the verifier (a malformed one is
+    none: a target-only step)."""
+    if reply.HasField("aux"):
+        return {AUX_HIDDEN: reply.aux}
+    if reply.HasField("next"):
+        try:
+            return {VERIFIER_NEXT: proposal_from(reply.next)}
+        except ValueError as exc:
+            log.warning("a target replica sent a malformed proposal (%s); the next step goes target-only", exc)
+            return {VERIFIER_NEXT: None}
+    return NO_EXTRAS
 
 
 def join_hidden(first: pb.HiddenStates | None, then: pb.HiddenStates) -> pb.HiddenStates:

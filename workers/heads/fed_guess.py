@@ -1,7 +1,7 @@
 """A head fed by the target's hidden states (an MTP module, an EAGLE-3 head) drafting where the target
 verifies: on the target replica, after each verify pass, with no trip to a draft worker.
 
-``FedGuesser`` is a target session's side (``TargetSession.guesser``, as Medusa heads' is): every
+``FedGuesser`` is a target session's side (its ``PassHook``, as Medusa heads' is): every
 pass of the session leaves it the hidden states of the positions it committed, and after a verdict
 the session owes its next proposal. ``FedGuessBatch`` drafts what the pass's sessions owe together
 once its verdicts are in (the steps' ``after_pass``): one pass of the head over every session's
@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..pass_hooks import DraftsHere, committed_rows
 from ..proposing import HiddenRows, windowed
 from .eagle3 import FedHead
 from ..sim_device import held
@@ -42,48 +43,49 @@ class FedGuessBatch:
 
     def __init__(self, head: FedHead) -> None:
         self.head = head
-        self.pending: list[tuple[FedGuesser, object]] = []
+        self.pending: list[FedGuesser] = []
 
-    def owe(self, guesser: FedGuesser, owner) -> None:
-        """``owner.next`` gets the head's proposal after the committed tokens ``guesser`` holds."""
-        self.pending.append((guesser, owner))
+    def owe(self, guesser: FedGuesser) -> None:
+        """``guesser.next`` gets the head's proposal after the committed tokens it holds."""
+        self.pending.append(guesser)
 
     @torch.inference_mode()
     def flush(self) -> None:
         pending, self.pending = self.pending, []
-        runs: list[tuple[FedGuesser, object, HeadRun]] = []
-        for guesser, owner in pending:
+        runs: list[tuple[FedGuesser, HeadRun]] = []
+        for guesser in pending:
             try:
-                runs.append((guesser, owner, HeadRun(guesser.state, guesser.depth)))
+                runs.append((guesser, HeadRun(guesser.state, guesser.depth)))
             except Exception as exc:  # noqa: BLE001 - hidden states missing (ProposerGone), a cache too small
                 guesser.drop(str(exc))
-        active = [entry for entry in runs if entry[2].result is None]
+        active = [entry for entry in runs if entry[1].result is None]
         while active:
             try:
-                segments, started = [run.plan(PASS_ROWS) for _, _, run in active], time.perf_counter()
+                segments, started = [run.plan(PASS_ROWS) for _, run in active], time.perf_counter()
                 outputs = self.head.step_many([segment.run_on(self.head) for segment in segments])
                 held(self.head, started, segments, head_shape)  # simulated (in process): its modelled time
             except Exception as exc:  # noqa: BLE001 - their shared pass: each of them goes target-only
                 log.exception("a head on the target replica failed a pass of %d sessions", len(active))
-                for guesser, _, _ in active:
+                for guesser, _ in active:
                     guesser.drop(f"its head's pass failed ({type(exc).__name__})")
                 break
             going = []
             for entry, output in zip(active, outputs, strict=True):
                 try:
-                    if not entry[2].advance(output):
+                    if not entry[1].advance(output):
                         going.append(entry)
                 except Exception as exc:  # noqa: BLE001 - this session's draw: the others' go on
                     entry[0].drop(f"drafting failed ({type(exc).__name__}: {exc})")
             active = going
-        for guesser, owner, run in runs:
+        for guesser, run in runs:
             if not guesser.gone:
-                owner.next = run.result
+                guesser.next = run.result
 
 
-class FedGuesser:
-    """One session's side of a head drafting here: its tokens and hidden states (``state``), and the
-    tokens it proposes after each verdict (``depth``)."""
+class FedGuesser(DraftsHere):
+    """One session's side of a head drafting here, the hook its target session serves it by
+    (workers/pass_hooks.py): its tokens and hidden states (``state``), and the tokens it proposes
+    after each verdict (``depth``)."""
 
     def __init__(self, batch: FedGuessBatch, state: HeadState, depth: int, start: int = 0) -> None:
         self.batch = batch
@@ -97,25 +99,22 @@ class FedGuesser:
         """The target layers a pass keeps of the segment's rows: every committed position feeds the head."""
         return () if self.gone else self.batch.head.config.aux_layers
 
-    def owe(self, owner, segment, proposed: int, kept: Sequence[int]) -> None:
+    def passed(self, session, segment, proposed: int, kept: Sequence[int]) -> None:
         """Keep the hidden states of the segment's committed rows (all but its last ``proposed``,
         then the proposal's ``kept``); after a verdict (a segment with logits), hand the head those
         kept since the last one (as a verdict's reply carries them to a draft worker) and the
         session's committed tokens, and owe the next proposal."""
-        if self.gone:
+        if self.gone or segment.aux is None:
             return
-        fixed = len(segment.tokens) - proposed
-        self.rows.append(segment.aux[:fixed])
-        if kept:  # in node order: a chain's accepted tokens, a tree's path
-            self.rows.append(segment.aux[fixed + torch.tensor(kept, dtype=torch.long)])
+        self.rows += committed_rows(segment, proposed, kept)
         if not segment.logits:  # a prefill chunk
             return
         rows, self.rows = torch.cat(self.rows), []
         self.state.add(windowed(HiddenRows(self.start, rows)))
         self.start += len(rows)
-        committed = owner.sequence.committed
+        committed = session.sequence.committed
         self.state.commit(committed[len(self.state.committed) :])
-        self.batch.owe(self, owner)
+        self.batch.owe(self)
 
     def drop(self, why: str) -> None:
         """Draft no more for this session (said once): its next steps are target-only."""
