@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from specserve.proto.v1 import internal_pb2 as pb
 from specserve.workers.decoding import Decoding
 from specserve.workers.drafting import NO_CASCADE, Cascade
+from specserve.workers.proposing import NEEDS_NOTHING, VerifyNeeds
 from specserve.workers.request import GenerationParams
 from specserve.workers.seeds import replacement_seed
 from specserve.workers.wire import processing_message, sampling_message
@@ -45,31 +46,42 @@ class RequestContext:
     # (router.lookahead_branch_min_odds); None: no branches.
     branch_odds: float | None = None
     # A decode run's tokens come from the replica in groups of this many (router.stream_interval_tokens,
-    # at most half a run: SessionOpen.decode_group).
+    # at most half a run: TargetOpen.decode_group).
     decode_group: int = 1
 
-    def opening(self, model: str = "", replaced: int = 0, aux_layers: tuple[int, ...] = (),
-                medusa: str = "", medusa_depth: int = 0, cascade: Cascade = NO_CASCADE) -> pb.SessionOpen:
-        """The open message of a worker's session holding every committed token: the target's
-        (with the hidden states an EAGLE-3 head reads, ``aux_layers``, or the heads that guess in
-        or after its passes, ``medusa``, and the tokens a fed one drafts, ``medusa_depth``), or the draft ``model``'s (with prompt lookup under it,
-        ``cascade``).
-        A worker replacing ``replaced`` failed ones draws from a seed of its own (fresh draws keep
-        the target's distribution), so a replay with the same seed and the same faults gives the
-        same output."""
-        seed = replacement_seed(self.history.stats.seed, "draft" if model else "target", replaced)
-        return pb.SessionOpen(session_id=self.request_id, prompt_ids=self.history.committed_ids(), model=model,
+    def target_opening(self, replaced: int = 0, needs: VerifyNeeds = NEEDS_NOTHING) -> pb.SessionOpen:
+        """The open message of a target replica's session holding every committed token, serving
+        what the proposer ``needs`` of its passes (the hidden states a head on a draft worker reads,
+        or the heads that draft in or after its passes and the tokens a fed one drafts)."""
+        opened = self._opening("target", replaced)
+        processing = self.params.processing
+        opened.target.CopyFrom(pb.TargetOpen(
+            aux_layers=needs.hidden_layers, decode_group=self.decode_group, logprobs=self.params.logprobs is not None,
+            top_logprobs=self.params.logprobs or 0,
+            processing=processing_message(processing, len(self.history.prompt_ids)) if processing.active else None,
+            on_verifier=needs.on_verifier, on_verifier_depth=needs.depth))
+        return opened
+
+    def draft_opening(self, model: str, replaced: int = 0, cascade: Cascade = NO_CASCADE,
+                      alternatives: bool = False) -> pb.SessionOpen:
+        """The open message of draft ``model``'s session on a draft worker holding every committed
+        token (with prompt lookup under it, ``cascade``; its alternatives with each proposal)."""
+        opened = self._opening("draft", replaced)
+        opened.draft.CopyFrom(pb.DraftOpen(model=model, alternatives=alternatives, cascade=cascade.guesses,
+                                           cascade_min_p=cascade.min_p))
+        return opened
+
+    def _opening(self, role: str, replaced: int) -> pb.SessionOpen:
+        """What every session's open says. A worker replacing ``replaced`` failed ones draws from a
+        seed of its own (fresh draws keep the target's distribution), so a replay with the same seed
+        and the same faults gives the same output."""
+        seed = replacement_seed(self.history.stats.seed, role, replaced)
+        grammar = self.params.grammar
+        return pb.SessionOpen(session_id=self.request_id, prompt_ids=self.history.committed_ids(),
                               sampling=sampling_message(self.params.sampling, seed),
-                              max_new_tokens=self.history.remaining, task=self.task, aux_layers=aux_layers,
-                              medusa=medusa, medusa_depth=medusa_depth, cascade=cascade.guesses, cascade_min_p=cascade.min_p,
-                              decode_group=0 if model else self.decode_group,
-                              logprobs=not model and self.params.logprobs is not None,
-                              top_logprobs=0 if model else self.params.logprobs or 0,
-                              processing=None if model or not self.params.processing.active else
-                              processing_message(self.params.processing, len(self.history.prompt_ids)),
-                              grammar=None if self.params.grammar is None else
-                              pb.Grammar(compiled=self.params.grammar.compiled(),
-                                         output_start=len(self.history.prompt_ids)))
+                              max_new_tokens=self.history.remaining, task=self.task,
+                              grammar=None if grammar is None else
+                              pb.Grammar(compiled=grammar.compiled(), output_start=len(self.history.prompt_ids)))
 
     def before_deadline(self, give_up: float) -> float:
         """When to stop waiting: at ``give_up``, or just before the client's deadline if sooner."""

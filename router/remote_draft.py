@@ -94,8 +94,8 @@ class RemoteDraft(Proposer):
             self.stream = directory.stream(worker, timeouts.draft_step_seconds,
                                            first_step_timeout=timeouts.draft_prefill_seconds)
             try:
-                opening = self.context.opening(self.name, self.reopens, cascade=self.cascade)
-                opening.alternatives = self.context.lookahead and self.context.branch_odds is not None
+                opening = self.context.draft_opening(self.name, self.reopens, self.cascade,
+                                                     self.context.lookahead and self.context.branch_odds is not None)
                 await self.stream.send(pb.DraftRequest(open=opening))
                 self.mirror.reopen(len(opening.prompt_ids))
                 return

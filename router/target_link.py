@@ -72,8 +72,7 @@ class TargetLink:
         give_up = context.before_deadline(time.monotonic() + context.timeouts.target_wait_seconds)
         while True:
             try:
-                opening = context.opening(replaced=self.resumes, aux_layers=self.needs.hidden_layers,
-                                          medusa=self.needs.on_verifier, medusa_depth=self.needs.depth)
+                opening = context.target_opening(self.resumes, self.needs)
                 target, self.pick = await directory.pick_for("target", avoid=self.refused_by,
                                                              prompt=opening.prompt_ids)
                 self.replica = target.worker_id

@@ -595,8 +595,8 @@ def test_a_failing_branch_leaves_the_step_and_a_failing_step_takes_its_branch_al
     pool = KVPool(KVShape.of(draft), Budget(2**28))
     scheduler = Scheduler(draft, pool, Device(1), BatchingConfig())
     stream = opened_drafter(PooledSequence(pool.take(256), prompt, pool),
-                            pb.SessionOpen(model="draft", prompt_ids=prompt, sampling=pb.Sampling(top_p=1.0),
-                                           alternatives=True))
+                            pb.SessionOpen(prompt_ids=prompt, sampling=pb.Sampling(top_p=1.0),
+                                           draft=pb.DraftOpen(model="draft", alternatives=True)))
 
     async def step(fork_token: int, break_it: str):
         stream.step(DraftStep(keep=len(prompt), k=4))

@@ -178,4 +178,4 @@ def test_medusa_heads_join_no_token_tree_and_a_session_asks_for_them_or_for_hidd
     with pytest.raises(ValueError, match="join no token tree"):
         engine.generate("SELECT", GenerationParams(max_tokens=4), draft="tree", members=("medusa", "ngram"))
     with pytest.raises(ValueError, match="not both"):
-        target_session(None, ipb.SessionOpen(medusa="medusa", aux_layers=[1]))
+        target_session(None, ipb.SessionOpen(target=ipb.TargetOpen(on_verifier="medusa", aux_layers=[1])))

@@ -490,7 +490,7 @@ def test_a_target_session_asks_for_the_stream_intervals_groups_and_a_draft_sessi
     half a run); a draft worker's carries none (its proposals are one reply a step anyway)."""
     session = make_session(models, FakeDirectory(FakeWorker("target", "t0", models[0])), lookahead=False)
     context = session.target.context
-    assert context.opening().decode_group == 1
+    assert context.target_opening().target.decode_group == 1
     grouped = dataclasses.replace(context, decode_group=4)
-    assert grouped.opening().decode_group == 4
-    assert grouped.opening(model=DRAFT).decode_group == 0
+    assert grouped.target_opening().target.decode_group == 4
+    assert grouped.draft_opening(DRAFT).WhichOneof("role") == "draft"  # no target fields: no decode group

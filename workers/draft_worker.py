@@ -83,8 +83,8 @@ class DraftWorker:
     def misalignment(self, opened: pb.SessionOpen) -> Misalignment | None:
         """On a simulated device, the alignment set for the session's draft on its task (a version
         takes its draft's), as the in-process engine's (SpecEngine.simulate)."""
-        return Misalignment.of(self.host.device.sim, base_draft(opened.model), opened.task, opened.sampling.seed,
-                               opened.model)
+        return Misalignment.of(self.host.device.sim, base_draft(opened.draft.model), opened.task, opened.sampling.seed,
+                               opened.draft.model)
 
     def swap_draft(self, name: str, source: str) -> str:
         """Serve the draft at ``source`` (a model directory, or an EAGLE-3 head's for a head) as draft
@@ -235,7 +235,7 @@ def draft_grammar(opened: pb.SessionOpen, grammars: Callable[[], GrammarCompiler
     try:
         return grammars().state(opened.grammar.compiled)
     except GrammarError as exc:
-        log.warning("draft %s drafts without the request's grammar: %s", opened.model, exc)
+        log.warning("draft %s drafts without the request's grammar: %s", opened.draft.model, exc)
         return None
 
 
@@ -244,15 +244,16 @@ def opened_drafter(sequence: PooledSequence, opened: pb.SessionOpen,
                    misalignment: Misalignment | None = None) -> Drafter:
     """The session a Draft stream's open asks for of a draft model over ``sequence`` (its tokens of
     the request, in its pool); with a ``bridge``, of a draft of another tokenizer."""
-    if opened.cascade >= MAX_K or not 0.0 <= opened.cascade_min_p <= 1.0:
+    if opened.draft.cascade >= MAX_K or not 0.0 <= opened.draft.cascade_min_p <= 1.0:
         raise ValueError(f"cascade must be 0..{MAX_K - 1} (prompt lookup's guesses a proposal's first pass "
-                         f"verifies) and cascade_min_p 0..1, got {opened.cascade} and {opened.cascade_min_p}")
-    return model_drafter(sequence, sampling_from(opened.sampling), DraftDraws(opened.sampling.seed, opened.model),
-                         alternatives=opened.alternatives,
+                         f"verifies) and cascade_min_p 0..1, got {opened.draft.cascade} and "
+                         f"{opened.draft.cascade_min_p}")
+    return model_drafter(sequence, sampling_from(opened.sampling), DraftDraws(opened.sampling.seed, opened.draft.model),
+                         alternatives=opened.draft.alternatives,
                          grammar=draft_grammar(opened, grammars) if bridge is None else None,
                          output_start=opened.grammar.output_start,
-                         cascade=Cascade(opened.cascade, opened.cascade_min_p), misalignment=misalignment,
-                         bridge=bridge, committed=opened.prompt_ids, name=opened.model)
+                         cascade=Cascade(opened.draft.cascade, opened.draft.cascade_min_p), misalignment=misalignment,
+                         bridge=bridge, committed=opened.prompt_ids, name=opened.draft.model)
 
 
 def proposal_reply(drafter: Drafter, run: Step, done: StepResult) -> pb.Proposal:
@@ -350,26 +351,30 @@ class DrafterServicer(rpc.DrafterServicer):
     async def serve(self, requests, context):
         """One session: its requests (the first opens it), answered one proposal a step."""
         opened = await first_open(requests, context)
-        if base_draft(opened.model) != opened.model and opened.model not in self.worker.served():
+        if opened.WhichOneof("role") != "draft":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a draft worker's session opens with "
+                                "SessionOpen.draft (the draft's name, its options); this one has none")
+        name = opened.draft.model
+        if base_draft(name) != name and name not in self.worker.served():
             # A version retired since the router read the registry: refused as a full worker is, so
             # the request drafts elsewhere or goes on target-only.
-            yield pb.Proposal(refused=f"this worker no longer serves version {opened.model!r}")
+            yield pb.Proposal(refused=f"this worker no longer serves version {name!r}")
             await self.worker.host.refuse(requests)
             return
-        if opened.model in self.worker.heads:
+        if name in self.worker.heads:
             async for proposal in self._head(opened, requests, context):
                 yield proposal
             return
-        model = self.worker.models.get(opened.model)
+        model = self.worker.models.get(name)
         if model is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"this worker has no draft {opened.model!r}; it has "
+                                f"this worker has no draft {name!r}; it has "
                                 f"{', '.join([*self.worker.models, *self.worker.heads])}")
         host = self.worker.host
         try:
-            bridge = self.worker.bridges.get(opened.model)
-            with host.session(opened.model, opened, context, bridge) as (scheduler, sequence):
-                drafter = opened_drafter(sequence, opened, self.worker.grammars[opened.model], bridge,
+            bridge = self.worker.bridges.get(name)
+            with host.session(name, opened, context, bridge) as (scheduler, sequence):
+                drafter = opened_drafter(sequence, opened, self.worker.grammars[name], bridge,
                                          self.worker.misalignment(opened))
                 async for run, done in _runs(scheduler, drafter, host.steps(requests), opened.task):
                     yield proposal_reply(drafter, run, done)
@@ -386,10 +391,10 @@ class DrafterServicer(rpc.DrafterServicer):
         try:
             with host.slots.hold(on_done=context.add_done_callback):
                 # One read: the head and its scheduler of one version, whatever a swap does meanwhile.
-                scheduler = self.worker.head_schedulers.get(opened.model)
+                scheduler = self.worker.head_schedulers.get(opened.draft.model)
                 if scheduler is None:  # retired since ``serve`` looked
-                    raise SessionLimit(f"this worker no longer serves version {opened.model!r}")
-                drafter = HeadDrafter(opened_state(scheduler.model, opened, opened.model), opened.prompt_ids)
+                    raise SessionLimit(f"this worker no longer serves version {opened.draft.model!r}")
+                drafter = HeadDrafter(opened_state(scheduler.model, opened, opened.draft.model), opened.prompt_ids)
                 async for run, done in _runs(scheduler, drafter, host.steps(requests), opened.task):
                     yield proposal_reply(drafter, run, done)
         except SessionLimit as exc:

@@ -217,7 +217,7 @@ class ModelHost:
                 # prefix on (that prefix's were computed elsewhere), so the head drafts from a
                 # shorter context. Greedy, that costs at most acceptance; sampled, a seeded replay
                 # must draft what it drafted before whatever the cache holds: it computes it all.
-                head_sampled = bool(opened.aux_layers) and not sampling_from(opened.sampling).greedy
+                head_sampled = bool(opened.target.aux_layers) and not sampling_from(opened.sampling).greedy
                 scheduler.prefix.open(sequence, reuse=not head_sampled)
             yield scheduler, sequence
 

@@ -73,11 +73,12 @@ class TargetReplica:
                               time_passes=True)
 
     def guesser(self, opened: pb.SessionOpen, reused: int = 0) -> MedusaGuesser | FedGuesser:
-        """A session's side of the heads it names (its ``PassHook``, workers/pass_hooks.py) (its first ``reused`` positions from the prefix
-        cache: a fed head starts after them): ValueError if it serves none so named."""
-        name = opened.medusa
+        """A session's side of the heads it names, its ``PassHook`` (workers/pass_hooks.py); its first
+        ``reused`` positions came from the prefix cache: a fed head starts after them. ValueError if
+        it serves none so named."""
+        name, depth = opened.target.on_verifier, opened.target.on_verifier_depth or DEFAULT_K
         if (fed := self.heads.get(name)) is not None:
-            return FedGuesser(fed, opened_state(fed.head, opened, name), opened.medusa_depth or DEFAULT_K, reused)
+            return FedGuesser(fed, opened_state(fed.head, opened, name), depth, reused)
         batch = self.medusa.get(name)
         if batch is None:
             raise ValueError(f"this target replica serves no heads {name!r}; it serves "
@@ -114,21 +115,23 @@ def target_session(sequence: PooledSequence, opened: pb.SessionOpen,
     """The session a Verify stream's open message asks for (with the hook that serves its proposer:
     the hidden states its head reads, or the side of the heads that draft in or after its passes,
     ``guesser``'s; its processing and its grammar, which has consumed the output it already holds)."""
-    if opened.medusa and opened.aux_layers:
-        raise ValueError("a session drafts with Medusa heads or with an EAGLE-3 head's hidden states, not both: "
-                         "give SessionOpen.medusa or aux_layers")
-    if opened.medusa_depth > MAX_K:
-        raise ValueError(f"medusa_depth must be 0..{MAX_K} (0: {DEFAULT_K}), got {opened.medusa_depth}")
-    processing = opened.processing
+    if opened.WhichOneof("role") == "draft":
+        raise ValueError("a target replica's session opens with SessionOpen.target (or no role), not .draft")
+    target = opened.target
+    if target.on_verifier and target.aux_layers:
+        raise ValueError("a session drafts on the verifier or with a head's hidden states elsewhere, not both: "
+                         "give TargetOpen.on_verifier or aux_layers")
+    if target.on_verifier_depth > MAX_K:
+        raise ValueError(f"on_verifier_depth must be 0..{MAX_K} (0: {DEFAULT_K}), got {target.on_verifier_depth}")
     grammar = None
     if opened.HasField("grammar"):
         output = opened.prompt_ids[opened.grammar.output_start:]
         grammar = grammars().state(opened.grammar.compiled, output)
-    hook = (HiddenKeeper(tuple(opened.aux_layers), sequence.reused) if opened.aux_layers
-            else guesser(opened, sequence.reused) if opened.medusa else None)
+    hook = (HiddenKeeper(tuple(target.aux_layers), sequence.reused) if target.aux_layers
+            else guesser(opened, sequence.reused) if target.on_verifier else None)
     return TargetSession(sequence, sampling_from(opened.sampling), verifier_generator(opened.sampling.seed), hook,
-                         opened.top_logprobs if opened.logprobs else None, processing_from(processing),
-                         processing.output_start if opened.HasField("processing") else None, grammar)
+                         target.top_logprobs if target.logprobs else None, processing_from(target.processing),
+                         target.processing.output_start if target.HasField("processing") else None, grammar)
 
 
 def verify_reply(verdict: Outcome, done: StepResult, session: TargetSession) -> pb.VerifyReply:
@@ -161,7 +164,7 @@ class DecodeRuns:
         self.session = session
         self.task = task
         self.inbox = inbox
-        self.group = max(1, group)  # replies sent together (SessionOpen.decode_group)
+        self.group = max(1, group)  # replies sent together (TargetOpen.decode_group)
         self.reader = self._read()
         self.runner: asyncio.Future | None = None
         # The RPC may end while its handler is paused at a reply; the run must leave the batch then,
@@ -254,7 +257,7 @@ class VerifierServicer(rpc.VerifierServicer):
                 inbox = host.steps(requests)
                 async for request in inbox:
                     if request.WhichOneof("kind") == "decode":  # target-only from here to the end
-                        runs = DecodeRuns(scheduler, session, opened.task, inbox, context, opened.decode_group)
+                        runs = DecodeRuns(scheduler, session, opened.task, inbox, context, opened.target.decode_group)
                         async for reply in runs.replies(request.decode):
                             yield reply
                         return

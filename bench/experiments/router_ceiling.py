@@ -52,7 +52,7 @@ def stand_in_replica(port: multiprocessing.Value, ready, pass_ms: float, core: i
         async def read() -> None:
             async for request in requests:
                 if request.WhichOneof("kind") == "open":
-                    run.group = max(1, request.open.decode_group)
+                    run.group = max(1, request.open.target.decode_group)
                 run.owed += request.decode
             sessions.pop(queue, None)
             queue.put_nowait(None)

@@ -39,42 +39,54 @@ class SparseRow(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "sampling", "model", "max_new_tokens", "task", "aux_layers", "alternatives", "decode_group", "logprobs", "top_logprobs", "processing", "grammar", "medusa", "cascade", "cascade_min_p", "medusa_depth")
+    __slots__ = ("session_id", "prompt_ids", "sampling", "max_new_tokens", "task", "grammar", "target", "draft")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
-    MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: Sampling
+    max_new_tokens: int
+    task: str
+    grammar: Grammar
+    target: TargetOpen
+    draft: DraftOpen
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., target: _Optional[_Union[TargetOpen, _Mapping]] = ..., draft: _Optional[_Union[DraftOpen, _Mapping]] = ...) -> None: ...
+
+class TargetOpen(_message.Message):
+    __slots__ = ("aux_layers", "decode_group", "logprobs", "top_logprobs", "processing", "on_verifier", "on_verifier_depth")
     AUX_LAYERS_FIELD_NUMBER: _ClassVar[int]
-    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     DECODE_GROUP_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROCESSING_FIELD_NUMBER: _ClassVar[int]
-    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
-    MEDUSA_FIELD_NUMBER: _ClassVar[int]
-    CASCADE_FIELD_NUMBER: _ClassVar[int]
-    CASCADE_MIN_P_FIELD_NUMBER: _ClassVar[int]
-    MEDUSA_DEPTH_FIELD_NUMBER: _ClassVar[int]
-    session_id: str
-    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
-    sampling: Sampling
-    model: str
-    max_new_tokens: int
-    task: str
+    ON_VERIFIER_FIELD_NUMBER: _ClassVar[int]
+    ON_VERIFIER_DEPTH_FIELD_NUMBER: _ClassVar[int]
     aux_layers: _containers.RepeatedScalarFieldContainer[int]
-    alternatives: bool
     decode_group: int
     logprobs: bool
     top_logprobs: int
     processing: Processing
-    grammar: Grammar
-    medusa: str
+    on_verifier: str
+    on_verifier_depth: int
+    def __init__(self, aux_layers: _Optional[_Iterable[int]] = ..., decode_group: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., processing: _Optional[_Union[Processing, _Mapping]] = ..., on_verifier: _Optional[str] = ..., on_verifier_depth: _Optional[int] = ...) -> None: ...
+
+class DraftOpen(_message.Message):
+    __slots__ = ("model", "alternatives", "cascade", "cascade_min_p")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    CASCADE_FIELD_NUMBER: _ClassVar[int]
+    CASCADE_MIN_P_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    alternatives: bool
     cascade: int
     cascade_min_p: float
-    medusa_depth: int
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., model: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., task: _Optional[str] = ..., aux_layers: _Optional[_Iterable[int]] = ..., alternatives: _Optional[bool] = ..., decode_group: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., processing: _Optional[_Union[Processing, _Mapping]] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., medusa: _Optional[str] = ..., cascade: _Optional[int] = ..., cascade_min_p: _Optional[float] = ..., medusa_depth: _Optional[int] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., alternatives: _Optional[bool] = ..., cascade: _Optional[int] = ..., cascade_min_p: _Optional[float] = ...) -> None: ...
 
 class Grammar(_message.Message):
     __slots__ = ("compiled", "output_start")
