@@ -23,9 +23,7 @@ def cut(proposal: DraftTokens, depth: int) -> DraftTokens:
     """The proposal's tokens at most ``depth`` deep, with their q (a chain's first ``depth``; a
     tree's nodes renumbered)."""
     if proposal.parents is None:
-        if len(proposal.ids) <= depth:
-            return proposal
-        return DraftTokens(proposal.ids[:depth], SparseDist(proposal.q.ids[:depth], proposal.q.probs[:depth]))
+        return proposal.first(depth)  # (one that came over a stream keeps its encoding)
     depths: list[int] = []
     kept: dict[int, int] = {}  # old index -> new
     for node, parent in enumerate(proposal.parents):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -49,21 +50,44 @@ def alternatives_message(msg: pb.Proposal, alternatives: Sequence[Alternative]) 
 
 
 def proposal_from(msg: pb.Proposal) -> DraftTokens:
+    """The proposal a message carries (ValueError: malformed), its q decoded only when read."""
     ids = list(msg.ids)
     if not ids:
         return DraftTokens.empty()
-    parents = list(msg.parents) or None
-    if not msg.q:
-        return DraftTokens(ids, one_hot(torch.tensor(ids)), parents, wire=msg)
-    if len(msg.q) != len(ids) or any(len(row.ids) != len(row.probs) for row in msg.q):
+    if msg.q and (len(msg.q) != len(ids) or any(len(row.ids) != len(row.probs) for row in msg.q)):
         raise ValueError(f"proposal of {len(ids)} tokens carries {len(msg.q)} malformed q rows")
-    width = max(len(row.ids) for row in msg.q)
-    q_ids = torch.zeros(len(ids), width, dtype=torch.long)  # padding: probability 0, any id
-    q_probs = torch.zeros(len(ids), width)
-    for i, row in enumerate(msg.q):
-        q_ids[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
-        q_probs[i, : len(row.probs)] = torch.tensor(row.probs)
-    return DraftTokens(ids, SparseDist(q_ids, q_probs), parents, wire=msg)
+    return WireTokens(msg, ids, list(msg.parents) or None)
+
+
+class WireTokens(DraftTokens):
+    """A proposal as it came over a stream. Its ids are read at once; its q only when something reads
+    it: the router forwards the message to the target as it came (``proposal_message``), and a greedy
+    verdict reads no q, so most proposals never build one (a sampled one's tensors cost the router
+    about 50 us a proposal on the development machine). A chain cut shorter keeps its encoding."""
+
+    def __init__(self, message: pb.Proposal, ids: list[int], parents: list[int] | None) -> None:
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "parents", parents)
+        object.__setattr__(self, "wire", message)
+
+    @functools.cached_property
+    def q(self) -> SparseDist:
+        msg, ids = self.wire, self.ids
+        if not msg.q:  # greedy: one-hot on the ids
+            return one_hot(torch.tensor(ids))
+        width = max(len(row.ids) for row in msg.q)
+        q_ids = torch.zeros(len(ids), width, dtype=torch.long)  # padding: probability 0, any id
+        q_probs = torch.zeros(len(ids), width)
+        for i, row in enumerate(msg.q):
+            q_ids[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
+            q_probs[i, : len(row.probs)] = torch.tensor(row.probs)
+        return SparseDist(q_ids, q_probs)
+
+    def first(self, n: int) -> DraftTokens:
+        if len(self.ids) <= n or self.parents is not None:
+            return super().first(n)
+        cut = pb.Proposal(ids=self.wire.ids[:n], q=self.wire.q[:n], seconds=self.wire.seconds)
+        return WireTokens(cut, self.ids[:n], None)
 
 
 def pass_info(done: StepResult) -> pb.PassInfo:
