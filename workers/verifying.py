@@ -14,7 +14,7 @@ from .grammar import GrammarState
 from .logprobs import NO_LOGPROBS, TokenLogprobs, token_logprobs
 from .processors import processed
 from .pass_hooks import PassHook
-from .proposing import NO_EXTRAS
+from .proposing import NO_EXTRAS, accepted_ids
 from .ragged_pass import PooledSequence, Segment
 from .sampling import NO_PROCESSING, LogitsProcessing, SamplingParams
 
@@ -110,53 +110,56 @@ class TargetSession:
 
     def judge(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
         """The verdict on ``proposal`` from the target's logits after the committed tokens and after
-        each proposed one ([k+1, V]; for a greedy session the pass may give their argmax alone, [k+1]),
-        committed to the session. Only the session's own generator draws, so a sampled verdict
-        depends on its seed, never on what shared its pass."""
-        if proposal.parents is not None:
-            return self._judge_tree(proposal, logits)
+        each proposed one (a chain's [k+1, V]; a token tree's [T+1, V], the root's row then one after
+        each node; for a greedy session the pass may give their argmax alone), committed to the
+        session. Each row is processed and masked along the tokens before it, then the rejection rule
+        judges them. Only the session's own generator draws, so a sampled verdict depends on its
+        seed, never on what shared its pass."""
         raw = logits
-        if self.processed:  # row i sees the output, then the proposal's first i tokens
+        if self.processed:  # each row sees the output, then the proposal's tokens on its way there
             output = self.sequence.committed[self.output_start:]
-            logits = processed(self.processing, logits, [output + list(proposal.ids[:i]) for i in range(len(logits))])
+            logits = processed(self.processing, logits, [output + path for path in _row_paths(proposal, len(logits))])
         if self.grammar is not None:
-            logits = self.grammar.mask_chain(logits, proposal.ids)
-        draft_ids = torch.tensor(proposal.ids, dtype=torch.long)
-        if self.sampling.greedy:
-            verdict = verify_greedy(_argmax(logits), draft_ids)
+            logits = (self.grammar.mask_chain(logits, proposal.ids) if proposal.parents is None
+                      else self.grammar.mask_tree(logits, proposal.ids, proposal.parents))
+        verdict = self._verdict(proposal, logits)
+        if proposal.parents is None:
+            self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
         else:
-            uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
-            verdict = verify(warp(logits, self.sampling), draft_ids, proposal.q, uniforms)
-        self.sequence.commit(proposal.ids, verdict.num_accepted, verdict.token)
-        committed = list(proposal.ids[:verdict.num_accepted]) + [verdict.token]
+            self.sequence.commit_path(proposal.ids, verdict.path, verdict.token)
+        committed = accepted_ids(proposal, verdict) + [verdict.token]
         if self.grammar is not None:
             self._commit_grammar(committed)
-        self._keep_logprobs(raw, list(range(verdict.num_accepted + 1)), committed)
+        # Row 0 predicts the first token; row n + 1 what follows the chain's token n (the tree's node n).
+        kept = verdict.path if proposal.parents is not None else range(verdict.num_accepted)
+        self._keep_logprobs(raw, [0] + [node + 1 for node in kept], committed)
         return verdict
 
-    def _judge_tree(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
-        """A token tree's verdict: logits at the root, then after each node ([T+1, V])."""
-        raw = logits
-        if self.processed:  # the root row sees the output; node n's row, its path too
-            output = self.sequence.committed[self.output_start:]
-            paths: list[list[int]] = []
-            for node, parent in enumerate(proposal.parents):
-                paths.append((paths[parent] if parent >= 0 else []) + [proposal.ids[node]])
-            logits = processed(self.processing, logits, [output] + [output + path for path in paths])
-        if self.grammar is not None:
-            logits = self.grammar.mask_tree(logits, proposal.ids, proposal.parents)
+    def _verdict(self, proposal: DraftTokens, logits: torch.Tensor) -> Outcome:
+        """The rejection rule on the processed rows: greedy, the target's argmax; sampled, with this
+        session's uniforms (workers/acceptance.py)."""
+        ids, parents = proposal.ids, proposal.parents
         if self.sampling.greedy:
-            tree = verify_tree_greedy(_argmax(logits), proposal.ids, proposal.parents)
+            if parents is None:
+                return verify_greedy(_argmax(logits), torch.tensor(ids, dtype=torch.long))
+            tree = verify_tree_greedy(_argmax(logits), ids, parents)
         else:
-            uniforms = torch.rand(len(proposal.ids) + 1, generator=self.generator)
-            tree = verify_tree(warp(logits, self.sampling), proposal.ids, proposal.parents, proposal.q, uniforms)
-        self.sequence.commit_path(proposal.ids, tree.path, tree.token)
-        committed = [proposal.ids[node] for node in tree.path] + [tree.token]
-        if self.grammar is not None:
-            self._commit_grammar(committed)
-        # Row 0 predicts the tree's first level, row n + 1 what follows node n.
-        self._keep_logprobs(raw, [0] + [node + 1 for node in tree.path], committed)
+            uniforms = torch.rand(len(ids) + 1, generator=self.generator)
+            if parents is None:
+                return verify(warp(logits, self.sampling), torch.tensor(ids, dtype=torch.long), proposal.q, uniforms)
+            tree = verify_tree(warp(logits, self.sampling), ids, parents, proposal.q, uniforms)
         return Outcome(len(tree.path), tree.token, tree.path)
+
+
+def _row_paths(proposal: DraftTokens, rows: int) -> list[list[int]]:
+    """The proposal's tokens before each of the pass's rows: a chain's first i at row i; a tree's
+    none at its root's row, then at node n's row the path to n, n included."""
+    if proposal.parents is None:
+        return [list(proposal.ids[:i]) for i in range(rows)]
+    paths: list[list[int]] = []
+    for node, parent in enumerate(proposal.parents):
+        paths.append((paths[parent] if parent >= 0 else []) + [proposal.ids[node]])
+    return [[], *paths]
 
 
 def _argmax(rows: torch.Tensor) -> torch.Tensor:
