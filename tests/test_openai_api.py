@@ -82,8 +82,12 @@ def test_a_body_becomes_the_grpc_request_with_openais_defaults():
 
 def test_chat_needs_a_template_and_renders_the_conversation(tiny_engine):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    bare = copy.deepcopy(tiny_engine.tokenizer)
+    bare.chat_template = None  # a model's tokenizer without one
     with pytest.raises(ApiError, match="has no chat template"):
-        chat_prompt(messages, tiny_engine.tokenizer)
+        chat_prompt(messages, bare)
+    # the zoo's own (cluster/zoo/tokenizer.py): a role's marker on a line, then the turn
+    assert chat_prompt(messages, tiny_engine.tokenizer) == "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
     templated = copy.deepcopy(tiny_engine.tokenizer)
     templated.chat_template = TEMPLATE
     assert chat_prompt(messages, templated) == "<system>be brief\n<user>hi\n<assistant>"
@@ -278,10 +282,15 @@ def test_the_services_greedy_text_equals_the_grpc_apis(cluster_api, client, tiny
         assert "".join(c.choices[0].text for c in streamed if c.choices) == grpc_reply.text
 
 
-def test_the_services_chat_without_a_template_is_a_clear_400(cluster_api):
+def test_the_services_chat_on_the_zoo_answers_in_its_template(cluster_api, tiny_engine):
+    """`make demo`'s service answers a chat: the zoo's target reads the zoo's chat template, and the
+    answer is the greedy continuation of the rendered conversation, as a completion of it."""
     model = cluster_api.models.list().data[0].id
-    with pytest.raises(openai.BadRequestError, match="no chat template"):
-        cluster_api.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    messages = [{"role": "user", "content": "-- list users\nSELECT"}]
+    chat = cluster_api.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+    rendered = chat_prompt(messages, tiny_engine.tokenizer)
+    done = cluster_api.completions.create(model=model, prompt=rendered, max_tokens=8, temperature=0)
+    assert chat.choices[0].message.content == done.choices[0].text and chat.usage.completion_tokens > 0
 
 
 def test_the_grpc_status_of_every_error_has_an_http_status():

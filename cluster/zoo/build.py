@@ -31,7 +31,7 @@ from .head_distill import train_head_on
 from .presets import GENERAL_DRAFT, ZooPreset, stage_seed
 from .rollout import continue_all
 from .task_classifier import train_from_corpora
-from .tokenizer import train_tokenizer
+from .tokenizer import CHAT_TEMPLATE, train_tokenizer
 from .training import new_model, parameter_count, pretrain, token_stream
 from .zoo import CLASSIFIER, MANIFEST, Zoo, corpus_file, read_corpus
 
@@ -48,6 +48,7 @@ def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
     if (out / MANIFEST).exists():
         _classifier(out, preset)  # stages added after zoos were built: they get them here
         _add_head(out, preset)
+        _chat_template(out)
         return Zoo.open(out)
     started, seconds = time.perf_counter(), {}
     with _timed(seconds, "corpora"):
@@ -87,6 +88,7 @@ def build_zoo(preset: ZooPreset, out: Path) -> Zoo:
         "build_seconds": {k: round(v, 1) for k, v in seconds.items()},  # of this call (0 for cached stages)
     }
     manifest = with_head(manifest, head, acceptance)
+    _chat_template(out)  # after every stage that trains: none of them sees it
     prompts = {task: [prompt_of(doc, task) for doc in corpora[task].held_out[:DEMO_PROMPTS_PER_TASK]] for task in TASKS}
     (out / "prompts.json").write_text(json.dumps(prompts, indent=1))
     _write_atomically(out / MANIFEST, json.dumps(manifest, indent=2))
@@ -221,6 +223,24 @@ def _add_head(out: Path, preset: ZooPreset) -> None:
     target = AutoModelForCausalLM.from_pretrained(out / "target").eval()
     entry, acceptance = _head(out, preset, tokenizer, target, corpora)
     _write_atomically(out / MANIFEST, json.dumps(with_head(manifest, entry, acceptance), indent=2))
+
+
+def _chat_template(out: Path) -> None:
+    """The served target's tokenizer gets the zoo's chat template (``CHAT_TEMPLATE``), so a chat
+    request works on the zoo's service; only the target's copy, the one the service reads, and after
+    the stages that train (the head's training renders chats where its tokenizer has a template)."""
+    path = out / "target"
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    if tokenizer.chat_template:
+        return
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tmp = out / "target-tokenizer.partial"
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted build
+    tokenizer.save_pretrained(tmp)
+    for file in tmp.iterdir():  # each file replaced at once: the others' content is unchanged
+        os.replace(file, path / file.name)
+    tmp.rmdir()
+    log.info("zoo at %s: its target's tokenizer has the zoo's chat template", out)
 
 
 def _classifier(out: Path, preset: ZooPreset, corpora: dict[str, Corpus] | None = None) -> None:

@@ -120,8 +120,8 @@ def chat_answers(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, do
             stream += prompt + answer
         if len(stream) >= count * length:
             break
-    rows = len(stream) // length
-    return torch.tensor(stream[: rows * length]).view(rows, length)
+    rows = len(stream) // length  # (0 where no instruction fits in half a window: the tensor stays of ids)
+    return torch.tensor(stream[: rows * length], dtype=torch.long).view(rows, length)
 
 
 @torch.inference_mode()

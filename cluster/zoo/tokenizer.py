@@ -13,6 +13,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+# The conversation format the zoo's served target reads (`/v1/chat/completions`): each turn as its
+# role's marker, a line of its own, then its text; the tools first, as JSON, where a request has
+# them. The zoo's models were trained on raw text, not on conversations, so a chat's answer is a
+# continuation of that text (as good as its completion would be), but a client's first chat call
+# works. Plain text, no special tokens: byte-level BPE encodes it as any text.
+CHAT_TEMPLATE = ("{%- if tools %}<|tools|>\n{{ tools | tojson }}\n{% endif -%}"
+                 "{%- for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor -%}"
+                 "{%- if add_generation_prompt %}<|assistant|>\n{% endif -%}")
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, specials: tuple[str, ...] = (BOS, EOS, PAD)
