@@ -19,6 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
+import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -161,10 +162,18 @@ class Router:
             except Exception as exc:  # the registry itself unreachable: say so, keep watching
                 log.warning("health: the registry did not answer (%s)", exc)
                 continue
-            self.readiness.check(endpoints)
+            self.readiness.check([e for e in endpoints if e.kind != "target" or self._reachable(e)])
             if bool(self.readiness.targets) != self.serving:
                 await self._set_serving(bool(self.readiness.targets),
                                         f"{self.readiness.targets} target replicas registered")
+
+    def _reachable(self, endpoint) -> bool:
+        """A registered target replica whose process is not gone: its entry outlives it by up to the
+        registry's ttl, but its channel fails at once (connection refused), so health says NOT_SERVING
+        from the next poll, not a ttl later, and whatever replaces it within that ttl (Serve
+        restarting it) cannot hide the gap."""
+        state = self.directory.channel(endpoint).get_state(try_to_connect=True)
+        return state not in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
 
     async def _set_serving(self, serving: bool, why: str) -> None:
         self.serving = serving
