@@ -1,6 +1,7 @@
 """How the target alone would pick a token: the request's sampling parameters and logits processing
-(penalties, a logit bias: workers/processors.py applies them), checked where they are made. Plain data, apart from the acceptance rule that applies them (workers/acceptance.py), so
-that requests and configs are made and checked without importing torch."""
+(penalties, a logit bias: workers/processors.py applies them), checked where they are made. Plain
+data, apart from the acceptance rule that applies them (workers/acceptance.py), so that requests and
+configs are made and checked without importing torch."""
 
 from __future__ import annotations
 
