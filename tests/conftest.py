@@ -219,7 +219,7 @@ TARGET_SESSIONS = 24
 # Steps: short enough for the fault tests to wait out, long enough on a loaded 2-core machine. A
 # replacement replica takes ~20 s to start here (a new process importing torch and Ray Serve).
 SERVICE_TIMEOUTS = {"draft_step_seconds": 2.0, "target_step_seconds": 4.0, "target_wait_seconds": 90.0,
-                    "target_full_wait_seconds": 5.0}
+                    "target_full_wait_seconds": 8.0}
 # Target replicas evict a session idle this long: above the longest wait for a draft (prefill 10 s
 # + a step 2 s), and short enough for the eviction test.
 SESSION_IDLE_SECONDS = 13.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import torch
@@ -257,11 +258,13 @@ def test_an_abandoned_draft_stops_at_the_next_pass_and_keeps_what_it_drafted(dra
                     for _ in range(2))
 
     async def scenario():
-        scheduler = Scheduler(draft, pool, Device(1), BatchingConfig())
+        # Abandoned while its second pass is held on the device thread (its passes run back to
+        # back there): where it stops does not depend on how this machine schedules threads.
+        scheduler = GatedScheduler(draft, pool, Device(1), BatchingConfig(), hold_at=1)
         runs = [asyncio.create_task(scheduler.run(step)) for step in (stale, other)]
-        while len(stale.ids) < 2:  # two drafted tokens (its passes run back to back on the device thread)
-            await asyncio.sleep(0)
+        assert await asyncio.to_thread(scheduler.held.wait, 10), "the second pass never ran"
         scheduler.abandon(stale)
+        scheduler.go.set()
         return scheduler, await asyncio.gather(*runs)
 
     scheduler, (stopped, finished) = asyncio.run(scenario())
@@ -382,7 +385,7 @@ def test_a_replica_extends_a_run_with_grants_and_drops_it_when_its_rpc_ends(targ
         await anext(replies)
         await anext(replies)  # paused at its second reply, as gRPC leaves a cancelled handler
         context.end()
-        await asyncio.sleep(0.05)
+        await until(lambda: not scheduler.waiting and not scheduler.active)
         return tokens, runs_made, ended, scheduler
 
     tokens, runs_made, passes, scheduler = asyncio.run(scenario())
@@ -443,6 +446,14 @@ def test_a_proposal_drafted_ahead_is_the_one_drafted_afresh_after_the_verdict(dr
     assert torch.equal(ahead.q.ids[1:], fresh.q.ids) and torch.allclose(ahead.q.probs[1:], fresh.q.probs)
     guess_pool, guess_sequence = private_sequence(draft, prompt + proposal.ids, 256)
     assert ahead.ids[0] == run_alone(draft, guess_pool, DraftSession(guess_sequence, GREEDY, draws).step(1)).ids[0]
+
+
+async def until(condition, timeout: float = 10.0) -> None:
+    """Yield to the event loop until ``condition()`` holds (or ``timeout`` passes: the caller's assert
+    then says what did not happen): a wait no machine's load can cut short."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
 
 
 class GatedScheduler(Scheduler):
@@ -615,7 +626,7 @@ def test_a_failing_branch_leaves_the_step_and_a_failing_step_takes_its_branch_al
     async def failing():
         with pytest.raises(ValueError, match="broken by the test"):
             await step(6, "run")
-        await asyncio.sleep(0.05)  # the scheduler's next round drops what was cancelled
+        await until(lambda: not (scheduler.waiting + scheduler.active))  # its next round drops what was cancelled
         return scheduler.waiting + scheduler.active
 
     assert asyncio.run(failing()) == []  # the branch left with its run

@@ -7,7 +7,6 @@ import pickle
 import random
 import shutil
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -168,15 +167,16 @@ def test_load_refuses_other_files(tmp_path, content):
         TaskClassifier.load(path)
 
 
-def test_predict_is_fast_enough_for_the_event_loop(zoo_classifier, tiny_zoo):
-    """Well under 1 ms for a 500-character prompt (measured: ~0.1 ms on the 2-core development machine)."""
-    prompts = [(p * 10)[:500] for task in tiny_zoo.tasks for p in tiny_zoo.prompts(task)]
-    seconds = []
-    for prompt in prompts * 3:
-        start = time.perf_counter()
-        zoo_classifier.predict(prompt)
-        seconds.append(time.perf_counter() - start)
-    assert statistics.median(seconds) < 1e-3
+def test_predict_does_bounded_work_whatever_the_prompt(zoo_classifier):
+    """It runs on the router's event loop, so its work must not grow with the prompt: it reads the
+    prompt's last ``max_chars`` characters only (about 0.1 ms a prompt measured on the 2-core
+    development machine; a time is not judged here, on a machine that may be busy)."""
+    params = zoo_classifier.params
+    long = "SELECT name FROM users WHERE id = 1; " * 100_000
+    tail = long[-params.max_chars:]
+    assert np.array_equal(features(long, params), features(tail, params))
+    assert len(features(long, params)) <= (1 + len(params.ngrams)) * params.max_chars
+    assert zoo_classifier.predict(long) == zoo_classifier.predict(tail)
 
 
 # ----------------------------------------------------------------------------- with the tiny zoo

@@ -15,6 +15,7 @@ import time
 from ray import serve
 from safetensors.torch import load_file, save_file
 
+from specserve.bench.faults import inspect, workers
 from specserve.cluster.app import CONTROL_DEPLOYMENT
 from specserve.cluster.zoo.head import HEAD_PATH
 from specserve.proto.v1 import specserve_pb2 as pb
@@ -68,7 +69,13 @@ def test_a_head_swapped_under_load_loses_no_request_and_serves_new_sessions(serv
         for thread in threads:
             thread.start()
         started.wait()
-        time.sleep(0.2)  # their sessions open on the zoo's head
+        # Every request's session open on the zoo's head before the swap (a request that opened
+        # after it would draft with the new one from the start): asked of the workers, not timed.
+        drafts = workers(client, "draft")
+        deadline = time.monotonic() + 60
+        while (sum(inspect("draft", w.address).live_sessions for w in drafts) + len(replies) < CLIENTS
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
         swapped = control.swap_draft.remote("eagle3", str(negated_head(zoo_head, tmp_path / "negated"))).result(
             timeout_s=120)
         swapped_at = time.monotonic()

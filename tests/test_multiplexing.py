@@ -103,7 +103,7 @@ def test_a_session_aborted_or_cancelled_ends_alone():
             await cancelled.write(pb.VerifyRequest(decode=1))
         await good.write(pb.VerifyRequest(decode=3))
         assert await tokens(good, 3) == [0, 1, 2]
-        for _ in range(50):  # the cancel frame reaches the worker: its session ends there too
+        for _ in range(1000):  # the cancel frame reaches the worker: its session ends there too
             if len(toy.ended) == 2:
                 break
             await asyncio.sleep(0.01)
@@ -142,7 +142,7 @@ def test_replies_already_here_are_taken_without_waiting_and_an_end_is_kept_for_t
         session = WorkerStream(WORKER, stream.session(), step_timeout=5.0, load=Counter())
         await session.send(pb.VerifyRequest(decode=5))
         first = await session.receive()  # waits for the first; the rest come in the same turns
-        for _ in range(50):
+        for _ in range(1000):  # up to 10 s: a loaded machine may take a while, none needs it
             if session.call.replies.qsize() == 4:
                 break
             await asyncio.sleep(0.01)
@@ -150,7 +150,7 @@ def test_replies_already_here_are_taken_without_waiting_and_an_end_is_kept_for_t
         assert [first.verdict.token] + [r.verdict.token for r in ready[:4]] == [0, 1, 2, 3, 4]
         assert ready[4] is None  # nothing more is here: None, not a wait
         await session.call.done_writing()
-        for _ in range(50):  # the worker's end of the session arrives
+        for _ in range(1000):  # the worker's end of the session arrives
             if session.call.done():
                 break
             await asyncio.sleep(0.01)

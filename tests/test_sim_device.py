@@ -5,7 +5,7 @@ is what these tests check, never how fast anything ran."""
 from __future__ import annotations
 
 import asyncio
-import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -76,18 +76,27 @@ def test_a_simulated_device_is_placed_by_its_custom_resource_without_a_gpu():
     assert actor_options(config, on_gpu(config, nodes)) == {"num_cpus": 0, "resources": {config.device_resource: 1}}
 
 
-def test_the_stream_holds_a_pass_for_its_modelled_time_and_counts_a_math_that_outran_it():
+def test_the_stream_holds_a_pass_for_its_modelled_time_and_counts_a_math_that_outran_it(monkeypatch):
+    """On a clock that moves only as the stream sleeps (and as the test says the math took), so a
+    loaded machine's scheduling cannot turn a modelled pass into an overrun."""
+    from specserve.workers import sim_device
+
+    now = [100.0]
+    monkeypatch.setattr(sim_device, "time", SimpleNamespace(perf_counter=lambda: now[0],
+                                                          sleep=lambda s: now.__setitem__(0, now[0] + s)))
     stream = SimStream()
-    started = time.perf_counter()
+    started = now[0]
     assert stream.hold(0.01, started) == pytest.approx(0.01)
-    assert time.perf_counter() >= started + 0.01 and stream.overrun_passes == 0
+    assert now[0] == pytest.approx(started + 0.01) and stream.overrun_passes == 0  # it waited the pass out
     # A pass whose math began a second ago and was modelled at a millisecond: it took the second.
     stream = SimStream()
-    busy = stream.hold(0.001, time.perf_counter() - 1.0)
-    assert busy >= 1.0 and stream.overrun_passes == 1 and stream.overrun_seconds >= 0.999
+    busy = stream.hold(0.001, now[0] - 1.0)
+    assert busy == pytest.approx(1.0) and stream.overrun_passes == 1
+    assert stream.overrun_seconds == pytest.approx(0.999)
     # A pass queued behind one that has not ended begins when it ends.
-    stream.busy_until = time.perf_counter() + 0.01
-    assert stream.hold(0.005, time.perf_counter()) == pytest.approx(0.005)
+    stream.busy_until = now[0] + 0.01
+    assert stream.hold(0.005, now[0]) == pytest.approx(0.005)
+    assert now[0] == pytest.approx(stream.busy_until)
 
 
 def test_a_pass_shape_counts_rows_sessions_and_the_positions_attended(tiny_engine):
