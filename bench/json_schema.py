@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import grpc
 import jsonschema
 from transformers import AutoTokenizer
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .sampling import GREEDY_TEMPERATURE, SamplingParams
+from .sampling import SamplingParams
 
 @dataclass(frozen=True)
 class SparseDist:

@@ -12,7 +12,6 @@ the target guesses next, and learns from there.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,7 +19,7 @@ from torch import nn
 from specserve.workers.heads.medusa import MedusaConfig, MedusaHeads
 
 from .head_training import Features
-from .presets import MedusaTraining, TrainBudget
+from .presets import MedusaTraining
 from .training import fit
 
 log = logging.getLogger("specserve.heads")

@@ -38,7 +38,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from ..loading import ModelSpec, load_config, load_model, resolve_device, resolve_dtype
 
-from .checkpoint import CONFIG, FACTS, LAYER_TYPES, WEIGHTS, HeadFormatError, read_facts, rope_type
+# FACTS and read_facts are not used here: they are this module's API too (the zoo's builds import them).
+from .checkpoint import CONFIG, FACTS, LAYER_TYPES, WEIGHTS, HeadFormatError, read_facts, rope_type  # noqa: F401
 from .eagle3 import Eagle3Head, FedHead, HeadConfig, default_aux_layers
 from .mtp import is_mtp, load_mtp, read_mtp_config
 
