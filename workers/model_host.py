@@ -127,10 +127,10 @@ class ModelHost:
         compiled = [s.graphs for s in self.schedulers.values() if s.graphs is not None and s.graphs.compiled]
         if compiled:  # before it registers, so no request meets a compile; on this thread, not the device's
             # pinned one, whose pinning the C++ compiler's processes would inherit (a minute cold).
-            seconds = sum(graphs.warm_up() for graphs in compiled)
+            seconds = [graphs.warm_up() for graphs in compiled]
             kept = [name for name, s in self.schedulers.items() if s.graphs is not None and s.graphs.compiled]
-            log.info("%s %s: compiled the decode passes of %s in %.1f s", kind, worker_id, ", ".join(kept) or "none "
-                     "(the compiler failed: eager passes)", seconds)
+            log.info("%s %s: compiled the decode passes of %s in %.1f s (%s s)", kind, worker_id, ", ".join(kept)
+                     or "none (the compiler failed: eager passes)", sum(seconds), "/".join(f"{t:.1f}" for t in seconds))
         self.pass_times: tuple[tuple[int, float], ...] = ()
         if time_passes and self.schedulers:
             scheduler = next(iter(self.schedulers.values()))
