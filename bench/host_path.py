@@ -579,10 +579,12 @@ def report(levels: list[Level], in_process: dict, identical: dict, meta: dict) -
     for row in in_process["engine"]:
         service = by.get((row["path"], 1))
         service_off = by.get(("off", 1))
+        # A ratio over OFF only where OFF ran (``--paths draft`` alone has none).
+        engine_ratio = f"{row['tokens_per_second'] / engine_off['tokens_per_second']:.2f}x" if engine_off else "-"
+        service_ratio = (f"{service.tokens_per_second / service_off.tokens_per_second:.2f}x"
+                         if service and service_off else "-")
         lines.append(f"| {row['path']} | {row['tokens_per_second']:,.0f} | {row['cpu_us_per_token']:,.0f} | "
-                     f"{row['tokens_per_second'] / engine_off['tokens_per_second']:.2f}x | "
-                     f"{service.tokens_per_second if service else 0:,.0f} | "
-                     f"{service.tokens_per_second / service_off.tokens_per_second if service and service_off else 0:.2f}x |")
+                     f"{engine_ratio} | {service.tokens_per_second if service else 0:,.0f} | {service_ratio} |")
     lines += ["", "Greedy outputs identical to target-only (each prompt's first output per path, all levels): "
               + ", ".join(f"{path} {same}/{total}" for path, (same, total) in identical.items()) + "."]
     return "\n".join(lines) + "\n"

@@ -62,6 +62,9 @@ def test_cpu_is_summed_by_component_and_priced_per_token_and_round():
     assert "| 64 | 2,000 | 5 | 0 | 1,000 | 0.50x |" in text  # service OFF over the in-process scheduler
     assert "at its cheapest level" not in text and "off 2,000 (64 sessions), draft 2,000 (64 sessions)." in text
     assert all(name in COMPONENTS for name in used)
+    # Without OFF among the paths (``--paths draft``), the ratios over it are left out, not a crash.
+    alone = report([level], {"scheduler": [], "engine": engine[1:]}, {"draft": [2, 2]}, meta | {"paths": ["draft"]})
+    assert "| draft | 100 | 1 | - | 0 | - |" in alone
 
 
 def test_a_profile_names_the_functions_holding_the_gil(tmp_path):
