@@ -31,5 +31,7 @@ TEXT_DRAFT = LazyCommand("text-draft", "specserve.bench.text_draft", "train a dr
                          "a tokenizer of its own or the target's", script=True)
 BRIDGE_MODES = LazyCommand("bridge-modes", "specserve.bench.bridge_modes", "a draft of another tokenizer two ways, "
                            "the token intersection served and conversion through text, side by side", script=True)
+QUANTIZED_DRAFTS = LazyCommand("quantized-drafts", "specserve.bench.quantized", "each task's draft with int8 weights "
+                               "beside its float self: memory, alpha and speedup in process", script=True)
 CASCADES = LazyCommand("cascades", "specserve.bench.cascade", "each task's draft, prompt lookup, and the draft under "
                        "prompt lookup at each min-p, side by side in process", script=True)

@@ -31,7 +31,8 @@ class ModelsConfig(FrozenConfig):
     object {task: {draft: acceptance}} the routing policy starts from, over the zoo's own.
     `on_replica` names drafts that are heads fed by the target's hidden states (an MTP module, an
     EAGLE-3 head) which the target replicas serve, drafting after each verify pass with no trip to
-    a draft worker, as vLLM and SGLang run them; the others are the draft pool's.
+    a draft worker, as vLLM and SGLang run them; the others are the draft pool's. `quantize` serves
+    draft models with int8 weights (a quarter of float32's bytes).
     """
 
     zoo: str | None = "demo"
@@ -40,6 +41,9 @@ class ModelsConfig(FrozenConfig):
     dtype: str = "auto"  # bfloat16 on CUDA, float32 on CPU
     priors: str | None = None  # path of a profile JSON; None: the zoo's own measurements alone
     on_replica: tuple[str, ...] = ()  # heads the target replicas serve (draft "mtp": a target's own module)
+    # Draft models served with quantized weights: name -> "int8" (workers/quantization.py). A draft
+    # only: the output stays the target's, and only alpha (and the memory) moves.
+    quantize: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _has_models(self) -> ModelsConfig:

@@ -74,7 +74,7 @@ def own_models(target: str | None, drafts: list[str], tasks: list[str]) -> OwnMo
     """Parse the flags' values; a malformed one raises ValueError naming the flag and the form."""
     named: dict[str, str] = {}
     for value in drafts:
-        name, source = _pair(value, "--draft", "NAME=SOURCE")
+        name, source = pair_of(value, "--draft", "NAME=SOURCE")
         if name in RESERVED:
             raise ValueError(f"--draft {value!r}: {name!r} is reserved for specserve's own proposers; name the draft "
                              f"otherwise")
@@ -86,7 +86,7 @@ def own_models(target: str | None, drafts: list[str], tasks: list[str]) -> OwnMo
         named[name] = source
     table: dict[str, tuple[str, ...]] = {}
     for value in tasks:
-        task, listed = _pair(value, "--task", "TASK=DRAFT[,DRAFT...]")
+        task, listed = pair_of(value, "--task", "TASK=DRAFT[,DRAFT...]")
         names = tuple(n.strip() for n in listed.split(",") if n.strip())
         if task in table:
             raise ValueError(f"--task {task!r} is given twice")
@@ -96,7 +96,7 @@ def own_models(target: str | None, drafts: list[str], tasks: list[str]) -> OwnMo
     return OwnModels(target, named, table)
 
 
-def _pair(value: str, flag: str, form: str) -> tuple[str, str]:
+def pair_of(value: str, flag: str, form: str) -> tuple[str, str]:
     key, sep, rest = value.partition("=")
     if not sep or not key.strip() or not rest.strip():
         raise ValueError(f"{flag} {value!r}: expected {form}")

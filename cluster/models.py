@@ -15,6 +15,7 @@ from specserve.workers.heads.format import HeadFormatError, is_head, read_config
 from specserve.workers.heads.medusa import is_medusa, read_medusa_config
 from specserve.workers.heads.mtp import MTP, is_mtp, read_mtp_config
 from specserve.workers.loading import ModelSpec, load_config, load_tokenizer
+from specserve.workers.quantization import check_quantization
 from specserve.workers.token_bridge import bridge_if_needed
 from specserve.cluster.zoo.zoo import GENERAL_DRAFT
 
@@ -36,6 +37,7 @@ class ModelSet:
     trees: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task -> its token tree's members
     cascades: dict[str, str] = field(default_factory=dict)  # task -> the draft model its cascade runs
     on_replica: frozenset[str] = frozenset()  # heads fed by hidden states that the target replicas serve
+    quantize: dict[str, str] = field(default_factory=dict)  # draft model -> its weights' quantization
 
     @property
     def medusa(self) -> frozenset[str]:
@@ -56,6 +58,10 @@ class ModelSet:
 
     def spec(self, source: str, threads: int) -> ModelSpec:
         return ModelSpec(source, dtype=self.dtype, threads=threads)
+
+    def draft_spec(self, name: str, threads: int) -> ModelSpec:
+        """How the draft pool loads draft ``name``: as ``spec``, quantized where ``models.quantize`` says."""
+        return ModelSpec(self.drafts[name], dtype=self.dtype, threads=threads, quantize=self.quantize.get(name))
 
 
 def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
@@ -150,9 +156,26 @@ def resolve_models(models: ModelsConfig, router: RouterConfig) -> ModelSet:
     if not_heads := [name for name in models.on_replica if name not in fed]:
         raise ValueError(f"models.on_replica names {not_heads}, which are no heads fed by the target's hidden states "
                          f"(an MTP module, an EAGLE-3 head); those among the drafts: {', '.join(fed) or 'none'}")
+    _check_quantized(models.quantize, drafts)
     return ModelSet(target=str(target), drafts=drafts, tasks=tasks, dtype=models.dtype, priors=priors,
                     draft_free=router.draft_free, trees=trees, cascades=cascades,
-                    on_replica=frozenset(models.on_replica))
+                    on_replica=frozenset(models.on_replica), quantize=dict(models.quantize))
+
+
+def _check_quantized(quantize: dict[str, str], drafts: dict[str, str]) -> None:
+    """``models.quantize`` names draft models only, each with a quantization offered."""
+    for name, kind in quantize.items():
+        if name not in drafts:
+            raise ValueError(f"models.quantize names {name!r}, which is no draft here; the drafts are "
+                             f"{', '.join(drafts) or 'none'} (a target is not quantized: that would serve "
+                             f"another model)")
+        if not is_draft_model(name, drafts[name]):
+            raise ValueError(f"models.quantize names {name!r}, which is a head of the target's (EAGLE-3, Medusa, "
+                             f"MTP), not a draft model; only draft models are served quantized so far")
+        try:
+            check_quantization(kind)
+        except ValueError as exc:
+            raise ValueError(f"models.quantize.{name}: {exc}") from None
 
 
 def is_draft_model(name: str, source: str) -> bool:

@@ -56,7 +56,7 @@ class DraftPool:
                              f"models.on_replica): take them out of one of the two")
         self.config = config
         self.scaling = pool.autoscaling if names else None  # no drafts: nothing to scale
-        self.specs = {name: models.spec(models.drafts[name], pool.threads) for name in names}
+        self.specs = {name: models.draft_spec(name, pool.threads) for name in names}
         self.target = models.spec(models.target, pool.threads)  # what its EAGLE-3 heads (if any) are checked against
         self.options = place(pool)
         self.generation = uuid.uuid4().hex[:6]

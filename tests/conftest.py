@@ -71,6 +71,8 @@ MTP_HERE_TASK, MTP_HERE = "predicted-here", "mtp-here"
 # A draft of another tokenizer for the tiny zoo's target (cluster/zoo/other_tokenizer.py: ~5 s
 # here), served by the session's service for OTHER_TASK alone.
 OTHER_TASK = "translated"
+# The tiny zoo's sql draft again, served with int8 weights (models.quantize), for QUANTIZED_TASK alone.
+QUANTIZED_DRAFT, QUANTIZED_TASK = "sql-int8", "quantized"
 
 
 @pytest.fixture(scope="session")
@@ -165,7 +167,7 @@ def service(tiny_zoo, metrics_port, medusa_heads, mtp_target, other_tokenizer_dr
     target replica serves the session's Medusa heads, for MEDUSA_TASK alone, and the MTP module of
     the session's target that carries one, for MTP_HERE_TASK alone; its draft workers the same
     module, for MTP_TASK alone, and a draft of another
-    tokenizer, for OTHER_TASK alone. Besides the zoo's
+    tokenizer, for OTHER_TASK alone, and the sql draft in int8, for QUANTIZED_TASK alone. Besides the zoo's
     tasks there is POOR_TASK, served only by the tiny zoo's worst draft, for the fallback tests;
     the policy judges after fewer trials than by default so they need little traffic. The table is
     the operator's and taken as written (router.as_written), so the routing and fallback tests see
@@ -178,7 +180,7 @@ def service(tiny_zoo, metrics_port, medusa_heads, mtp_target, other_tokenizer_dr
     tasks |= {"general": ["general", "tree"], POOR_TASK: [worst_draft(tiny_zoo)], CANARY_TASK: ["eagle3", "sql"],
               ROUTED_TASK: routed_arms(tiny_zoo),
               MEDUSA_TASK: ["medusa"], MTP_TASK: ["mtp"], OTHER_TASK: ["other"],
-              MTP_HERE_TASK: [MTP_HERE]}
+              MTP_HERE_TASK: [MTP_HERE], QUANTIZED_TASK: [QUANTIZED_DRAFT]}
     router = {"max_concurrent_requests": SERVICE_CONCURRENCY, "max_queued_requests": SERVICE_QUEUE, "tasks": tasks,
               "as_written": list(tasks),
               "policy": {"min_trials": 32},
@@ -200,8 +202,9 @@ def service(tiny_zoo, metrics_port, medusa_heads, mtp_target, other_tokenizer_dr
               "drafts": {"medusa": str(medusa_heads[0]),  # served by the target replica
                          "mtp": str(mtp_target[0]),  # the same target carrying a module: drafts with it
                          MTP_HERE: str(mtp_target[0]),  # the same, drafting on the target replica
-                         "other": str(other_tokenizer_draft)},  # through the tokens it shares with the target
-              "on_replica": [MTP_HERE]}
+                         "other": str(other_tokenizer_draft),  # through the tokens it shares with the target
+                         QUANTIZED_DRAFT: str(tiny_zoo.draft_dir("sql"))},
+              "on_replica": [MTP_HERE], "quantize": {QUANTIZED_DRAFT: "int8"}}
     running = start_service(port=0, overrides={"models": models, "router": router,
                                                "target": target, "draft_pool": draft_pool},
                             metrics_port=metrics_port)

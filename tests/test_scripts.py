@@ -15,7 +15,8 @@ import pytest
 
 from specserve.cluster.cli import build_parser, main
 
-SCRIPTS = ("soak", "shift", "plan-check", "gpu-bench", "carry", "real-model", "text-draft", "bridge-modes", "cascades")
+SCRIPTS = ("soak", "shift", "plan-check", "gpu-bench", "carry", "real-model", "text-draft", "bridge-modes", "cascades",
+           "quantized-drafts")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -68,6 +69,16 @@ def test_cascades_compares_every_path_on_one_prompt(tiny_zoo, tmp_path, capsys):
     (written,) = tmp_path.glob("*-cascade/cascade.json")
     rows = json.loads(written.read_text())["rows"]
     assert rows and "| sql (sql) |" in capsys.readouterr().out
+
+
+def test_quantized_drafts_compares_a_draft_with_its_int8_self(tiny_zoo, tmp_path, capsys):
+    assert run("quantized-drafts", "--zoo", str(tiny_zoo.root), "--tasks", "sql", "--prompts", "1", "--max-tokens",
+               "8", "--out", str(tmp_path)) == 0
+    (written,) = tmp_path.glob("*-quantized/quantized.json")
+    row = json.loads(written.read_text())["rows"]["sql"]
+    assert row["float"]["identical"] and row["int8"]["identical"]
+    assert row["float"]["weight_bytes"] >= 3.5 * row["int8"]["weight_bytes"]
+    assert "| sql (sql) |" in capsys.readouterr().out
 
 
 def test_bridge_modes_runs_both_conversions(tiny_zoo, other_tokenizer_draft, tmp_path, capsys):

@@ -10,6 +10,7 @@ the ``gguf`` package (``pip install gguf``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -22,7 +23,10 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretr
                           PreTrainedTokenizerBase, PreTrainedTokenizerFast)
 
 from .load_errors import ModelLoadError
+from .quantization import check_quantization, quantize_weights, weight_bytes
 from .vocabulary import prune_head, read_vocabulary
+
+log = logging.getLogger("specserve.workers")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -35,10 +39,12 @@ class ModelSpec:
     dtype: str = "auto"  # auto = bfloat16 on CUDA, float32 on CPU (CPU bf16 matmuls are slower per token)
     device: str = "auto"  # auto = cuda when present, else cpu
     threads: int | None = None  # torch intra-op threads for this process; None leaves torch's default
+    quantize: str | None = None  # weight-only quantization (workers/quantization.py); None: as stored
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_quantization(self.quantize)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -65,7 +71,14 @@ def load_model(spec: ModelSpec) -> PreTrainedModel:
         raise ModelLoadError(f"cannot load model from {spec.source!r}: {len(empty)} weights were left unloaded "
                              f"({', '.join(empty[:3])}{', ...' if len(empty) > 3 else ''}); is the checkpoint "
                              f"complete?")
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if spec.quantize is None:
+        return model
+    stored = weight_bytes(model)
+    model = quantize_weights(model, spec.quantize)
+    log.info("%s: %s weights, %.2f MiB (%.2f MiB as stored)", spec.source, spec.quantize, weight_bytes(model) / 2**20,
+             stored / 2**20)
+    return model
 
 
 def gemv_layout(model: torch.nn.Module) -> torch.nn.Module:

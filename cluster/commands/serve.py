@@ -13,7 +13,7 @@ from specserve.router.config import DEFAULT_HTTP_PORT
 from specserve.workers.sim_device import PRESETS
 
 from ..config import DEFAULT_METRICS_PORT
-from ..model_args import add_model_arguments, own_models
+from ..model_args import add_model_arguments, own_models, pair_of
 from .common import SECURITY_EPILOG, dotted_overrides
 
 
@@ -41,6 +41,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                            help="drafts that are heads fed by the target's hidden states (an MTP module: draft mtp) "
                                 "the target replicas serve, drafting after each verify pass, instead of the draft pool "
                                 "(config models.on_replica)")
+    serve_cmd.add_argument("--quantize", action="append", default=[], metavar="DRAFT=int8",
+                           help="serve a draft model with int8 weights (a quarter of float32's bytes; the output stays "
+                                "the target's, only alpha may move; repeatable; config models.quantize)")
     serve_cmd.add_argument("--sim", choices=tuple(PRESETS), metavar="PRESET",
                            help=f"run every model process on a simulated device with this preset's timing "
                                 f"({', '.join(PRESETS)}): the models' math real, each pass held for the accelerator's "
@@ -96,6 +99,9 @@ def _serve_overrides(args: argparse.Namespace) -> dict:
         merge_into(overrides, {"models": {"on_replica": args.on_replica}})
     if args.router_replicas is not None:
         merge_into(overrides, {"router": {"replicas": args.router_replicas}})
+    if args.quantize:
+        quantized = dict(pair_of(value, "--quantize", "DRAFT=int8") for value in args.quantize)
+        merge_into(overrides, {"models": {"quantize": quantized}})
     if args.sim:
         merge_into(overrides, sim_overrides(args.sim))
     merge_into(overrides, dotted_overrides(args.overrides))
